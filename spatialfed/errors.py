@@ -1,0 +1,37 @@
+"""Input validation shared by every layer: errors that name the offending input and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class SpatialFedError(Exception):
+    """Base class for errors raised by spatialfed with a user-facing explanation."""
+
+
+class StoreError(SpatialFedError, ValueError):
+    """A partitioned Zarr store is missing, malformed or inconsistent (SPEC §5)."""
+
+
+class WorkerTaskError(SpatialFedError, RuntimeError):
+    """A federated worker's local computation failed; names the worker and the sub-step."""
+
+
+def check_finite(arr, name: str) -> np.ndarray:
+    """Raise ValueError naming `name` if `arr` holds NaN or infinite values."""
+    arr = np.asarray(arr, dtype=float)
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf); remove or impute them first")
+    return arr
+
+
+def check_positive(value, name: str) -> float:
+    """Raise ValueError naming `name` unless `value` is a finite number > 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+    if not np.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v

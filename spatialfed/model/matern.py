@@ -1,0 +1,131 @@
+"""Matérn covariance with fixed smoothness ν (paper Eq. 23, SPEC §1) and its log-scale derivatives.
+
+c(d) = σ² · 2^{1−ν}/Γ(ν) · x^ν K_ν(x),  x = √(2ν) d / β,  c(0) = σ².
+
+Derivatives are taken in u_σ = log σ² and u_β = log β. Because c is linear in σ²,
+∂c/∂u_σ = ∂²c/∂u_σ² = c and ∂²c/∂u_σ∂u_β = ∂c/∂u_β, so only the β-derivatives are
+computed here: with ρ(x) the correlation and ∂x/∂u_β = −x,
+∂ρ/∂u_β = −x ρ'(x) and ∂²ρ/∂u_β² = x ρ'(x) + x² ρ''(x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, special
+
+from spatialfed.errors import check_finite, check_positive
+
+CLOSED_FORM_NU = (0.5, 1.5, 2.5)
+
+
+def pairwise_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Euclidean distance matrix between point sets a (n×2) and b (k×2)."""
+    a = check_points(a, "a")
+    b = check_points(b, "b")
+    diff = a[:, None, :] - b[None, :, :]
+    return np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
+
+
+def check_points(pts, name: str) -> np.ndarray:
+    """Validate a set of 2-D locations: a finite float array of shape (n, 2)."""
+    pts = np.asarray(pts, dtype=float)
+    if pts.ndim != 2 or pts.shape[1] != 2:
+        raise ValueError(f"{name} must be an array of shape (n, 2) of x/y coordinates, got shape {pts.shape}")
+    check_finite(pts, name)
+    return pts
+
+
+@dataclass(frozen=True)
+class Matern:
+    """Matérn correlation family with smoothness ν fixed (closed forms for ν = 0.5, 1.5, 2.5)."""
+
+    nu: float = 0.5
+
+    def __post_init__(self):
+        if not np.isfinite(self.nu) or self.nu <= 0:
+            raise ValueError(f"Matérn smoothness nu must be a finite number > 0, got {self.nu!r}")
+
+    @property
+    def scale(self) -> float:
+        """√(2ν): distance d maps to x = √(2ν) d / β."""
+        return float(np.sqrt(2.0 * self.nu))
+
+    def _x(self, d, beta):
+        check_positive(beta, "beta")
+        d = np.asarray(d, dtype=float)
+        return self.scale * d / beta
+
+    def correlation_derivatives(self, d, beta):
+        """(ρ, ∂ρ/∂log β, ∂²ρ/∂log β²) at distances d (Eq. 23 and its log-β derivatives)."""
+        x = self._x(d, beta)
+        nu = self.nu
+        if nu in CLOSED_FORM_NU:
+            e = np.exp(-x)
+            if nu == 0.5:
+                rho = e
+                d1 = x * e
+                d2 = (x * x - x) * e
+            elif nu == 1.5:
+                rho = (1.0 + x) * e
+                d1 = x * x * e
+                d2 = (x - 2.0) * x * x * e
+            else:
+                x2 = x * x
+                rho = (1.0 + x + x2 / 3.0) * e
+                d1 = x2 * (1.0 + x) * e / 3.0
+                d2 = x2 * (x2 - 2.0 * x - 2.0) * e / 3.0
+            return rho, d1, d2
+        return self._bessel_derivatives(x)
+
+    def _bessel_derivatives(self, x):
+        """General ν via K_ν and d/dx[x^ν K_ν(x)] = −x^ν K_{ν−1}(x)."""
+        nu = self.nu
+        const = 2.0 ** (1.0 - nu) / special.gamma(nu)
+        rho = np.ones_like(x)
+        d1 = np.zeros_like(x)
+        d2 = np.zeros_like(x)
+        pos = x > 0
+        xp = x[pos]
+        xnu = xp**nu
+        k_nu = special.kv(nu, xp)
+        k_m1 = special.kv(nu - 1.0, xp)
+        k_m2 = special.kv(nu - 2.0, xp)
+        rho[pos] = const * xnu * k_nu
+        # ∂ρ/∂u_β = −x ρ'(x) = const x^{ν+1} K_{ν−1}(x)
+        d1[pos] = const * xnu * xp * k_m1
+        # ∂²ρ/∂u_β² = −x d/dx[const x^{ν+1} K_{ν−1}] = const (x^{ν+2} K_{ν−2} − 2 x^{ν+1} K_{ν−1})
+        d2[pos] = const * xnu * xp * (xp * k_m2 - 2.0 * k_m1)
+        # far-field underflow (K_ν(x) → 0): the limits are 0
+        for arr in (rho, d1, d2):
+            arr[~np.isfinite(arr)] = 0.0
+        return rho, d1, d2
+
+    def correlation(self, d, beta):
+        """ρ(d; β): the correlation of Eq. (23), equal to 1 at d = 0."""
+        return self.correlation_derivatives(d, beta)[0]
+
+    def covariance(self, d, sigma2, beta):
+        """c(d) = σ² ρ(d; β) (Eq. 23)."""
+        check_positive(sigma2, "sigma2")
+        return sigma2 * self.correlation(d, beta)
+
+    def cross(self, a, b, sigma2, beta):
+        """Cross-covariance matrix C(a, b) between point sets a (n×2) and b (k×2)."""
+        return self.covariance(pairwise_distances(a, b), sigma2, beta)
+
+    def effective_range_factor(self) -> float:
+        """range/β where the correlation falls to 0.05 (2.996 for ν = 0.5, SPEC §1)."""
+        f = lambda x: self.correlation(np.array([x]), 1.0)[0] - 0.05  # noqa: E731
+        return float(optimize.brentq(f, 1e-6, 100.0, xtol=1e-12))
+
+    def beta_from_range(self, effective_range: float) -> float:
+        """β whose correlation falls to 0.05 at the given effective range."""
+        check_positive(effective_range, "effective_range")
+        return float(effective_range) / self.effective_range_factor()
+
+    def range_from_beta(self, beta: float) -> float:
+        """Effective range (correlation 0.05) of the length scale β."""
+        check_positive(beta, "beta")
+        return float(beta) * self.effective_range_factor()
