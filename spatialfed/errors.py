@@ -35,3 +35,7 @@ def check_positive(value, name: str) -> float:
     if not np.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return v
+
+
+class DataError(SpatialFedError, ValueError):
+    """Input data, coordinates, CRS or geometry cannot be used as given; names the cause and the fix."""

@@ -1,0 +1,332 @@
+"""Worker-side low-rank model: B_j, R_j, f_j and the local quantities L_j(p) of Eq. (13) with G_j of Eq. (16).
+
+Notation (SPEC §1–3): ρ are unit-variance correlations, ρ̇ = ∂ρ/∂log β, ρ̈ = ∂²ρ/∂log β²; subscripts js
+(worker × knots) and K (knots × knots). B = ρ_js ρ_K⁻¹ does not depend on σ²; the residual part of R_j is
+W = σ² W̃(β) and R = W + ε I with ε = 1/δ. The objective is written f_j = ½ log det R + ½ tr(R⁻¹ Ψ) with
+Ψ = V Ξ Vᵀ, V = [r, B], Ξ = blockdiag(1, Σ), r = z − Xγ − Bμ (this is SPEC §1's f_j). Every derivative in
+u = (log δ, log σ², log β) is analytic; docs/equations.md maps each term to the paper.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import linalg
+from scipy.spatial.distance import cdist
+
+from spatialfed.errors import check_finite
+from spatialfed.model.linalg import DenseFactor, DiagFactor, apply, cholesky_with_jitter, inner, matmul, trace, transpose
+from spatialfed.model.matern import Matern, check_points
+from spatialfed.model.params import Params
+
+STEPS = ("mu_sigma", "gamma", "theta")
+RESIDUALS = ("full", "mpp", "pp")
+
+
+def check_residual(residual: str) -> str:
+    """Validate the residual structure name of Remark 3."""
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS} (Remark 3), got {residual!r}")
+    return residual
+
+
+def check_knots(knots) -> np.ndarray:
+    """Validate knots: finite (m, 2) coordinates with no duplicates (duplicates make K singular)."""
+    knots = check_points(knots, "knots")
+    if knots.shape[0] == 0:
+        raise ValueError("knots is empty: the low-rank model needs at least one knot")
+    uniq, counts = np.unique(knots, axis=0, return_counts=True)
+    if np.any(counts > 1):
+        dup = uniq[counts > 1][0]
+        raise ValueError(
+            f"knots contain {int(np.sum(counts[counts > 1] - 1))} duplicate point(s), e.g. {dup.tolist()}; "
+            "duplicate knots make K singular: remove them"
+        )
+    return knots
+
+
+class KnotBasis:
+    """β-dependent knot quantities: ρ_K, ρ_js with their log-β derivatives, B, Ḃ, B̈ (Eq. 4)."""
+
+    def __init__(self, kernel: Matern, d_K: np.ndarray, d_js: np.ndarray, beta: float):
+        self.beta = beta
+        self.rK, self.rK1, self.rK2 = kernel.correlation_derivatives(d_K, beta)
+        self.rjs, self.rjs1, self.rjs2 = kernel.correlation_derivatives(d_js, beta)
+        self.LK, self.jitter = cholesky_with_jitter(self.rK, "the knot correlation matrix K")
+        if self.jitter:
+            self.rK = self.rK + self.jitter * np.eye(self.rK.shape[0])
+        self.B = self._right_solve(self.rjs)
+        self.BrK1 = self.B @ self.rK1
+        # Ḃ ρ_K = ρ̇_js − B ρ̇_K,  B̈ ρ_K = ρ̈_js − 2 Ḃ ρ̇_K − B ρ̈_K
+        self.dB_rK = self.rjs1 - self.BrK1
+        self.dB = self._right_solve(self.dB_rK)
+        self.d2B = self._right_solve(self.rjs2 - 2.0 * self.dB @ self.rK1 - self.B @ self.rK2)
+
+    def _right_solve(self, M: np.ndarray) -> np.ndarray:
+        """M ρ_K⁻¹."""
+        return linalg.cho_solve((self.LK, True), M.T, check_finite=False).T
+
+    def lowrank_sqrt(self) -> np.ndarray:
+        """F with F Fᵀ = Q̃ = ρ_js ρ_K⁻¹ ρ_sj (the unit-variance low-rank covariance)."""
+        return linalg.solve_triangular(self.LK, self.rjs.T, lower=True, check_finite=False).T
+
+    def lowrank_d1_factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(U₁, B) with ∂Q̃/∂log β = U₁Bᵀ + BU₁ᵀ, U₁ = ρ̇_js − ½ B ρ̇_K."""
+        return self.rjs1 - 0.5 * self.BrK1, self.B
+
+    def lowrank_d2_factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(U, V) with ∂²Q̃/∂log β² = UVᵀ + VUᵀ, U = [ρ̈_js − ½ B ρ̈_K, Ḃ ρ_K], V = [B, Ḃ]."""
+        U = np.hstack([self.rjs2 - 0.5 * self.B @ self.rK2, self.dB_rK])
+        return U, np.hstack([self.B, self.dB])
+
+
+def _sym_lowrank(U: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """U Vᵀ + V Uᵀ."""
+    M = U @ V.T
+    M += M.T
+    return M
+
+
+def _rowsum2(U: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """diag(U Vᵀ + V Uᵀ)."""
+    return 2.0 * np.einsum("ij,ij->i", U, V)
+
+
+class _Factorised:
+    """R_j(δ, θ) with its factorisation and whitened data: the cache shared by all sub-steps at (δ, θ)."""
+
+    def __init__(self, model: "LocalModel", delta: float, sigma2: float, beta: float):
+        self.kb = model._basis(beta)
+        self.eps = 1.0 / delta
+        self.sigma2 = sigma2
+        self.Wt = model._residual_unit(self.kb)
+        R = sigma2 * self.Wt
+        if R.ndim == 2:
+            R[np.diag_indices_from(R)] += self.eps
+            self.factor = DenseFactor(R, f"R_j of worker data (n={model.n})")
+        else:
+            self.factor = DiagFactor(R + self.eps, f"R_j of worker data (n={model.n})")
+        # one triangular solve serves the mu_sigma, gamma and value sub-steps: L⁻¹[B, X, z]
+        W = self.factor.whiten(np.hstack([self.kb.B, model.X, model.z[:, None]]))
+        m, p = self.kb.B.shape[1], model.X.shape[1]
+        self.Bh, self.Xh, self.zh = W[:, :m], W[:, m : m + p], W[:, -1]
+        self.G = None
+
+
+class LocalModel:
+    """Worker j's partition (S_j, z_j, X_j) with the shared knots: computes L_j(p) (Eq. 13, SPEC §3)."""
+
+    def __init__(self, locs, z, X, knots, kernel: Matern, residual: str = "full"):
+        self.locs = check_points(locs, "locs")
+        self.z = check_finite(np.asarray(z, dtype=float).reshape(-1), "z")
+        X = np.asarray(X, dtype=float)
+        if X.ndim == 1:
+            X = X[:, None]
+        self.X = check_finite(X, "X")
+        n = self.locs.shape[0]
+        if n == 0:
+            raise ValueError("this worker's partition is empty: every worker needs at least one observation")
+        if self.z.shape[0] != n or self.X.shape[0] != n:
+            raise ValueError(
+                f"locs, z and X must have the same number of rows, got {n}, {self.z.shape[0]}, {self.X.shape[0]}"
+            )
+        self.knots = check_knots(knots)
+        if not isinstance(kernel, Matern):
+            raise TypeError(f"kernel must be a spatialfed Matern, got {type(kernel).__name__}")
+        self.kernel = kernel
+        self.residual = check_residual(residual)
+        self.d_K = cdist(self.knots, self.knots)
+        self.d_js = cdist(self.locs, self.knots)
+        self.d_jj = cdist(self.locs, self.locs) if residual == "full" else None
+        self._basis_cache: KnotBasis | None = None
+        self._fact_cache: tuple[tuple, _Factorised] | None = None
+
+    @property
+    def n(self) -> int:
+        """n_j, the number of observations held by this worker."""
+        return self.locs.shape[0]
+
+    @property
+    def p(self) -> int:
+        """Number of covariates (columns of X_j)."""
+        return self.X.shape[1]
+
+    @property
+    def m(self) -> int:
+        """Number of knots."""
+        return self.knots.shape[0]
+
+    def clear_cache(self) -> None:
+        """Drop the cached knot basis and factorisation of R_j."""
+        self._basis_cache = None
+        self._fact_cache = None
+
+    def _basis(self, beta: float) -> KnotBasis:
+        if self._basis_cache is None or self._basis_cache.beta != beta:
+            self._basis_cache = KnotBasis(self.kernel, self.d_K, self.d_js, beta)
+        return self._basis_cache
+
+    def _factorised(self, params: Params) -> _Factorised:
+        key = params.theta_key
+        if self._fact_cache is None or self._fact_cache[0] != key:
+            self._fact_cache = (key, _Factorised(self, *key))
+        return self._fact_cache[1]
+
+    def _check_params(self, params: Params) -> None:
+        if params.mu.shape[0] != self.m or params.gamma.shape[0] != self.p:
+            raise ValueError(
+                f"params have {params.mu.shape[0]} knots and {params.gamma.shape[0]} covariates, but this worker "
+                f"has {self.m} knots and {self.p} covariates"
+            )
+
+    # --- residual structure (Remark 3), unit variance: W = σ² W̃ -------------------------------------
+    def _residual_unit(self, kb: KnotBasis) -> np.ndarray:
+        """W̃ = C̃_jj − Q̃ (full), its diagonal (mpp), or 0 (pp)."""
+        if self.residual == "pp":
+            return np.zeros(self.n)
+        F = kb.lowrank_sqrt()
+        if self.residual == "mpp":
+            return 1.0 - np.einsum("ij,ij->i", F, F)
+        Wt = self.kernel.correlation(self.d_jj, kb.beta)
+        Wt -= F @ F.T
+        return Wt
+
+    def _residual_unit_derivatives(self, kb: KnotBasis) -> tuple[np.ndarray, np.ndarray]:
+        """(∂W̃/∂log β, ∂²W̃/∂log β²) in the same dense or diagonal form as W̃."""
+        if self.residual == "pp":
+            return np.zeros(self.n), np.zeros(self.n)
+        U1, V1 = kb.lowrank_d1_factors()
+        U2, V2 = kb.lowrank_d2_factors()
+        if self.residual == "mpp":
+            # the diagonal of C̃_jj is 1 for every β, so only the low-rank part moves
+            return -_rowsum2(U1, V1), -_rowsum2(U2, V2)
+        _, d1, d2 = self.kernel.correlation_derivatives(self.d_jj, kb.beta)
+        d1 -= _sym_lowrank(U1, V1)
+        d2 -= _sym_lowrank(U2, V2)
+        return d1, d2
+
+    # --- initialisation summaries -------------------------------------------------------------------
+    def moments(self) -> dict:
+        """X_jᵀX_j, X_jᵀz_j, z_jᵀz_j and n_j: the pooled OLS start of SPEC §4."""
+        return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n}
+
+    def variogram(self, gamma, edges) -> dict:
+        """Binned Σ ½(e_i − e_k)² and pair counts of OLS residuals e = z − Xγ over pairs within this worker."""
+        e = self.z - self.X @ np.asarray(gamma, dtype=float)
+        edges = np.asarray(edges, dtype=float)
+        iu = np.triu_indices(self.n, k=1)
+        d = self.d_jj[iu] if self.d_jj is not None else cdist(self.locs, self.locs)[iu]
+        sq = 0.5 * (e[iu[0]] - e[iu[1]]) ** 2
+        idx = np.digitize(d, edges) - 1
+        ok = (idx >= 0) & (idx < edges.size - 1)
+        nb = edges.size - 1
+        return {
+            "sum_sq": np.bincount(idx[ok], weights=sq[ok], minlength=nb),
+            "count": np.bincount(idx[ok], minlength=nb).astype(float),
+        }
+
+    # --- local quantities L_j(p), Eq. (13) ---------------------------------------------------------
+    def quantity(self, step: str, params: Params) -> dict:
+        """L_j(p) for the sub-step named in p (SPEC §3), plus "value" (f_j alone) for the final pass."""
+        self._check_params(params)
+        if step == "mu_sigma":
+            return self.mu_sigma(params)
+        if step == "gamma":
+            return self.gamma_step(params)
+        if step == "theta":
+            return self.theta(params)
+        if step == "value":
+            return {"f": self.value(params)}
+        raise ValueError(f"unknown sub-step {step!r}; expected one of {STEPS + ('value',)}")
+
+    def mu_sigma(self, params: Params) -> dict:
+        """A_j = B_jᵀR_j⁻¹B_j and b_j = B_jᵀR_j⁻¹(z_j − X_jγ) for Eq. (8)."""
+        fz = self._factorised(params)
+        r0h = fz.zh - fz.Xh @ params.gamma
+        return {"A": fz.Bh.T @ fz.Bh, "b": fz.Bh.T @ r0h}
+
+    def gamma_step(self, params: Params) -> dict:
+        """X_jᵀR_j⁻¹X_j and X_jᵀR_j⁻¹(z_j − B_jμ) for Eq. (9)."""
+        fz = self._factorised(params)
+        return {"XtRX": fz.Xh.T @ fz.Xh, "XtRr": fz.Xh.T @ (fz.zh - fz.Bh @ params.mu)}
+
+    def value(self, params: Params) -> float:
+        """f_j = ½ log det R_j + ½ rᵀR_j⁻¹r + ½ tr(B_jᵀR_j⁻¹B_jΣ) (SPEC §1)."""
+        fz = self._factorised(params)
+        rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
+        return 0.5 * (fz.factor.logdet() + rh @ rh + inner(fz.Bh.T @ fz.Bh, params.Sigma))
+
+    def theta(self, params: Params) -> dict:
+        """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16)."""
+        fz = self._factorised(params)
+        kb, eps, s2, n, m = fz.kb, fz.eps, fz.sigma2, self.n, self.m
+        if fz.G is None:
+            fz.G = fz.factor.inverse()
+        G = fz.G
+        Wt1, Wt2 = self._residual_unit_derivatives(kb)
+        Wb, Wbb = s2 * Wt1, s2 * Wt2
+
+        # V = [r, B], V_b = ∂V/∂log β = [−Ḃμ, Ḃ], V_bb = [−B̈μ, B̈]; Ξ = blockdiag(1, Σ)
+        rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
+        Vh = np.hstack([rh[:, None], fz.Bh])  # L⁻¹V
+        Y = fz.factor.unwhiten_t(Vh)  # R⁻¹V
+        V = np.hstack([(self.z - self.X @ params.gamma - kb.B @ params.mu)[:, None], kb.B])
+        Vb = np.hstack([-(kb.dB @ params.mu)[:, None], kb.dB])
+        Vbb = np.hstack([-(kb.d2B @ params.mu)[:, None], kb.d2B])
+        Yb = apply(G, Vb)
+        P = matmul(G, Wb)  # R⁻¹W_b
+        Z = apply(P, Y)  # R⁻¹W_bR⁻¹V
+        Yw = fz.factor.whiten(Y)
+        Zs = fz.factor.sqrt_t_times(Z)
+        Xi = np.zeros((m + 1, m + 1))
+        Xi[0, 0] = 1.0
+        Xi[1:, 1:] = params.Sigma
+
+        C_VY = V.T @ Y
+        C_YY = Y.T @ Y
+        C_VZ = V.T @ Z
+        C_VbY = Vb.T @ Y
+
+        def xi(C):
+            return float(np.einsum("ij,ij->", C, Xi))
+
+        t1, t2 = trace(G), inner(G, G)
+        trP, tPP, tGP, tGWbb = trace(P), inner(P, transpose(P)), inner(G, transpose(P)), inner(G, Wbb)
+        psi0 = xi(C_VY)  # tr(R⁻¹Ψ) = rᵀR⁻¹r + tr(BᵀR⁻¹BΣ)
+        trGam = xi(C_YY)  # tr Γ, Γ = R⁻¹ΨR⁻¹
+        trGamG = xi(Yw.T @ Yw)  # tr(ΓR⁻¹)
+        WbGam = xi(C_VZ)  # ⟨W_b, Γ⟩
+        GamWbG = xi(Y.T @ Z)  # tr(ΓW_bR⁻¹)
+        WbGamWbG = xi(Zs.T @ Zs)  # tr(W_bΓW_bR⁻¹)
+        WbbGam = xi(Y.T @ apply(Wbb, Y))  # ⟨W_bb, Γ⟩
+        GPsib = 2.0 * xi(C_VbY)  # tr(R⁻¹Ψ_b)
+        G2Psib = 2.0 * xi(Yb.T @ Y)  # tr(R⁻²Ψ_b)
+        GWbGPsib = 2.0 * xi(Vb.T @ Z)  # tr(R⁻¹W_bR⁻¹Ψ_b)
+        GPsibb = 2.0 * xi(Vbb.T @ Y) + 2.0 * xi(Vb.T @ Yb)  # tr(R⁻¹Ψ_bb)
+
+        f = 0.5 * (fz.factor.logdet() + psi0)
+        grad = 0.5 * np.array([
+            -eps * t1 + eps * trGam,
+            n - eps * t1 - psi0 + eps * trGam,
+            trP - WbGam + GPsib,
+        ])
+        h_dd = 0.5 * eps * t1 - 0.5 * eps**2 * t2 + eps**2 * trGamG - 0.5 * eps * trGam
+        h_ds = 0.5 * eps * (t1 - eps * t2) - eps * (trGam - eps * trGamG)
+        h_ss = 0.5 * eps * t1 - 0.5 * eps**2 * t2 + 0.5 * psi0 - 1.5 * eps * trGam + eps**2 * trGamG
+        h_db = 0.5 * eps * tGP - eps * GamWbG + 0.5 * eps * G2Psib
+        h_sb = 0.5 * eps * tGP + 0.5 * WbGam - eps * GamWbG - 0.5 * GPsib + 0.5 * eps * G2Psib
+        h_bb = 0.5 * tGWbb - 0.5 * tPP + WbGamWbG - 0.5 * WbbGam - GWbGPsib + 0.5 * GPsibb
+        hess = np.array([[h_dd, h_ds, h_db], [h_ds, h_ss, h_sb], [h_db, h_sb, h_bb]])
+
+        # G_j of Eq. (16): ∂²f_j/∂u∂μ (3×m) and ∂²f_j/∂u∂Σ (3×m×m), from ∂f/∂μ = −BᵀR⁻¹r, ∂f/∂Σ = ½BᵀR⁻¹B
+        d2_mu = np.vstack([
+            -eps * C_YY[1:, 0],
+            C_VY[1:, 0] - eps * C_YY[1:, 0],
+            -C_VbY[1:, 0] + C_VZ[1:, 0] - C_VbY[0, 1:],
+        ])
+        BGB, GBGB, dBGB = C_VY[1:, 1:], C_YY[1:, 1:], C_VbY[1:, 1:]
+        d2_Sigma = 0.5 * np.stack([
+            eps * GBGB,
+            eps * GBGB - BGB,
+            dBGB + dBGB.T - C_VZ[1:, 1:],
+        ])
+        return {"f": f, "grad": grad, "hess": hess, "d2_du_dmu": d2_mu, "d2_du_dSigma": d2_Sigma}

@@ -1,0 +1,165 @@
+"""Centralized references for tests and experiments: ℓ_LR via Woodbury, the exact GP, the independence model, KL.
+
+These see all the data at once and exist to check the federated computations and to run the paper's
+Proposition 4 experiment; the federated fit never calls them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import linalg
+
+from spatialfed.model.blocks import LOG_2PI, _spd_inverse
+from spatialfed.model.local import check_residual
+from spatialfed.model.matern import Matern
+
+Part = tuple[np.ndarray, np.ndarray, np.ndarray]  # (locs, z, X) of one worker
+
+
+def _cho(A: np.ndarray, what: str):
+    try:
+        return linalg.cho_factor(A, lower=True, check_finite=False)
+    except linalg.LinAlgError:
+        raise np.linalg.LinAlgError(f"{what} is not positive definite") from None
+
+
+def _logdet(cf) -> float:
+    return 2.0 * float(np.sum(np.log(np.diag(cf[0]))))
+
+
+def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residual: str) -> np.ndarray:
+    """R_j(δ, θ) of Remark 3 as a dense matrix (small n only)."""
+    check_residual(residual)
+    C_js = kernel.cross(locs, knots, sigma2, beta)
+    K = kernel.cross(knots, knots, sigma2, beta)
+    Q = C_js @ linalg.solve(K, C_js.T, assume_a="pos")
+    if residual == "full":
+        W = kernel.cross(locs, locs, sigma2, beta) - Q
+    elif residual == "mpp":
+        W = np.diag(sigma2 - np.diag(Q))
+    else:
+        W = np.zeros_like(Q)
+    return W + np.eye(len(locs)) / delta
+
+
+def lowrank_loglik(parts: list[Part], knots, kernel: Matern, residual: str, gamma, delta, sigma2, beta) -> float:
+    """ℓ_LR: log N(z; Xγ, BKBᵀ + blockdiag R_j) by Woodbury and the determinant lemma (no N×N matrix)."""
+    K = kernel.cross(knots, knots, sigma2, beta)
+    Kcf = _cho(K, "K")
+    inner = K.copy()  # K + Σ_j C_sj R_j⁻¹ C_js
+    rhs = np.zeros(K.shape[0])
+    quad, logdet_R, n_obs = 0.0, 0.0, 0
+    for locs, z, X in parts:
+        Rcf = _cho(residual_covariance(locs, knots, kernel, sigma2, beta, delta, residual), "R_j")
+        C_js = kernel.cross(locs, knots, sigma2, beta)
+        e = z - X @ np.asarray(gamma)
+        RiC = linalg.cho_solve(Rcf, C_js, check_finite=False)
+        inner += C_js.T @ RiC
+        rhs += RiC.T @ e
+        quad += e @ linalg.cho_solve(Rcf, e, check_finite=False)
+        logdet_R += _logdet(Rcf)
+        n_obs += len(z)
+    Icf = _cho(inner, "K + Cᵀ R⁻¹ C")
+    quad -= rhs @ linalg.cho_solve(Icf, rhs, check_finite=False)
+    logdet = logdet_R + _logdet(Icf) - _logdet(Kcf)
+    return -0.5 * (n_obs * LOG_2PI + logdet + quad)
+
+
+def lowrank_covariance(parts: list[Part], knots, kernel: Matern, residual: str, delta, sigma2, beta) -> np.ndarray:
+    """The dense N×N covariance BKBᵀ + blockdiag R_j of the low-rank model (small N only)."""
+    locs = np.vstack([p[0] for p in parts])
+    C_s = kernel.cross(locs, knots, sigma2, beta)
+    cov = C_s @ linalg.solve(kernel.cross(knots, knots, sigma2, beta), C_s.T, assume_a="pos")
+    start = 0
+    for loc_j, _, _ in parts:
+        sl = slice(start, start + len(loc_j))
+        cov[sl, sl] += residual_covariance(loc_j, knots, kernel, sigma2, beta, delta, residual)
+        start += len(loc_j)
+    return cov
+
+
+def exact_loglik(locs, z, X, kernel: Matern, gamma, delta, sigma2, beta) -> float:
+    """The exact GP log-likelihood ℓ of Eq. (2) (N×N: small N only)."""
+    C = kernel.cross(locs, locs, sigma2, beta) + np.eye(len(z)) / delta
+    cf = _cho(C, "C + δ⁻¹I")
+    e = z - X @ np.asarray(gamma)
+    return -0.5 * (len(z) * LOG_2PI + _logdet(cf) + e @ linalg.cho_solve(cf, e, check_finite=False))
+
+
+def independent_loglik(parts: list[Part], kernel: Matern, gamma, delta, sigma2, beta) -> float:
+    """ℓ_ind = Σ_j log N(z_j; X_jγ, C_jj + δ⁻¹I) (Eq. 3)."""
+    return sum(exact_loglik(locs, z, X, kernel, gamma, delta, sigma2, beta) for locs, z, X in parts)
+
+
+def independent_local_terms(locs, z, X, kernel: Matern, gamma, delta, sigma2, beta) -> dict:
+    """−ℓ_j of Eq. (3) with its gradient and Hessian in u = (log δ, log σ², log β), and the GLS pieces for γ."""
+    d = np.sqrt(((locs[:, None, :] - locs[None, :, :]) ** 2).sum(-1))
+    rho, rho1, rho2 = kernel.correlation_derivatives(d, beta)
+    n, eps = len(z), 1.0 / delta
+    M = sigma2 * rho + eps * np.eye(n)
+    cf = _cho(M, "C_jj + δ⁻¹I")
+    G = linalg.cho_solve(cf, np.eye(n), check_finite=False)
+    e = z - X @ np.asarray(gamma)
+    alpha = G @ e
+    # M_δ = −εI, M_s = σ²ρ, M_b = σ²ρ̇; M_δδ = εI, M_ss = M_s, M_sb = M_b, M_bb = σ²ρ̈
+    Ma = [-eps * np.eye(n), sigma2 * rho, sigma2 * rho1]
+    Mab = {(0, 0): eps * np.eye(n), (1, 1): Ma[1], (1, 2): Ma[2], (2, 2): sigma2 * rho2}
+    GMa = [G @ Mi for Mi in Ma]
+    grad = np.array([0.5 * np.trace(GMa[a]) - 0.5 * alpha @ Ma[a] @ alpha for a in range(3)])
+    hess = np.zeros((3, 3))
+    for a in range(3):
+        for b in range(a, 3):
+            Mab_ = Mab.get((a, b))
+            val = -0.5 * np.einsum("ij,ji->", GMa[a], GMa[b]) + alpha @ Ma[a] @ GMa[b] @ alpha
+            if Mab_ is not None:
+                val += 0.5 * np.einsum("ij,ji->", G, Mab_) - 0.5 * alpha @ Mab_ @ alpha
+            hess[a, b] = hess[b, a] = val
+    return {
+        "f": 0.5 * (n * LOG_2PI + _logdet(cf) + e @ alpha),
+        "grad": grad,
+        "hess": hess,
+        "XtGX": X.T @ G @ X,
+        "XtGz": X.T @ G @ z,
+    }
+
+
+def _kl_normalised(C: np.ndarray, Cq: np.ndarray) -> float:
+    """KL_N(N(0,C) ‖ N(0,Cq)) = [tr(Cq⁻¹C) − N + log det Cq − log det C] / (2N) (Remark 5)."""
+    n = C.shape[0]
+    cq, cp = _cho(Cq, "the approximating covariance"), _cho(C, "the GP covariance")
+    tr = np.trace(linalg.cho_solve(cq, C, check_finite=False))
+    return 0.5 * (tr - n + _logdet(cq) - _logdet(cp)) / n
+
+
+def _latent_covariances(loc_parts, kernel, sigma2, beta, nugget):
+    locs = np.vstack(loc_parts)
+    C = kernel.cross(locs, locs, sigma2, beta) + nugget * np.eye(len(locs))
+    blocks = []
+    start = 0
+    for lp in loc_parts:
+        blocks.append(slice(start, start + len(lp)))
+        start += len(lp)
+    return locs, C, blocks
+
+
+def kl_lowrank(loc_parts, knots, kernel: Matern, sigma2, beta, nugget: float = 0.0) -> float:
+    """KL_N(P ‖ P₁): the GP against the low-rank model with full local covariance (Proposition 4).
+
+    P₁ keeps C_jj within each worker and uses C(S_i,S*)K⁻¹C(S*,S_j) across workers. `nugget` adds the
+    same δ⁻¹I to both (the paper's latent case is nugget = 0; a small nugget keeps large N well conditioned).
+    """
+    locs, C, blocks = _latent_covariances(loc_parts, kernel, sigma2, beta, nugget)
+    C_s = kernel.cross(locs, knots, sigma2, beta)
+    C1 = C_s @ _spd_inverse(kernel.cross(knots, knots, sigma2, beta), "K") @ C_s.T
+    for sl in blocks:
+        C1[sl, sl] = C[sl, sl]
+    return _kl_normalised(C, C1)
+
+
+def kl_independent(loc_parts, kernel: Matern, sigma2, beta, nugget: float = 0.0) -> float:
+    """KL_N(P ‖ P₂): the GP against the independence model blockdiag(C_jj) (Proposition 4)."""
+    _, C, blocks = _latent_covariances(loc_parts, kernel, sigma2, beta, nugget)
+    C2 = np.zeros_like(C)
+    for sl in blocks:
+        C2[sl, sl] = C[sl, sl]
+    return _kl_normalised(C, C2)
