@@ -1,0 +1,84 @@
+"""Settings of a federated fit (SPEC §4, Remark 8): synchronous or asynchronous, strategies, stopping rules."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+MODES = ("sync", "async")
+HESSIANS = ("profile", "block")
+STRATEGIES = ("correction", "adaptive_weights", "moving_average")
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """Settings of Algorithms 1–3; `None` fields take mode-dependent defaults in `resolved(J)`."""
+
+    mode: str = "sync"
+    agg_threshold: int | None = None
+    alpha: float | None = None
+    correction: bool | None = None
+    adaptive_weights: bool | None = None
+    moving_average: bool | None = None
+    a: float = 1.0
+    T_c: int = 3
+    omega: float = 0.7
+    t_M: int = 8
+    hessian: str = "profile"
+    step_bound: float = 1.0
+    eig_floor: float = 1e-6
+    max_iter: int = 50
+    tol: float = 1e-5
+    patience: int = 3
+    time_budget: float | None = None
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.hessian not in HESSIANS:
+            raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
+        if self.agg_threshold is not None and (int(self.agg_threshold) != self.agg_threshold or self.agg_threshold < 1):
+            raise ValueError(f"agg_threshold must be an integer in 1..J, got {self.agg_threshold!r}")
+        if self.alpha is not None and not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha (Newton step size) must be in (0, 1], got {self.alpha!r}")
+        if not 0 < self.omega < 1:
+            raise ValueError(f"omega (moving-average decay, Eq. 19) must be in (0, 1), got {self.omega!r}")
+        positive = {"a": self.a, "step_bound": self.step_bound, "eig_floor": self.eig_floor, "tol": self.tol}
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        for name in ("T_c", "t_M", "max_iter", "patience"):
+            value = getattr(self, name)
+            if int(value) != value or value < (0 if name == "T_c" else 1):
+                raise ValueError(f"{name} must be an integer ≥ {0 if name == 'T_c' else 1}, got {value!r}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"time_budget must be a number of seconds > 0 (or None), got {self.time_budget!r}")
+
+    @classmethod
+    def basic(cls, **changes) -> "FitConfig":
+        """Asynchronous aggregation with every strategy off: the 'none' arm of the ablation (Fig. 5)."""
+        return cls(**{"mode": "async", **dict.fromkeys(STRATEGIES, False), **changes})
+
+    def resolved(self, n_workers: int) -> "FitConfig":
+        """Copy with concrete agg_threshold, alpha (0.5·A/J async, 1 sync) and strategy flags for J workers."""
+        J = int(n_workers)
+        if J < 1:
+            raise ValueError(f"need at least one worker, got n_workers={n_workers!r}")
+        A = self.agg_threshold
+        if self.mode == "sync":
+            if A is not None and A != J:
+                raise ValueError(f"mode='sync' aggregates all J={J} workers; got agg_threshold={A}. "
+                                 "Use mode='async' for a smaller threshold, or leave agg_threshold unset")
+            A = J
+        elif A is None:
+            A = max(1, math.ceil(0.2 * J))
+        if not 1 <= A <= J:
+            raise ValueError(f"agg_threshold must be in 1..J = 1..{J}, got {A}")
+        on = self.mode == "async"
+        flags = {s: on if getattr(self, s) is None else bool(getattr(self, s)) for s in STRATEGIES}
+        alpha = self.alpha if self.alpha is not None else (1.0 if self.mode == "sync" else 0.5 * A / J)
+        return replace(self, agg_threshold=int(A), alpha=float(alpha), **flags)
+
+    def as_dict(self) -> dict:
+        """Plain dict of the settings (for result files)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,86 @@
+"""φ₀ from summaries the workers can send (SPEC §4 "Start φ₀ from data the workers can summarise").
+
+Rule, in order:
+1. γ₀ = OLS from the pooled moments Σ_j X_jᵀX_j, Σ_j X_jᵀz_j; residual variance s² = (Σ zᵀz − γ₀ᵀ Σ Xᵀz) / (N − p).
+2. Empirical semivariogram of the OLS residuals, pooled over workers from pairs *within* each worker, in
+   `N_BINS` equal distance bins on (0, D/2], D the diameter of the knots' bounding box (the knots span the domain).
+3. Weighted least squares (Cressie 1985) of the Matérn semivariogram
+   γ(h) = τ² + σ²(1 − ρ(h; β)) over (τ², σ², β): minimise Σ_k N_k (γ̂_k / γ(h_k) − 1)², h_k the bin midpoints,
+   N_k the pair counts, in log-parameters from several starting ranges.
+4. τ² and σ² are each clipped into [0.05·s², 2·s²], so neither the noise nor the spatial variance starts at a
+   degenerate boundary; δ₀ = 1/τ², and β is kept within [D/1000, 10·D].
+   Without usable pairs (fewer than 3 non-empty bins) the split is τ² = σ² = s²/2 and β = (D/4)/range-factor,
+   i.e. an effective range of a quarter of the domain.
+5. μ₀ = 0 and Σ₀ = K(σ², β): the prior of the knot process; Algorithm 1's synchronous pass then sets them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import optimize
+
+from spatialfed.model import blocks
+from spatialfed.model.params import Params
+
+N_BINS = 15
+CLIP = (0.05, 2.0)
+
+
+def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
+    """(γ₀, s², N): OLS from Σ_j X_jᵀX_j, Σ_j X_jᵀz_j and the residual variance (step 1)."""
+    XtX = sum(mo["XtX"] for mo in moments)
+    Xtz = sum(mo["Xtz"] for mo in moments)
+    ztz = sum(mo["ztz"] for mo in moments)
+    N = int(sum(mo["n"] for mo in moments))
+    p = XtX.shape[0]
+    if N <= p:
+        raise ValueError(f"need more observations than covariates to start the fit: N={N}, p={p}")
+    gamma = np.linalg.solve(XtX, Xtz)
+    s2 = float(ztz - gamma @ Xtz) / (N - p)
+    if not s2 > 0:
+        raise ValueError("OLS residuals are all zero: the covariates explain z exactly, nothing spatial to fit")
+    return gamma, s2, N
+
+
+def domain_diameter(knots: np.ndarray) -> float:
+    """Diameter D of the knots' bounding box."""
+    knots = np.asarray(knots, dtype=float)
+    return float(np.hypot(*(knots.max(axis=0) - knots.min(axis=0))))
+
+
+def variogram_edges(knots: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
+    """Equal distance bins on (0, D/2] (step 2)."""
+    return np.linspace(0.0, 0.5 * domain_diameter(knots), n_bins + 1)
+
+
+def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kernel, s2: float):
+    """(τ², σ², β) by Cressie's weighted least squares on the pooled semivariogram (steps 3–4)."""
+    D = 2.0 * edges[-1]
+    lo, hi = CLIP[0] * s2, CLIP[1] * s2
+    ok = count > 0
+    if np.count_nonzero(ok) < 3:
+        return 0.5 * s2, 0.5 * s2, 0.25 * D / kernel.effective_range_factor()
+    h = 0.5 * (edges[:-1] + edges[1:])[ok]
+    gamma_hat = sum_sq[ok] / count[ok]
+    n_k = count[ok]
+    log_bounds = [(np.log(lo), np.log(hi))] * 2 + [(np.log(D / 1000), np.log(10 * D))]
+
+    def loss(v):
+        tau2, sigma2, beta = np.exp(v)
+        model = tau2 + sigma2 * (1.0 - kernel.correlation(h, beta))
+        return float(np.sum(n_k * (gamma_hat / model - 1.0) ** 2))
+
+    fits = [
+        optimize.minimize(loss, np.log([0.5 * s2, 0.5 * s2, frac * D / kernel.effective_range_factor()]),
+                          method="L-BFGS-B", bounds=log_bounds)
+        for frac in (0.05, 0.2, 0.5)
+    ]
+    tau2, sigma2, beta = np.exp(min(fits, key=lambda r: r.fun).x)
+    return float(np.clip(tau2, lo, hi)), float(np.clip(sigma2, lo, hi)), float(beta)
+
+
+def initial_params(gamma, delta, sigma2, beta, knots, kernel) -> Params:
+    """φ₀ = (μ = 0, Σ = K(σ², β), γ, δ, σ², β) (step 5)."""
+    K = blocks.knot_covariance(knots, kernel, sigma2, beta)
+    return Params(mu=np.zeros(K.shape[0]), Sigma=K, gamma=np.asarray(gamma, dtype=float),
+                  delta=delta, sigma2=sigma2, beta=beta)

@@ -1,0 +1,54 @@
+"""What crosses the network (SPEC §3–4): augmented parameters p (Eq. 11) and augmented quantities q (Eq. 14).
+
+`evaluate` is the worker side of the algorithm: L_j(p) of Eq. (13), with G_j of Eq. (16) for the theta step.
+It is a pure function of (partition, p); every runtime calls it where the partition lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spatialfed.model.params import Params
+
+#: Sub-steps of one iteration, in their cyclic order (Eq. 12).
+STEPS = ("mu_sigma", "gamma", "theta")
+#: Synchronous summaries collected once before Algorithm 1, to build φ₀ (SPEC §4 "Start φ₀ from data ...").
+INIT_STEPS = ("moments", "variogram")
+#: Final synchronous evaluation of f_j at the reported estimate.
+FINAL_STEP = "value"
+ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP,)
+
+
+@dataclass(frozen=True)
+class Augmented:
+    """p = (φ, t, step) of Eq. (11); `extra` carries what the init summaries need instead of φ."""
+
+    params: Params | None
+    t: int
+    step: str
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.step not in ALL_STEPS:
+            raise ValueError(f"unknown step {self.step!r}; expected one of {ALL_STEPS}")
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """q = (ξ, t, step, j) of Eq. (14): the local quantity and the (t, step) of the p it was computed from."""
+
+    xi: dict
+    t: int
+    step: str
+    worker: int
+
+
+def evaluate(lm, p: Augmented, worker: int) -> Quantity:
+    """L_j(p) of Eq. (13) (with G_j of Eq. 16 for theta) computed by worker `worker` on its LocalModel `lm`."""
+    if p.step == "moments":
+        xi = lm.moments()
+    elif p.step == "variogram":
+        xi = lm.variogram(p.extra["gamma"], p.extra["edges"])
+    else:
+        xi = lm.quantity(p.step, p.params)
+    return Quantity(xi=xi, t=p.t, step=p.step, worker=worker)

@@ -1,0 +1,292 @@
+"""The federated server of Algorithms 1 and 3 as a sans-IO state machine (SPEC §4).
+
+The server holds the worker buffers ℙ_j (sub-step-aware FIFO), the server buffer ℚ (latest quantity per worker and
+step), the counters Num.step and the parameter tuple φ. A runtime asks `next_task(j)` when worker j is idle, runs
+`protocol.evaluate` there, and hands the result back with `receive(q, now)`. `agg_threshold = J` with every strategy
+off is the synchronous algorithm of Section 3.1.
+
+Phases: "moments" → "variogram" (summaries for φ₀, init.py) → "loop" (iteration t = 0 is Algorithm 1's synchronous
+pass, t ≥ 1 are Algorithm 3's iterations) → "final" (synchronous μ*, Σ* at the final (γ, δ, θ)) → "value" (ℓ_LR at
+that estimate) → "done".
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+import numpy as np
+
+from spatialfed.algorithm import init
+from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
+from spatialfed.algorithm.strategies import (
+    aggregate,
+    corrected_gradient,
+    moving_average,
+    staleness_weights,
+    uniform_weights,
+)
+from spatialfed.errors import check_finite, check_positive
+from spatialfed.model import blocks
+from spatialfed.model.params import Params
+
+START_KEYS = ("gamma", "delta", "sigma2", "beta")
+
+
+def relative_change(old: Params, new: Params) -> float:
+    """Stopping statistic: max(‖Δu‖∞, ‖Δγ‖∞ / ‖γ‖∞); u is log-scale, so both are relative changes."""
+    du = np.max(np.abs(new.u - old.u))
+    dgamma = np.max(np.abs(new.gamma - old.gamma)) / max(np.max(np.abs(old.gamma)), np.finfo(float).tiny)
+    return float(max(du, dgamma))
+
+
+class FederatedServer:
+    """Sans-IO server of Algorithms 1 and 3: quantities in (`receive`), augmented parameters out (`next_task`)."""
+
+    def __init__(self, n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None):
+        self.n_workers = J = int(n_workers)
+        self.config = (config or FitConfig()).resolved(J)
+        self.knots = np.asarray(knots, dtype=float)
+        self.kernel = kernel
+        self.start = _check_start(start)
+        self._P: list[list[Augmented]] = [[] for _ in range(J)]  # ℙ_j, kept on the server
+        self._in_flight: dict[int, Augmented] = {}
+        self._obsolete: set[int] = set()  # workers whose in-flight task predates the final pass
+        self._Q: dict[tuple[int, str], tuple[Quantity, Params]] = {}  # ℚ: (j, step) -> (q, φ it was computed at)
+        self._num = dict.fromkeys(STEPS, 0)  # Num.step
+        self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
+        self._history = {step: deque(maxlen=self.config.t_M) for step in STEPS}  # published blocks, newest first
+        self._grad_norm = 0.0  # ‖g^{t−1}‖ of Eq. (18)
+        self._step = 0  # index of the current step in STEPS
+        self._end_of_last_iteration: Params | None = None
+        self._small_changes = 0
+        self._ols_gamma = self._s2 = None
+        self.t = 0
+        self.iterations = 0
+        self.params: Params | None = None
+        self.loglik: float | None = None
+        self.n_obs: int | None = None
+        self.converged = False
+        self.stop_reason: str | None = None
+        self.trace: list[dict] = []
+        self.phase = "moments"
+        self._publish(Augmented(None, 0, "moments"))
+
+    # --- the runtime's side ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once the final evaluation pass has set `loglik`."""
+        return self.phase == "done"
+
+    def busy(self, j: int) -> bool:
+        """Whether worker j has a task in flight."""
+        return j in self._in_flight
+
+    def next_task(self, j: int) -> Augmented | None:
+        """Pop the front of ℙ_j for idle worker j (None when ℙ_j is empty); j is busy until its quantity arrives."""
+        if self.busy(j):
+            raise RuntimeError(f"worker {j} already has a task in flight; call next_task only for idle workers")
+        if self.done or not self._P[j]:
+            return None
+        p = self._P[j].pop(0)
+        self._in_flight[j] = p
+        return p
+
+    def dispatch(self) -> list[tuple[int, Augmented]]:
+        """next_task for every idle worker that has work, in worker order."""
+        tasks = [(j, self.next_task(j)) for j in range(self.n_workers) if not self.busy(j)]
+        return [(j, p) for j, p in tasks if p is not None]
+
+    def receive(self, q: Quantity, now: float) -> None:
+        """Quantity q arrived from worker q.worker at `now` seconds since the fit started."""
+        j = q.worker
+        p = self._in_flight.pop(j, None)
+        if p is None:
+            raise RuntimeError(f"worker {j} sent a quantity without a task in flight")
+        if (q.t, q.step) != (p.t, p.step):
+            raise RuntimeError(f"worker {j} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+        if j in self._obsolete:
+            self._obsolete.discard(j)
+            return
+        if self.phase == "loop":
+            self._receive_loop(q, p, now)
+        else:
+            self._receive_synchronous(q, now)
+
+    # --- Algorithm 3: buffers, counters, aggregation ---------------------------------------------------
+    def _publish(self, p: Augmented) -> None:
+        """Send p to every ℙ_j: it replaces the entry with the same step, else it is appended."""
+        for buffer in self._P:
+            same = [i for i, old in enumerate(buffer) if old.step == p.step]
+            if same:
+                buffer[same[0]] = p
+            else:
+                buffer.append(p)
+
+    @property
+    def _threshold(self) -> int:
+        """Agg_threshold; Algorithm 1's pass (t = 0) waits for all J workers."""
+        return self.n_workers if self.t == 0 else self.config.agg_threshold
+
+    def _receive_loop(self, q: Quantity, at: Params, now: float) -> None:
+        self._Q[(q.worker, q.step)] = (q, at)
+        self._num[q.step] += 1
+        while self.phase == "loop" and self._num[STEPS[self._step]] >= self._threshold:
+            self._aggregate(now)
+        budget = self.config.time_budget
+        if self.phase == "loop" and budget is not None and now >= budget:
+            self._stop("time_budget")
+
+    def _aggregate(self, now: float) -> None:
+        """Aggregate the current step (Eq. 17), update its block (Eqs. 8–10), smooth it (Eq. 19) and publish."""
+        cfg, step = self.config, STEPS[self._step]
+        self._num[step] = 0
+        entries = [self._Q[(j, step)] for j in range(self.n_workers)]
+        t_js = [q.t for q, _ in entries]
+        if cfg.adaptive_weights:
+            w = staleness_weights(self.t, t_js, self._grad_norm, cfg.a, cfg.T_c)
+        else:
+            w = uniform_weights(self.n_workers)
+        block = {"mu_sigma": self._update_mu_sigma, "gamma": self._update_gamma, "theta": self._update_theta}[step](
+            entries, w
+        )
+        if cfg.moving_average:
+            block = self._moving_average(step, block)
+        self._history[step].appendleft(block)
+        self.params = self.params.with_u(block["u"]) if step == "theta" else self.params.replace(**block)
+        self._record(step, now, max(self.t - tj for tj in t_js))
+        if step == "theta":
+            self._end_iteration()
+        if self.phase == "loop":
+            self._step = (self._step + 1) % len(STEPS)
+            self._publish(Augmented(self.params, self.t, STEPS[self._step]))
+
+    def _update_mu_sigma(self, entries, w) -> dict:
+        """Σ⁺ = (Σ_j A_j + K⁻¹)⁻¹, μ⁺ = Σ⁺ Σ_j b_j (Eq. 8 with sums)."""
+        agg = aggregate([q.xi for q, _ in entries], w)
+        phi = self.params
+        K = blocks.knot_covariance(self.knots, self.kernel, phi.sigma2, phi.beta)
+        mu, Sigma = blocks.update_mu_sigma(agg["A"], agg["b"], K)
+        return {"mu": mu, "Sigma": Sigma}
+
+    def _update_gamma(self, entries, w) -> dict:
+        """γ⁺ = (Σ_j X_jᵀR_j⁻¹X_j)⁻¹ Σ_j X_jᵀR_j⁻¹(z_j − B_jμ) (Eq. 9)."""
+        agg = aggregate([q.xi for q, _ in entries], w)
+        return {"gamma": blocks.update_gamma(agg["XtRX"], agg["XtRr"])}
+
+    def _update_theta(self, entries, w) -> dict:
+        """One Newton step on u (Eq. 10) with the corrected gradients of Eq. (15) and the profile or block Hessian."""
+        cfg, phi = self.config, self.params
+        xis = [q.xi for q, _ in entries]
+        if cfg.correction:
+            rec = max(entries, key=lambda e: e[0].t)[1]
+            xis = [{**xi, "grad": corrected_gradient(xi, at, rec)} for xi, (_, at) in zip(xis, entries)]
+        self._grad_norm = float(np.linalg.norm(sum(wj * xi["grad"] for wj, xi in zip(w, xis))))
+        agg = aggregate(xis, w)
+        h = blocks.h_terms(phi.mu, phi.Sigma, self.knots, self.kernel, phi.sigma2, phi.beta)
+        total = {key: agg[key] + h[key] for key in ("grad", "hess", "d2_du_dmu", "d2_du_dSigma")}
+        H = total["hess"]
+        if cfg.hessian == "profile":
+            H = blocks.profile_hessian(H, total["d2_du_dmu"], total["d2_du_dSigma"], phi.Sigma)
+        u = blocks.newton_step(phi.u, total["grad"], H, alpha=cfg.alpha, bound=cfg.step_bound, floor=cfg.eig_floor)
+        return {"u": u}
+
+    def _moving_average(self, step: str, block: dict) -> dict:
+        """Eq. (19) on the block just updated, over it and its last M = min(t, t_M) published values."""
+        previous = list(self._history[step])[: min(self.t, self.config.t_M)]
+        return {key: moving_average([value] + [old[key] for old in previous], self.config.omega)
+                for key, value in block.items()}
+
+    def _end_iteration(self) -> None:
+        """After the theta step: apply the stopping rules, then move to iteration t + 1."""
+        cfg = self.config
+        if self.t >= 1:
+            self.iterations = self.t
+            change = relative_change(self._end_of_last_iteration, self.params)
+            self._small_changes = self._small_changes + 1 if change < cfg.tol else 0
+            if self._small_changes >= cfg.patience:
+                self._stop("tol")
+            elif self.t >= cfg.max_iter:
+                self._stop("max_iter")
+        self._end_of_last_iteration = self.params
+        self.t += 1
+
+    def _stop(self, reason: str) -> None:
+        """Leave the loop: drop pending work and start the final synchronous pass at the current φ."""
+        self.stop_reason = reason
+        self.converged = reason == "tol"
+        self._P = [[] for _ in range(self.n_workers)]
+        self._obsolete = set(self._in_flight)
+        self._begin_synchronous("final", Augmented(self.params, self.t, "mu_sigma"))
+
+    # --- synchronous passes: φ₀ summaries and the final evaluation -------------------------------------
+    def _begin_synchronous(self, phase: str, p: Augmented) -> None:
+        self.phase = phase
+        self._collected = {}
+        self._publish(p)
+
+    def _receive_synchronous(self, q: Quantity, now: float) -> None:
+        self._collected[q.worker] = q.xi
+        if len(self._collected) < self.n_workers:
+            return
+        xis = [self._collected[j] for j in range(self.n_workers)]
+        {"moments": self._after_moments, "variogram": self._after_variogram, "final": self._after_final,
+         FINAL_STEP: self._after_value}[self.phase](xis, now)
+
+    def _after_moments(self, xis, now) -> None:
+        self._ols_gamma, self._s2, self.n_obs = init.pooled_ols(xis)
+        if all(key in self.start for key in ("delta", "sigma2", "beta")):
+            self._begin_loop(now)
+        else:
+            edges = init.variogram_edges(self.knots)
+            self._begin_synchronous("variogram", Augmented(None, 0, "variogram",
+                                                           {"gamma": self._ols_gamma, "edges": edges}))
+
+    def _after_variogram(self, xis, now) -> None:
+        sums = aggregate(xis, uniform_weights(self.n_workers))
+        tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self.knots),
+                                                self.kernel, self._s2)
+        self._begin_loop(now, {"delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta})
+
+    def _begin_loop(self, now: float, estimated: Mapping | None = None) -> None:
+        """φ₀ (init.initial_params, `start` overriding) and Algorithm 1's synchronous pass as iteration t = 0."""
+        values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
+        self.params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
+                                          self.knots, self.kernel)
+        self._record("init", now, 0)
+        self._begin_synchronous("loop", Augmented(self.params, 0, STEPS[0]))
+
+    def _after_final(self, xis, now) -> None:
+        """μ*, Σ* at the final (γ, δ, θ) from fresh quantities of all workers (Eq. 8)."""
+        agg = aggregate(xis, uniform_weights(self.n_workers))
+        phi = self.params
+        K = blocks.knot_covariance(self.knots, self.kernel, phi.sigma2, phi.beta)
+        mu, Sigma = blocks.update_mu_sigma(agg["A"], agg["b"], K)
+        self.params = phi.replace(mu=mu, Sigma=Sigma)
+        self._begin_synchronous(FINAL_STEP, Augmented(self.params, self.t, FINAL_STEP))
+
+    def _after_value(self, xis, now) -> None:
+        """ℓ_LR = −(Σ_j f_j + h) − (N/2) log 2π at (μ*, Σ*) (SPEC §1)."""
+        phi = self.params
+        h = blocks.h_terms(phi.mu, phi.Sigma, self.knots, self.kernel, phi.sigma2, phi.beta)
+        self.loglik = blocks.loglik_from_f(sum(xi["f"] for xi in xis) + h["f"], self.n_obs)
+        self.phase = "done"
+
+    def _record(self, step: str, now: float, max_staleness: int) -> None:
+        phi = self.params
+        self.trace.append({"iter": self.t, "time_s": float(now), "step": step, "delta": phi.delta,
+                           "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma.tolist(),
+                           "max_staleness": int(max_staleness)})
+
+
+def _check_start(start: Mapping | None) -> dict:
+    """Validate user-given starting values (any of γ, δ, σ², β)."""
+    start = dict(start or {})
+    unknown = set(start) - set(START_KEYS)
+    if unknown:
+        raise ValueError(f"unknown starting value(s) {sorted(unknown)}; allowed: {START_KEYS}")
+    checked = {key: check_positive(start[key], key) for key in ("delta", "sigma2", "beta") if key in start}
+    if "gamma" in start:
+        checked["gamma"] = check_finite(np.atleast_1d(start["gamma"]), "gamma")
+    return checked

@@ -1,0 +1,65 @@
+"""Compute and network heterogeneity of workers (SPEC §7, Section 6.2): slowdown factors, delays, named profiles.
+
+A worker with slowdown s_j that computed a task in c seconds finishes after s_j·c seconds, i.e. waits (s_j − 1)·c more.
+Profiles follow the paper's imbalance by cores per worker (3 to 62 cores): slowdown = 62 / cores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_CORES, MIN_CORES = 62, 3
+PROFILES = ("balanced", "straggler", "graded")
+
+
+def profile_slowdowns(name: str, n_workers: int) -> np.ndarray:
+    """Slowdown factors s_j ≥ 1 of a named profile: balanced (all 1), straggler (last worker 62/3), graded."""
+    J = int(n_workers)
+    if J < 1:
+        raise ValueError(f"need at least one worker, got n_workers={n_workers!r}")
+    if name == "balanced":
+        return np.ones(J)
+    if name == "straggler":
+        s = np.ones(J)
+        s[-1] = MAX_CORES / MIN_CORES
+        return s
+    if name == "graded":
+        cores = np.linspace(MAX_CORES, MIN_CORES, J) if J > 1 else np.array([MAX_CORES])
+        return MAX_CORES / cores
+    raise ValueError(f"unknown heterogeneity profile {name!r}; choose one of {PROFILES} or give explicit slowdowns")
+
+
+def resolve_slowdowns(profile_or_list, n_workers: int) -> np.ndarray:
+    """Slowdowns from a profile name or an explicit list of J factors ≥ 1."""
+    if isinstance(profile_or_list, str):
+        return profile_slowdowns(profile_or_list, n_workers)
+    s = np.asarray(profile_or_list, dtype=float).ravel()
+    if s.size != n_workers:
+        raise ValueError(f"got {s.size} slowdown factors for {n_workers} workers; give exactly one per worker")
+    if not np.all(np.isfinite(s)) or np.any(s < 1):
+        raise ValueError(f"slowdown factors must be finite numbers ≥ 1 (1 = full speed), got {s.tolist()}")
+    return s
+
+
+def extra_wait(compute_s: float, slowdown: float) -> float:
+    """(s_j − 1)·c: how long a worker with slowdown s_j waits after computing for c seconds."""
+    return (slowdown - 1.0) * compute_s
+
+
+@dataclass(frozen=True)
+class NetworkDelay:
+    """One-way message delay: latency + size / bandwidth."""
+
+    latency_s: float = 0.0
+    bandwidth_bytes_s: float = math.inf
+
+    def __post_init__(self):
+        if not self.latency_s >= 0 or not self.bandwidth_bytes_s > 0:
+            raise ValueError("network latency must be ≥ 0 seconds and bandwidth > 0 bytes/s")
+
+    def seconds(self, nbytes: int) -> float:
+        """Delay of a message of `nbytes` bytes."""
+        return self.latency_s + nbytes / self.bandwidth_bytes_s
