@@ -1,0 +1,268 @@
+"""Result files of a fit (SPEC §6): ``fit.json``, ``model.zarr`` and ``trace.csv``, written atomically, and their readers.
+
+``fit.json`` carries exactly the keys of SPEC §6::
+
+    {"method", "mode", "residual", "nu", "n_workers", "n_obs",
+     "params": {"gamma": [..], "delta", "sigma2", "beta"},
+     "loglik", "knots": [[x, y], ..], "iterations", "wall_time_s", "converged",
+     "trace": [{"iter", "time_s", "step", "delta", "sigma2", "beta", "gamma": [..], "max_staleness"}, ..]}
+
+``model.zarr`` holds arrays ``mu`` (m), ``Sigma`` (m×m), ``knots`` (m×2), ``gamma`` (p) and, as attributes, the
+parameters and fit settings. ``trace.csv`` is the trace as a table (``gamma`` expanded to ``gamma_0 .. gamma_{p-1}``).
+
+Writes go to a temporary directory beside the target and are moved into place at the end, ``fit.json`` last, so a
+reader never sees a half-written result: a directory with ``fit.json`` in it is complete.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FIT_JSON = "fit.json"
+MODEL_ZARR = "model.zarr"
+TRACE_CSV = "trace.csv"
+
+FIT_KEYS = (
+    "method", "mode", "residual", "nu", "n_workers", "n_obs", "params", "loglik", "knots",
+    "iterations", "wall_time_s", "converged", "trace",
+)
+PARAM_KEYS = ("gamma", "delta", "sigma2", "beta")
+TRACE_KEYS = ("iter", "time_s", "step", "delta", "sigma2", "beta", "gamma", "max_staleness")
+
+
+@dataclass
+class FitResult:
+    """Everything a fit produces; ``to_json()`` gives the ``fit.json`` document of SPEC §6."""
+
+    method: str
+    mode: str
+    residual: str
+    nu: float
+    n_workers: int
+    n_obs: int
+    params: dict            # {"gamma": [..], "delta": float, "sigma2": float, "beta": float}
+    loglik: float | None
+    knots: np.ndarray       # (m, 2)
+    iterations: int
+    wall_time_s: float
+    converged: bool
+    trace: list = field(default_factory=list)   # list of dicts with TRACE_KEYS
+    mu: np.ndarray | None = None                # (m,)
+    Sigma: np.ndarray | None = None             # (m, m)
+    extra: dict = field(default_factory=dict)   # settings stored as model.zarr attributes (not in fit.json)
+
+    def to_json(self) -> dict:
+        doc = {
+            "method": str(self.method),
+            "mode": str(self.mode),
+            "residual": str(self.residual),
+            "nu": float(self.nu),
+            "n_workers": int(self.n_workers),
+            "n_obs": int(self.n_obs),
+            "params": _params_json(self.params),
+            "loglik": _num(self.loglik),
+            "knots": np.asarray(self.knots, dtype=float).reshape(-1, 2).tolist(),
+            "iterations": int(self.iterations),
+            "wall_time_s": float(self.wall_time_s),
+            "converged": bool(self.converged),
+            "trace": [_trace_row_json(r) for r in self.trace],
+        }
+        assert tuple(doc) == FIT_KEYS
+        return doc
+
+
+def _num(x):
+    """A JSON-safe float: None for missing or non-finite values (JSON has no NaN)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _params_json(params) -> dict:
+    missing = [k for k in PARAM_KEYS if k not in params]
+    if missing:
+        raise ValueError(f"params is missing {missing}; expected keys {list(PARAM_KEYS)}")
+    return {
+        "gamma": [float(g) for g in np.ravel(params["gamma"])],
+        "delta": float(params["delta"]),
+        "sigma2": float(params["sigma2"]),
+        "beta": float(params["beta"]),
+    }
+
+
+def _trace_row_json(row) -> dict:
+    missing = [k for k in TRACE_KEYS if k not in row]
+    if missing:
+        raise ValueError(f"trace row is missing {missing}; expected keys {list(TRACE_KEYS)}")
+    return {
+        "iter": int(row["iter"]),
+        "time_s": float(row["time_s"]),
+        "step": str(row["step"]),
+        "delta": _num(row["delta"]),
+        "sigma2": _num(row["sigma2"]),
+        "beta": _num(row["beta"]),
+        "gamma": [_num(g) for g in np.ravel(row["gamma"])],
+        "max_staleness": int(row["max_staleness"]),
+    }
+
+
+def _attr_safe(obj):
+    """Convert numpy scalars/arrays (recursively) into JSON-native values for Zarr attributes."""
+    if isinstance(obj, dict):
+        return {str(k): _attr_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_attr_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _attr_safe(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return _num(obj)
+    return obj
+
+
+def _write_trace_csv(path: Path, trace: list, p: int) -> None:
+    cols = ["iter", "time_s", "step", "delta", "sigma2", "beta"] + [f"gamma_{i}" for i in range(p)] + ["max_staleness"]
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for r in trace:
+            r = _trace_row_json(r)
+            g = list(r["gamma"]) + [None] * (p - len(r["gamma"]))
+            fmt = lambda v: "" if v is None else repr(v)  # noqa: E731
+            vals = [r["iter"], fmt(r["time_s"]), r["step"], fmt(r["delta"]), fmt(r["sigma2"]), fmt(r["beta"])]
+            vals += [fmt(v) for v in g[:p]] + [r["max_staleness"]]
+            w.writerow(vals)
+
+
+def _write_model_zarr(path: Path, result: FitResult) -> None:
+    import zarr
+
+    g = zarr.open_group(str(path), mode="w")
+    knots = np.asarray(result.knots, dtype=float).reshape(-1, 2)
+    g.create_array("knots", data=knots)
+    if result.mu is not None:
+        g.create_array("mu", data=np.asarray(result.mu, dtype=float))
+    if result.Sigma is not None:
+        g.create_array("Sigma", data=np.asarray(result.Sigma, dtype=float))
+    g.create_array("gamma", data=np.asarray(result.params["gamma"], dtype=float).ravel())
+    g.attrs.update(_attr_safe({
+        "spatialfed_result": 1,
+        "method": result.method,
+        "mode": result.mode,
+        "residual": result.residual,
+        "nu": result.nu,
+        "n_workers": result.n_workers,
+        "n_obs": result.n_obs,
+        "params": _params_json(result.params),
+        "loglik": result.loglik,
+        "iterations": result.iterations,
+        "converged": result.converged,
+        "settings": result.extra,
+    }))
+
+
+def write_results(out_dir, result: FitResult) -> Path:
+    """Write fit.json, model.zarr and trace.csv into ``out_dir`` atomically; returns the directory.
+
+    Files are built in a temporary sibling directory and then moved into place (``os.replace``), ``fit.json`` last.
+    Other files already in ``out_dir`` are left alone; earlier result files are replaced.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = result.to_json()
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        (tmp / FIT_JSON).write_text(text + "\n")
+        _write_trace_csv(tmp / TRACE_CSV, doc["trace"], len(doc["params"]["gamma"]))
+        _write_model_zarr(tmp / MODEL_ZARR, result)
+        if not out.exists():
+            try:
+                os.rename(tmp, out)          # one atomic step when the target is new
+                return out
+            except OSError:
+                out.mkdir(parents=True, exist_ok=True)
+        # target exists: invalidate the old fit.json first, then move the new pieces in, fit.json last
+        old_json = out / FIT_JSON
+        if old_json.exists():
+            old_json.unlink()
+        for name in (TRACE_CSV, MODEL_ZARR):
+            dst = out / name
+            trash = None
+            if dst.is_dir():
+                trash = out / f".{name}.old-{uuid.uuid4().hex[:6]}"
+                os.rename(dst, trash)
+            os.replace(tmp / name, dst)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp / FIT_JSON, out / FIT_JSON)
+        return out
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_fit(out_dir) -> FitResult:
+    """Read a fit directory written by ``write_results`` (or ``spatialfed fit``) back into a FitResult."""
+    d = Path(out_dir)
+    fj = d / FIT_JSON
+    if not fj.exists():
+        raise FileNotFoundError(f"{fj} not found: {d} is not a (complete) spatialfed fit directory")
+    doc = json.loads(fj.read_text())
+    missing = [k for k in FIT_KEYS if k not in doc]
+    if missing:
+        raise ValueError(f"{fj} lacks keys {missing}")
+    mu = Sigma = None
+    extra = {}
+    mz = d / MODEL_ZARR
+    if mz.exists():
+        import zarr
+
+        g = zarr.open_group(str(mz), mode="r")
+        if "mu" in g:
+            mu = np.asarray(g["mu"][:])
+        if "Sigma" in g:
+            Sigma = np.asarray(g["Sigma"][:])
+        extra = dict(g.attrs.get("settings", {}) or {})
+    return FitResult(
+        method=doc["method"], mode=doc["mode"], residual=doc["residual"], nu=doc["nu"],
+        n_workers=doc["n_workers"], n_obs=doc["n_obs"], params=doc["params"],
+        loglik=doc["loglik"], knots=np.asarray(doc["knots"], dtype=float).reshape(-1, 2),
+        iterations=doc["iterations"], wall_time_s=doc["wall_time_s"], converged=doc["converged"],
+        trace=doc["trace"], mu=mu, Sigma=Sigma, extra=extra,
+    )
+
+
+def load_trace_csv(out_dir) -> list[dict]:
+    """Read ``trace.csv`` as a list of dicts (numbers parsed, gamma columns gathered into a list)."""
+    rows = []
+    with open(Path(out_dir) / TRACE_CSV, newline="") as fh:
+        for r in csv.DictReader(fh):
+            gam = [_f(r[k]) for k in sorted(
+                (k for k in r if k.startswith("gamma_")), key=lambda s: int(s.split("_")[1]))]
+            rows.append({
+                "iter": int(r["iter"]), "time_s": float(r["time_s"]), "step": r["step"],
+                "delta": _f(r["delta"]), "sigma2": _f(r["sigma2"]), "beta": _f(r["beta"]),
+                "gamma": gam, "max_staleness": int(r["max_staleness"]),
+            })
+    return rows
+
+
+def _f(text: str) -> float:
+    return float(text) if text else float("nan")

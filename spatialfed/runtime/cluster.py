@@ -1,0 +1,189 @@
+"""Cluster factories for the Dask runtime: embedded LocalCluster, an existing scheduler, or a dask-jobqueue cluster.
+
+Every factory returns a ``ClusterHandle``: a connected ``distributed.Client`` plus the cluster object it owns (if any),
+closed together by ``handle.close()`` or a ``with`` block.
+
+- ``local_cluster(n_workers)``: ``LocalCluster`` on 127.0.0.1 with worker *processes* (the partitions must live in
+  separate processes from the client for the privacy claim), one thread per worker, BLAS held to one thread
+  (``OMP_NUM_THREADS`` etc. in the worker environment), dashboard on a free port.
+- ``connect(address)``: any running scheduler (``tcp://host:port``); a short timeout and an error naming the address.
+- ``jobqueue_cluster("slurm"|"pbs"|"sge", cores=, memory=, walltime=, queue=, account=, jobs=)``: a dask-jobqueue
+  cluster that submits ``jobs`` batch jobs, each one Dask worker process with ``cores`` threads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from spatialfed.errors import SpatialFedError
+
+#: worker environment: one BLAS/OpenMP thread per task, so J concurrent tasks do not oversubscribe the cores
+SINGLE_THREAD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+}
+
+JOBQUEUE_KINDS = ("slurm", "pbs", "sge")
+
+
+class SchedulerUnreachableError(SpatialFedError, ConnectionError):
+    """No Dask scheduler answered at the given address."""
+
+
+@dataclass
+class ClusterHandle:
+    """A Client and (optionally) the cluster it started; ``close()`` shuts down only what this handle started."""
+
+    client: object
+    cluster: object | None = None
+    owns_cluster: bool = False
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link
+        except Exception:  # pragma: no cover - the scheduler may run without a dashboard
+            return None
+
+    def worker_addresses(self) -> list[str]:
+        """Addresses of the Dask workers currently connected, sorted (a stable round-robin order)."""
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            if self.owns_cluster and self.cluster is not None:
+                self.cluster.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def default_n_workers() -> int:
+    """Number of worker processes for the embedded cluster: the usable cores (at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_logs: int = 40) -> ClusterHandle:
+    """Start an embedded ``LocalCluster`` on 127.0.0.1 (processes, 1 thread each, BLAS single-threaded)."""
+    from distributed import Client, LocalCluster
+
+    n = default_n_workers() if n_workers is None else int(n_workers)
+    if n < 1:
+        raise ValueError(f"n_workers must be >= 1, got {n_workers!r}")
+    cluster = LocalCluster(
+        host="127.0.0.1",
+        n_workers=n,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address="127.0.0.1:0",
+        memory_limit=memory_limit,
+        silence_logs=silence_logs,
+        env=dict(SINGLE_THREAD_ENV),
+    )
+    try:
+        client = Client(cluster)
+    except BaseException:
+        cluster.close()
+        raise
+    return ClusterHandle(client=client, cluster=cluster, owns_cluster=True)
+
+
+def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.0) -> ClusterHandle:
+    """Connect to a running scheduler at ``address``; raise SchedulerUnreachableError naming it if it does not answer."""
+    from distributed import Client
+
+    addr = str(address).strip()
+    if not addr:
+        raise SchedulerUnreachableError("empty scheduler address; give e.g. tcp://127.0.0.1:8786")
+    if "://" not in addr:
+        addr = "tcp://" + addr
+    try:
+        client = Client(addr, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        raise SchedulerUnreachableError(
+            f"could not reach a Dask scheduler at {addr} within {timeout:g} s ({type(exc).__name__}: {exc}); "
+            "start one with `dask scheduler` and `dask worker ADDRESS`, or omit --scheduler to use an embedded cluster"
+        ) from exc
+    if wait_for_workers:
+        try:
+            client.wait_for_workers(1, timeout=wait_for_workers)
+        except (OSError, TimeoutError) as exc:
+            client.close()
+            raise SchedulerUnreachableError(
+                f"the Dask scheduler at {addr} has no workers (waited {wait_for_workers:g} s); start `dask worker {addr}`"
+            ) from exc
+    return ClusterHandle(client=client, cluster=None, owns_cluster=False)
+
+
+def jobqueue_cluster(
+    kind: str,
+    *,
+    cores: int = 1,
+    memory: str = "4GB",
+    walltime: str = "01:00:00",
+    queue: str | None = None,
+    account: str | None = None,
+    jobs: int = 1,
+    host: str = "127.0.0.1",
+    interface: str | None = None,
+    wait_for_workers: float | None = None,
+    **job_kwargs,
+) -> ClusterHandle:
+    """A dask-jobqueue cluster (``slurm`` | ``pbs`` | ``sge``) with ``jobs`` batch jobs of one worker process each.
+
+    The scheduler binds to ``host`` (default 127.0.0.1: only reachable from this machine; on a real batch system pass
+    the login node's address or a network ``interface`` the compute nodes can reach). ``job_kwargs`` go to the
+    dask-jobqueue cluster class unchanged (e.g. ``job_extra_directives``, ``job_script_prologue``).
+    """
+    kind = str(kind).lower()
+    if kind not in JOBQUEUE_KINDS:
+        raise ValueError(f"jobqueue kind must be one of {JOBQUEUE_KINDS}, got {kind!r}")
+    import dask_jobqueue
+    from distributed import Client
+
+    cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster, "sge": dask_jobqueue.SGECluster}[kind]
+    kw = dict(
+        cores=int(cores), processes=1, memory=memory, walltime=walltime, queue=queue,
+        job_script_prologue=[f"export {k}={v}" for k, v in SINGLE_THREAD_ENV.items()],
+        **job_kwargs,
+    )
+    if account is not None:
+        kw["account" if kind in ("slurm", "pbs") else "project"] = account
+    if interface is not None:
+        kw["interface"] = interface
+    else:
+        kw["scheduler_options"] = {"host": host, "dashboard_address": f"{host}:0"}
+    cluster = cls(**kw)
+    try:
+        if jobs:
+            cluster.scale(jobs=int(jobs))
+        client = Client(cluster)
+        if wait_for_workers:
+            client.wait_for_workers(1, timeout=wait_for_workers)
+    except BaseException:
+        cluster.close()
+        raise
+    return ClusterHandle(client=client, cluster=cluster, owns_cluster=True)
+
+
+def make_cluster(scheduler: str | None = None, *, n_workers: int | None = None, jobqueue: dict | None = None,
+                 timeout: float = 5.0) -> ClusterHandle:
+    """One entry point: ``scheduler`` address > ``jobqueue`` settings (dict with ``kind``) > embedded LocalCluster."""
+    if scheduler:
+        return connect(scheduler, timeout=timeout)
+    if jobqueue:
+        jq = dict(jobqueue)
+        return jobqueue_cluster(jq.pop("kind"), **jq)
+    return local_cluster(n_workers)
