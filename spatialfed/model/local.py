@@ -51,6 +51,7 @@ class KnotBasis:
         self.beta = beta
         self.rK, self.rK1, self.rK2 = kernel.correlation_derivatives(d_K, beta)
         self.rjs, self.rjs1, self.rjs2 = kernel.correlation_derivatives(d_js, beta)
+        self._local = None
         self.LK, self.jitter = cholesky_with_jitter(self.rK, "the knot correlation matrix K")
         if self.jitter:
             self.rK = self.rK + self.jitter * np.eye(self.rK.shape[0])
@@ -60,6 +61,12 @@ class KnotBasis:
         self.dB_rK = self.rjs1 - self.BrK1
         self.dB = self._right_solve(self.dB_rK)
         self.d2B = self._right_solve(self.rjs2 - 2.0 * self.dB @ self.rK1 - self.B @ self.rK2)
+
+    def local_correlations(self, kernel: Matern, d_jj: np.ndarray):
+        """(ρ_jj, ρ̇_jj, ρ̈_jj) among the worker's own locations, evaluated once per β (full residual only)."""
+        if self._local is None:
+            self._local = kernel.correlation_derivatives(d_jj, self.beta)
+        return self._local
 
     def _right_solve(self, M: np.ndarray) -> np.ndarray:
         """M ρ_K⁻¹."""
@@ -186,23 +193,26 @@ class LocalModel:
         F = kb.lowrank_sqrt()
         if self.residual == "mpp":
             return 1.0 - np.einsum("ij,ij->i", F, F)
-        Wt = self.kernel.correlation(self.d_jj, kb.beta)
+        Wt = kb.local_correlations(self.kernel, self.d_jj)[0].copy()
         Wt -= F @ F.T
         return Wt
 
-    def _residual_unit_derivatives(self, kb: KnotBasis) -> tuple[np.ndarray, np.ndarray]:
-        """(∂W̃/∂log β, ∂²W̃/∂log β²) in the same dense or diagonal form as W̃."""
+    def _residual_unit_derivatives(self, kb: KnotBasis):
+        """∂W̃/∂log β (dense or diagonal, like W̃) and ∂²W̃/∂log β² as (D, U, V): D − (UVᵀ + VUᵀ).
+
+        For `full` the second derivative keeps its low-rank part factored (U = [ρ̈_js − ½Bρ̈_K, Ḃρ_K],
+        V = [B, Ḃ]) so that no second dense n×n matrix is formed; for `mpp`/`pp` U = V = None.
+        """
         if self.residual == "pp":
-            return np.zeros(self.n), np.zeros(self.n)
+            return np.zeros(self.n), (np.zeros(self.n), None, None)
         U1, V1 = kb.lowrank_d1_factors()
         U2, V2 = kb.lowrank_d2_factors()
         if self.residual == "mpp":
             # the diagonal of C̃_jj is 1 for every β, so only the low-rank part moves
-            return -_rowsum2(U1, V1), -_rowsum2(U2, V2)
-        _, d1, d2 = self.kernel.correlation_derivatives(self.d_jj, kb.beta)
-        d1 -= _sym_lowrank(U1, V1)
-        d2 -= _sym_lowrank(U2, V2)
-        return d1, d2
+            return -_rowsum2(U1, V1), (-_rowsum2(U2, V2), None, None)
+        _, rho1, rho2 = kb.local_correlations(self.kernel, self.d_jj)
+        Wt1 = rho1 - _sym_lowrank(U1, V1)
+        return Wt1, (rho2, U2, V2)
 
     # --- initialisation summaries -------------------------------------------------------------------
     def moments(self) -> dict:
@@ -262,8 +272,8 @@ class LocalModel:
         if fz.G is None:
             fz.G = fz.factor.inverse()
         G = fz.G
-        Wt1, Wt2 = self._residual_unit_derivatives(kb)
-        Wb, Wbb = s2 * Wt1, s2 * Wt2
+        Wt1, (D2, U2, V2) = self._residual_unit_derivatives(kb)
+        Wb = s2 * Wt1
 
         # V = [r, B], V_b = ∂V/∂log β = [−Ḃμ, Ḃ], V_bb = [−B̈μ, B̈]; Ξ = blockdiag(1, Σ)
         rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
@@ -290,14 +300,24 @@ class LocalModel:
             return float(np.einsum("ij,ij->", C, Xi))
 
         t1, t2 = trace(G), inner(G, G)
-        trP, tPP, tGP, tGWbb = trace(P), inner(P, transpose(P)), inner(G, transpose(P)), inner(G, Wbb)
+        trP, tPP, tGP = trace(P), inner(P, transpose(P)), inner(G, transpose(P))
+        # W_bb = σ²[D₂ − (U₂V₂ᵀ + V₂U₂ᵀ)]: ⟨R⁻¹, W_bb⟩ and YᵀW_bbY without forming W_bb
+        YWbbY = Y.T @ apply(D2, Y)
+        tGWbb = inner(G, D2)
+        if U2 is not None:
+            GV2 = np.hstack([Y[:, 1:], Yb[:, 1:]])  # R⁻¹[B, Ḃ]
+            tGWbb -= 2.0 * float(np.einsum("ij,ij->", GV2, U2))
+            YU, YV = Y.T @ U2, Y.T @ V2
+            YWbbY -= YU @ YV.T + YV @ YU.T
+        tGWbb *= s2
+        YWbbY *= s2
         psi0 = xi(C_VY)  # tr(R⁻¹Ψ) = rᵀR⁻¹r + tr(BᵀR⁻¹BΣ)
         trGam = xi(C_YY)  # tr Γ, Γ = R⁻¹ΨR⁻¹
         trGamG = xi(Yw.T @ Yw)  # tr(ΓR⁻¹)
         WbGam = xi(C_VZ)  # ⟨W_b, Γ⟩
         GamWbG = xi(Y.T @ Z)  # tr(ΓW_bR⁻¹)
         WbGamWbG = xi(Zs.T @ Zs)  # tr(W_bΓW_bR⁻¹)
-        WbbGam = xi(Y.T @ apply(Wbb, Y))  # ⟨W_bb, Γ⟩
+        WbbGam = xi(YWbbY)  # ⟨W_bb, Γ⟩
         GPsib = 2.0 * xi(C_VbY)  # tr(R⁻¹Ψ_b)
         G2Psib = 2.0 * xi(Yb.T @ Y)  # tr(R⁻²Ψ_b)
         GWbGPsib = 2.0 * xi(Vb.T @ Z)  # tr(R⁻¹W_bR⁻¹Ψ_b)
