@@ -1,6 +1,6 @@
 """Gaussian random fields with Matérn covariance: exact Cholesky sampling and circulant embedding for large N.
 
-Exact: C = L Lᵀ (LAPACK potrf on the full n×n matrix, built in row blocks), field = L ξ.
+Exact: C = L Lᵀ (LAPACK potrf on the lower triangle of C, built in column blocks), field = L ξ.
 Large N: the stationary covariance on a regular grid of step h, embedded in a periodic torus, has a
 circulant covariance matrix diagonalised by the 2-D FFT (Dietrich & Newsam 1997), so a grid field costs
 O(M log M) for M torus cells. Values at arbitrary points are bilinear interpolations of the four
@@ -26,12 +26,12 @@ MAX_GRID_SIDE = 4096
 MAX_TORUS_CELLS = 80_000_000
 
 
-def covariance_matrix(model: Matern, locs, sigma2: float, beta: float, block: int = 1024) -> np.ndarray:
-    """Full n×n Matérn covariance C(locs, locs), built in row blocks (Fortran order, ready for LAPACK)."""
+def lower_covariance(model: Matern, locs, sigma2: float, beta: float, block: int = 1024) -> np.ndarray:
+    """Lower triangle (by column blocks, Fortran order) of the n×n Matérn covariance; the rest is unset."""
     locs = np.asarray(locs, dtype=float)
     cov = np.empty((len(locs), len(locs)), order="F")
-    for i in range(0, len(locs), block):
-        cov[i:i + block] = model.covariance(cdist(locs[i:i + block], locs), sigma2, beta)
+    for j in range(0, len(locs), block):
+        cov[j:, j:j + block] = model.covariance(cdist(locs[j:], locs[j:j + block]), sigma2, beta)
     return cov
 
 
@@ -41,7 +41,7 @@ def sample_exact(model: Matern, locs, sigma2: float, beta: float, rng, n_samples
     if n > EXACT_MAX_POINTS:
         raise DataError(f"exact sampling is limited to {EXACT_MAX_POINTS} points (got {n}); use method='circulant'")
     for jitter in (0.0, 1e-10, 1e-8, 1e-6):
-        cov = covariance_matrix(model, locs, sigma2, beta)
+        cov = lower_covariance(model, locs, sigma2, beta)
         cov[np.diag_indices(n)] += jitter * sigma2
         chol, info = lapack.dpotrf(cov, lower=1, clean=0, overwrite_a=1)
         if info == 0:

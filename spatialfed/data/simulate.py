@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -121,6 +122,8 @@ def simulate(n_workers: int | None = None, n_per_worker: int | None = None, *, s
 def simulate_store(path, n_workers: int | None = None, n_per_worker: int | None = None, *, overwrite: bool = False,
                    progress: bool = False, **settings) -> StoreInfo:
     """Simulate (see `simulate` for settings) and write the SPEC §5 store with its truth and test group."""
+    if Path(path).exists() and not overwrite:
+        raise DataError(f"{path} already exists; choose another path or pass --overwrite")
     say = _reporter(progress)
     sim = simulate(n_workers, n_per_worker, progress=say, **settings)
     say(f"writing {path}")

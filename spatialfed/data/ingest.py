@@ -1,0 +1,221 @@
+"""Turn a table of observations (CSV, GeoPackage, GeoParquet) into a partitioned store (SPEC §5–6).
+
+Steps: read → check columns and numeric types → drop (and report) rows with missing values → project
+lon/lat to a metric CRS → handle duplicate coordinates → hold out a test set → partition → write.
+Every check runs before anything is written, and the store is written atomically, so a failure
+never leaves a partial store behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+
+from spatialfed.data import partition as partitions
+from spatialfed.data.geometry import crs_string, parse_crs, to_projected
+from spatialfed.data.store import StoreInfo, write_store
+from spatialfed.errors import DataError
+
+DUPLICATES = ("error", "merge", "keep")
+GEO_SUFFIXES = (".gpkg", ".geojson", ".json", ".shp", ".fgb")
+PARQUET_SUFFIXES = (".parquet", ".geoparquet")
+
+
+@dataclass
+class IngestReport:
+    """What ingest did to the table: rows read, dropped, merged, held out, and the CRS used."""
+
+    n_read: int = 0
+    missing: dict = field(default_factory=dict)
+    n_dropped: int = 0
+    n_duplicates: int = 0
+    duplicates: str = "error"
+    n_test: int = 0
+    crs_in: str | None = None
+    crs_out: str | None = None
+    sizes: list = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one fact per line."""
+        out = [f"read {self.n_read} rows"]
+        if self.n_dropped:
+            detail = ", ".join(f"{c}: {k}" for c, k in self.missing.items() if k)
+            out.append(f"dropped {self.n_dropped} rows with missing values ({detail})")
+        if self.n_duplicates:
+            action = {"merge": "merged (averaged)", "keep": "kept"}[self.duplicates]
+            out.append(f"{self.n_duplicates} rows had duplicate coordinates: {action}")
+        if self.crs_in != self.crs_out:
+            out.append(f"projected coordinates from {self.crs_in} to {self.crs_out}")
+        out.append(f"crs: {self.crs_out or 'none (planar units)'}")
+        if self.n_test:
+            out.append(f"held out {self.n_test} rows as the test set")
+        out.append(f"{sum(self.sizes)} rows over {len(self.sizes)} workers: sizes {self.sizes}")
+        return out
+
+
+def read_table(path, layer: str | None = None) -> pd.DataFrame:
+    """Read CSV with pandas, GeoPackage (and other vector files) or (Geo)Parquet with geopandas."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"table {path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in PARQUET_SUFFIXES:
+            try:
+                return gpd.read_parquet(path)
+            except ValueError:  # plain Parquet without geo metadata
+                return pd.read_parquet(path)
+        if suffix in GEO_SUFFIXES:
+            return gpd.read_file(path, layer=layer)
+        return pd.read_csv(path)
+    except DataError:
+        raise
+    except Exception as exc:  # parsers raise many unrelated types
+        raise DataError(f"cannot read {path}: {exc}") from None
+
+
+def _coordinates(frame: pd.DataFrame, x: str | None, y: str | None, crs):
+    """x/y columns, or a GeoDataFrame's point geometry, and the CRS they are in."""
+    geo_crs = frame.crs if isinstance(frame, gpd.GeoDataFrame) else None
+    if crs is not None and geo_crs is not None and parse_crs(crs) != geo_crs:
+        raise DataError(f"the file is in {crs_string(geo_crs)} but --crs says {crs_string(crs)}; drop --crs "
+                        "(the file's CRS is used) or use --target-crs to reproject")
+    crs = parse_crs(crs) if crs is not None else geo_crs
+    if x is not None and y is not None:
+        return frame[x], frame[y], crs
+    if x is not None or y is not None:
+        raise DataError("give both --x and --y (coordinate columns), or neither for a point GeoPackage/GeoParquet")
+    if not isinstance(frame, gpd.GeoDataFrame):
+        raise DataError("this table has no geometry; name its coordinate columns with --x and --y")
+    kinds = set(frame.geometry.geom_type.dropna())
+    if kinds - {"Point"}:
+        raise DataError(f"the geometry holds {sorted(kinds)}, not points; give --x and --y columns instead")
+    return pd.Series(frame.geometry.x, index=frame.index), pd.Series(frame.geometry.y, index=frame.index), crs
+
+
+def _numeric(series: pd.Series, name: str) -> np.ndarray:
+    """Column as float, raising DataError naming rows whose non-empty values are not numbers."""
+    values = pd.to_numeric(series, errors="coerce")
+    bad = values.isna() & series.notna()
+    if bad.any():
+        rows = list(series.index[bad][:3])
+        examples = ", ".join(f"row {r}: {series[r]!r}" for r in rows)
+        raise DataError(f"column '{name}' has {int(bad.sum())} non-numeric value(s) ({examples}); "
+                        "fix or blank them (blank values are dropped as missing)")
+    return values.to_numpy(dtype=float)
+
+
+def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | None = None, covariates=(),
+            crs=None, target_crs=None, intercept: bool = True, duplicates: str = "error", group: str | None = None):
+    """Validated (locs, z, X, covariate names, group values or None, crs string, report) from a table."""
+    if duplicates not in DUPLICATES:
+        raise DataError(f"duplicates must be one of {DUPLICATES}, got {duplicates!r}")
+    covariates = list(covariates)
+    wanted = [c for c in [x, y, value, *covariates, group] if c is not None]
+    missing_cols = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
+    if missing_cols:
+        raise DataError(f"column(s) {missing_cols} not in the table; available: {list(map(str, frame.columns))}")
+    report = IngestReport(n_read=len(frame), duplicates=duplicates)
+    xs, ys, source_crs = _coordinates(frame, x, y, crs)
+    columns = {"__x": _numeric(xs, x or "geometry x"), "__y": _numeric(ys, y or "geometry y"),
+               value: _numeric(frame[value], value)}
+    columns.update({c: _numeric(frame[c], c) for c in covariates})
+    table = pd.DataFrame(columns, index=frame.index)
+    if group is not None:
+        table["__group"] = frame[group].astype(object).where(frame[group].notna())
+    shown = {"__x": x or "geometry x", "__y": y or "geometry y", "__group": group}
+    for name in table.columns:
+        if table[name].isna().all():
+            raise DataError(f"column '{shown.get(name, name)}' has no values at all; choose another column")
+    missing = table.isna() | table.isin([np.inf, -np.inf])
+    report.missing = {shown.get(c, c): int(k) for c, k in missing.sum().items()}
+    keep = ~missing.any(axis=1)
+    report.n_dropped = int((~keep).sum())
+    table = table[keep]
+    if table.empty:
+        raise DataError(f"every row has a missing value in {wanted}; nothing left to ingest")
+
+    xy, out_crs = to_projected(table[["__x", "__y"]].to_numpy(), source_crs, target_crs)
+    table["__x"], table["__y"] = xy[:, 0], xy[:, 1]
+    report.crs_in, report.crs_out = crs_string(source_crs), crs_string(out_crs)
+
+    dup = table.duplicated(subset=["__x", "__y"], keep=False)
+    report.n_duplicates = int(dup.sum())
+    if report.n_duplicates and duplicates == "error":
+        first = table[dup].iloc[0]
+        rows = list(table.index[dup & (table["__x"] == first["__x"]) & (table["__y"] == first["__y"])][:3])
+        raise DataError(f"{report.n_duplicates} rows share their coordinates with another row (e.g. rows {rows} at "
+                        f"({first['__x']:.6g}, {first['__y']:.6g})); pass --duplicates merge to average them or "
+                        "--duplicates keep to keep them all")
+    if report.n_duplicates and duplicates == "merge":
+        aggregations = {c: "mean" for c in table.columns if c not in ("__x", "__y", "__group")}
+        if group is not None:
+            aggregations["__group"] = "first"
+        table = table.groupby(["__x", "__y"], sort=False, as_index=False).agg(aggregations)
+
+    names = (["intercept"] if intercept else []) + covariates
+    if not names:
+        raise DataError("the design matrix would have no columns; keep the intercept or give --covariates")
+    X = table[covariates].to_numpy(dtype=float)
+    if intercept:
+        X = np.column_stack([np.ones(len(table)), X])
+    groups = table["__group"].astype(str).to_numpy() if group is not None else None
+    return (table[["__x", "__y"]].to_numpy(dtype=float), table[value].to_numpy(dtype=float), X, names, groups,
+            report.crs_out, report)
+
+
+def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, y: str | None = None, covariates=(),
+                 crs=None, target_crs=None, partition: str = "random", n_workers: int | None = None, sizes=None,
+                 test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
+                 overwrite: bool = False, extra_attrs: dict | None = None) -> tuple[StoreInfo, IngestReport]:
+    """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise DataError(f"{out} already exists; choose another output path or pass --overwrite")
+    kind, column = partitions.parse_scheme(partition)
+    if n_workers is not None and (int(n_workers) != n_workers or n_workers <= 0):
+        raise DataError(f"--workers must be a positive integer, got {n_workers!r}")
+    if not 0.0 <= test_fraction < 1.0:
+        raise DataError(f"--test-fraction must be in [0, 1), got {test_fraction!r}")
+    locs, z, X, names, groups, crs_out, report = prepare(
+        frame, value=value, x=x, y=y, covariates=covariates, crs=crs, target_crs=target_crs, intercept=intercept,
+        duplicates=duplicates, group=column)
+    rng = np.random.default_rng(seed)
+    n_test = int(round(test_fraction * len(z)))
+    held = np.zeros(len(z), dtype=bool)
+    held[rng.choice(len(z), size=n_test, replace=False)] = True
+    test = (locs[held], z[held], X[held]) if n_test else None
+    locs, z, X = locs[~held], z[~held], X[~held]
+    attrs = dict(extra_attrs or {})
+    if kind == "column":
+        all_groups = np.unique(groups)
+        labels, worker_labels = partitions.column_partition(groups[~held])
+        if len(worker_labels) != len(all_groups):
+            lost = sorted(set(all_groups) - set(worker_labels))
+            raise DataError(f"holding out the test set emptied group(s) {lost} of '{column}'; lower --test-fraction")
+        if n_workers is not None and n_workers != len(worker_labels):
+            raise DataError(f"column '{column}' has {len(worker_labels)} groups but --workers is {n_workers}; "
+                            "drop --workers for a column partition")
+        attrs["worker_labels"] = worker_labels
+    else:
+        n_workers = 4 if n_workers is None and sizes is None else n_workers
+        if len(z) < (n_workers or len(sizes)):
+            raise DataError(f"only {len(z)} rows remain for {n_workers or len(sizes)} workers; use fewer workers "
+                            "(--workers) or a smaller --test-fraction")
+        labels = partitions.partition(locs, partition, n_workers, sizes=sizes, seed=rng)
+    parts = [(locs[i], z[i], X[i]) for i in partitions.split(labels, labels.max() + 1)]
+    report.n_test, report.sizes = n_test, [len(p[1]) for p in parts]
+    info = write_store(out, parts, partition=partition, crs=crs_out, covariate_names=names, test=test,
+                       overwrite=overwrite, extra_attrs=attrs)
+    return info, report
+
+
+def ingest(table, out, *, layer: str | None = None, **options) -> tuple[StoreInfo, IngestReport]:
+    """Read a CSV / GeoPackage / GeoParquet table and write it as a store (options as in `ingest_frame`)."""
+    if Path(out).exists() and not options.get("overwrite", False):
+        raise DataError(f"{out} already exists; choose another output path or pass --overwrite")
+    return ingest_frame(read_table(table, layer), out, **options)
