@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from spatialfed.errors import SpatialFedError
+from spatialfed.fitcli import register_fit
 
 
 def int_list(text: str) -> list[int]:
@@ -114,7 +115,7 @@ def run_ingest(args) -> None:
     _print_store(info)
 
 
-REGISTRATIONS = [register_simulate, register_ingest]
+REGISTRATIONS = [register_simulate, register_ingest, register_fit]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -97,6 +97,14 @@ def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0) -> Q
     return q
 
 
+def bounds_task(store: str, worker: int) -> tuple[float, float, float, float]:
+    """(xmin, ymin, xmax, ymax) of federated worker j's locations, read where the task runs (4 numbers leave)."""
+    from spatialfed.data.store import load_worker
+
+    locs = load_worker(store, worker)[0]
+    return (float(locs[:, 0].min()), float(locs[:, 1].min()), float(locs[:, 0].max()), float(locs[:, 1].max()))
+
+
 def release_partitions(fit_id: str) -> int:
     """Drop this process's partitions of fit `fit_id` (run on every Dask worker at the end of a fit)."""
     prefix = f"{fit_id}/"

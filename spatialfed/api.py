@@ -1,0 +1,402 @@
+"""The estimator: ``FederatedGP`` fits the knot-based low-rank spatial GP of SPEC §1 across federated workers.
+
+scikit-learn style: the constructor only stores settings; ``fit(store)`` validates them, runs the federated algorithm
+(SPEC §2–4) on the chosen runtime and returns ``self``; learned state lives in attributes ending in ``_``;
+``save(out_dir)`` writes the result files of SPEC §6.
+
+    >>> gp = FederatedGP(mode="async", knots=100, agg_threshold=2, profile="straggler").fit("data.zarr")
+    >>> gp.params_, gp.loglik_
+    >>> gp.save("fit_out")
+
+Runtimes: ``"dask"`` (default; an embedded LocalCluster on 127.0.0.1, a running scheduler via ``scheduler=``,
+a dask-jobqueue cluster via ``jobqueue=``, or an existing ``client=``) keeps every partition on the Dask worker that
+loaded it; ``"simulated"`` runs the same server on a virtual clock in this process (loads all partitions here: for
+experiments on simulated data, not for private data).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spatialfed.errors import DataError, SpatialFedError
+
+METHODS = ("lowrank", "independent", "fgpr")
+IMPLEMENTED_METHODS = ("lowrank",)
+MODES = ("sync", "async")
+RESIDUALS = ("full", "mpp", "pp")
+RUNTIMES = ("dask", "simulated")
+PROFILES = ("balanced", "straggler", "graded")
+
+_PARAM_NAMES = (
+    "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
+    "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
+    "strategies", "progress",
+)
+
+
+class FederatedGP:
+    """Federated low-rank spatial GP (SPEC §1–4), fitted synchronously or asynchronously.
+
+    Parameters
+    ----------
+    method : "lowrank" (the federated low-rank model; "independent" and "fgpr" baselines are listed in SPEC §6).
+    mode : "sync" | "async".
+    residual : "full" | "mpp" | "pp" (Remark 3).
+    knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
+    nu : Matérn smoothness ν (fixed).
+    agg_threshold : Agg_threshold in 1..J (async; default ceil(0.2·J)); sync always uses J.
+    max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
+    runtime : "dask" | "simulated".
+    profile : heterogeneity profile "balanced" | "straggler" | "graded" (ignored when slowdown is given).
+    slowdown : explicit per-worker slowdown factors s_1..s_J ≥ 1.
+    scheduler : address of a running Dask scheduler (tcp://host:port); None starts an embedded LocalCluster.
+    seed : seed of the knot jitter.
+    client : an existing ``distributed.Client`` to run on (not closed by the estimator).
+    n_dask_workers : processes of the embedded LocalCluster (default: the usable cores).
+    jobqueue : dict for ``cluster.jobqueue_cluster`` (``{"kind": "slurm", "cores": 4, "memory": "8GB", ...}``).
+    domain : a ``spatialfed.data.geometry.Domain`` for the knots; default [0,1]² for simulated stores, else the
+        union of the workers' bounding boxes (each worker reports only its 4 bbox numbers).
+    start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀.
+    time_budget : stop after this many seconds (of the runtime's clock).
+    strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
+    progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
+    """
+
+    def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
+                 max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
+                 *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
+                 strategies=None, progress=True):
+        self.method = method
+        self.mode = mode
+        self.residual = residual
+        self.knots = knots
+        self.nu = nu
+        self.agg_threshold = agg_threshold
+        self.max_iter = max_iter
+        self.tol = tol
+        self.runtime = runtime
+        self.profile = profile
+        self.slowdown = slowdown
+        self.scheduler = scheduler
+        self.seed = seed
+        self.client = client
+        self.n_dask_workers = n_dask_workers
+        self.jobqueue = jobqueue
+        self.domain = domain
+        self.start = start
+        self.time_budget = time_budget
+        self.strategies = strategies
+        self.progress = progress
+
+    # --- scikit-learn conventions ------------------------------------------------------------------------
+    def get_params(self, deep: bool = True) -> dict:
+        return {name: getattr(self, name) for name in _PARAM_NAMES}
+
+    def set_params(self, **params) -> "FederatedGP":
+        for name, value in params.items():
+            if name not in _PARAM_NAMES:
+                raise ValueError(f"unknown parameter {name!r} for FederatedGP; valid: {', '.join(_PARAM_NAMES)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = FederatedGP()
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items()
+                   if not _same(v, getattr(defaults, k))]
+        return f"FederatedGP({', '.join(changed)})"
+
+    # --- validation ----------------------------------------------------------------------------------------
+    def _check_settings(self) -> None:
+        for name, value, allowed in (("method", self.method, METHODS), ("mode", self.mode, MODES),
+                                     ("residual", self.residual, RESIDUALS), ("runtime", self.runtime, RUNTIMES)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.method not in IMPLEMENTED_METHODS:
+            raise ValueError(f"method {self.method!r} is not available in this version yet; use method='lowrank'")
+        if self.slowdown is None and self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
+            raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {self.nu!r}")
+        if self.runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
+            raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
+
+    def _config(self, n_workers: int):
+        from spatialfed.algorithm.config import FitConfig
+
+        J = n_workers
+        A = self.agg_threshold
+        if A is not None:
+            if isinstance(A, bool) or not float(A).is_integer() or not 1 <= A <= J:
+                raise ValueError(f"agg_threshold must be an integer in 1..J = 1..{J} (the store has {J} workers), "
+                                 f"got {A!r}")
+            A = int(A)
+            if self.mode == "sync" and A != J:
+                raise ValueError(f"mode='sync' aggregates all J = {J} workers; agg_threshold={A} needs mode='async'")
+        extra = dict(self.strategies or {})
+        return FitConfig(mode=self.mode, agg_threshold=A, max_iter=self.max_iter, tol=self.tol,
+                         time_budget=self.time_budget, **extra).resolved(J)
+
+    def _slowdowns(self, n_workers: int) -> np.ndarray:
+        from spatialfed.runtime.heterogeneity import resolve_slowdowns
+
+        return resolve_slowdowns(self.profile if self.slowdown is None else list(self.slowdown), n_workers)
+
+    # --- fitting -------------------------------------------------------------------------------------------
+    def fit(self, store, y=None) -> "FederatedGP":
+        """Fit on the partitioned Zarr store at `store` (SPEC §5); returns self."""
+        from spatialfed.data.store import open_store
+
+        tic = time.perf_counter()
+        self._check_settings()
+        info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
+        J = info.n_workers
+        config = self._config(J)
+        slowdowns = self._slowdowns(J)
+        say = _Progress(self.progress)
+
+        handle = None
+        try:
+            if self.runtime == "dask":
+                handle = self._cluster()
+                client = handle.client
+                self.dashboard_link_ = handle.dashboard_link
+                say.line(f"spatialfed fit: {J} federated workers on {len(handle.worker_addresses())} Dask worker(s); "
+                         f"dashboard: {self.dashboard_link_}")
+                knots, domain = self._knots(info, client=client)
+            else:
+                self.dashboard_link_ = None
+                knots, domain = self._knots(info, client=None)
+            say.line(f"{self.mode} fit, {self.residual} residual, m = {len(knots)} knots, ν = {self.nu}, "
+                     f"Agg_threshold = {config.agg_threshold}, slowdowns = "
+                     f"{np.array2string(slowdowns, precision=2, separator=',')}")
+            if self.runtime == "dask":
+                from spatialfed.runtime.dask_runtime import run_dask
+
+                server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config, slowdowns,
+                                            self.start, on_event=say.event)
+                self.assignment_ = run_info.assignment
+                self.n_tasks_ = run_info.n_tasks
+                fit_seconds = run_info.wall_time_s
+            else:
+                run_tic = time.perf_counter()
+                server = self._run_simulated(info, knots, config, slowdowns)
+                self.assignment_ = None
+                self.n_tasks_ = None
+                fit_seconds = time.perf_counter() - run_tic
+        finally:
+            say.finish()
+            if handle is not None:
+                handle.close()
+
+        phi = server.params
+        self.store_ = str(info.path)
+        self.n_workers_ = J
+        self.n_obs_ = int(server.n_obs)
+        self.covariate_names_ = list(info.covariate_names)
+        self.config_ = config
+        self.slowdowns_ = slowdowns
+        self.knots_ = np.asarray(knots, dtype=float)
+        self.domain_ = domain
+        self.params_ = {"gamma": np.asarray(phi.gamma, dtype=float).copy(), "delta": float(phi.delta),
+                        "sigma2": float(phi.sigma2), "beta": float(phi.beta)}
+        self.mu_ = np.asarray(phi.mu, dtype=float).copy()
+        self.Sigma_ = np.asarray(phi.Sigma, dtype=float).copy()
+        self.loglik_ = None if server.loglik is None else float(server.loglik)
+        self.trace_ = [dict(row) for row in server.trace]
+        self.converged_ = bool(server.converged)
+        self.stop_reason_ = server.stop_reason
+        self.n_iter_ = int(server.iterations)
+        self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
+        self.total_time_s_ = time.perf_counter() - tic
+        say.summary(self)
+        return self
+
+    def _cluster(self):
+        from spatialfed.runtime.cluster import ClusterHandle, make_cluster
+
+        if self.client is not None:
+            return _Borrowed(self.client)
+        handle = make_cluster(self.scheduler, n_workers=self.n_dask_workers, jobqueue=self.jobqueue)
+        assert isinstance(handle, ClusterHandle)
+        return handle
+
+    def _knots(self, info, client=None):
+        """(knots, domain): the given array checked against the domain, or a jittered grid of m knots over it."""
+        from spatialfed.data import geometry
+
+        domain = self.domain if self.domain is not None else self._default_domain(info, client)
+        k = self.knots
+        if np.ndim(k) == 0:
+            if isinstance(k, bool) or not float(k).is_integer() or k < 1:
+                raise DataError(f"knots must be a positive integer m or an (m, 2) array of knot locations, got {k!r}")
+            m = int(k)
+            if _is_unit_square(domain):
+                knots = geometry.jittered_unit_grid(m, seed=self.seed)
+            else:
+                knots = geometry.jittered_knots(domain, m, seed=self.seed)
+        else:
+            knots = np.asarray(k, dtype=float)
+            if knots.ndim != 2 or knots.shape[1] != 2 or len(knots) == 0:
+                raise DataError(f"knots must be an (m, 2) array of x/y locations, got shape {knots.shape}")
+            if not np.all(np.isfinite(knots)):
+                raise DataError("knots hold NaN or infinite coordinates")
+        knots = geometry.knots_in_domain(knots, domain)
+        if len(np.unique(np.round(knots, 12), axis=0)) != len(knots):
+            raise DataError("knots contain duplicate locations; K would be singular")
+        return knots, domain
+
+    def _default_domain(self, info, client):
+        from spatialfed.data import geometry
+
+        if info.crs is None and info.truth is not None:  # simulated data live in the unit square (SPEC §7)
+            return geometry.domain_from_bbox(0.0, 0.0, 1.0, 1.0)
+        bounds = self._worker_bounds(info, client)
+        xmin, ymin = bounds[:, 0].min(), bounds[:, 1].min()
+        xmax, ymax = bounds[:, 2].max(), bounds[:, 3].max()
+        pad_x, pad_y = 1e-9 * max(1.0, abs(xmax - xmin)), 1e-9 * max(1.0, abs(ymax - ymin))
+        return geometry.domain_from_bbox(xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y, crs=info.crs)
+
+    def _worker_bounds(self, info, client) -> np.ndarray:
+        """Each worker's bounding box (4 numbers), computed where the data live when a Dask client is given."""
+        from spatialfed.runtime.dask_runtime import bounds_task
+
+        J = info.n_workers
+        if client is None:
+            return np.array([bounds_task(str(info.path), j) for j in range(J)])
+        from spatialfed.runtime.dask_runtime import assign_partitions
+
+        addresses = assign_partitions(J, list(client.scheduler_info(n_workers=-1)["workers"]))
+        futs = [client.submit(bounds_task, str(Path(info.path).resolve()), j, workers=[addresses[j]],
+                              key=f"bounds-w{j}-{_hex6()}", pure=False) for j in range(J)]
+        return np.array(client.gather(futs))
+
+    def _run_simulated(self, info, knots, config, slowdowns):
+        from spatialfed.data.store import load_worker
+        from spatialfed.model.local import LocalModel
+        from spatialfed.model.matern import Matern
+        from spatialfed.runtime.virtual import run_virtual
+
+        kernel = Matern(self.nu)
+        models = [LocalModel(*load_worker(info.path, j), knots, kernel, residual=self.residual)
+                  for j in range(info.n_workers)]
+        return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start)
+
+    # --- results -------------------------------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "params_"):
+            raise SpatialFedError("this FederatedGP is not fitted yet; call fit(store) first")
+
+    @property
+    def result_(self):
+        """The fit as a ``spatialfed.outputs.results.FitResult`` (what ``save`` writes)."""
+        from spatialfed.outputs.results import FitResult
+
+        self._check_fitted()
+        cfg = self.config_
+        return FitResult(
+            method=self.method, mode=self.mode, residual=self.residual, nu=float(self.nu),
+            n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
+            knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
+            trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_,
+            extra={"store": self.store_, "runtime": self.runtime, "profile": self.profile,
+                   "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
+                   "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
+                   "config": cfg.as_dict()},
+        )
+
+    def save(self, out_dir) -> Path:
+        """Write fit.json, model.zarr and trace.csv (SPEC §6) into out_dir, atomically; returns the directory."""
+        from spatialfed.outputs.results import write_results
+
+        return write_results(out_dir, self.result_)
+
+
+class _Borrowed:
+    """A user's Client wrapped like a ClusterHandle, but never closed by the estimator."""
+
+    def __init__(self, client):
+        self.client = client
+
+    @property
+    def dashboard_link(self):
+        return getattr(self.client, "dashboard_link", None)
+
+    def worker_addresses(self):
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def close(self):
+        pass
+
+
+class _Progress:
+    """Progress on stderr: one line per iteration (iteration, parameters, max staleness), or nothing when quiet."""
+
+    def __init__(self, enabled: bool, stream=None):
+        self.enabled = bool(enabled)
+        self.stream = stream or sys.stderr
+        self.seen = 0
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.pending_cr = False
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            self._clear()
+            print(text, file=self.stream, flush=True)
+
+    def _clear(self):
+        if self.pending_cr:
+            print(file=self.stream)
+            self.pending_cr = False
+
+    def event(self, server, now: float) -> None:
+        if not self.enabled:
+            return
+        rows = server.trace[self.seen:]
+        self.seen = len(server.trace)
+        for row in rows:
+            if row["step"] not in ("init", "theta"):
+                continue
+            text = (f"iter {row['iter']:>3}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  "
+                    f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "
+                    f"max staleness {row['max_staleness']}")
+            if self.tty:
+                print("\r\033[K" + text, end="", file=self.stream, flush=True)
+                self.pending_cr = True
+            else:
+                print(text, file=self.stream, flush=True)
+
+    def finish(self):
+        if self.enabled:
+            self._clear()
+
+    def summary(self, gp) -> None:
+        if self.enabled:
+            state = "converged" if gp.converged_ else f"stopped ({gp.stop_reason_})"
+            self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; "
+                      f"loglik = {gp.loglik_:.6g}")
+
+
+def _hex6() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:6]
+
+
+def _is_unit_square(domain) -> bool:
+    try:
+        return domain.crs is None and tuple(np.round(domain.geometry.bounds, 12)) == (0.0, 0.0, 1.0, 1.0) and \
+            math.isclose(domain.geometry.area, 1.0)
+    except Exception:
+        return False
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:
+        return False
