@@ -350,3 +350,50 @@ class LocalModel:
             dBGB + dBGB.T - C_VZ[1:, 1:],
         ])
         return {"f": f, "grad": grad, "hess": hess, "d2_du_dmu": d2_mu, "d2_du_dSigma": d2_Sigma}
+
+    # --- prediction (federated kriging): the residual part, computed where the data live -------------
+    def nearest_distance(self, locs0) -> np.ndarray:
+        """Distance from each prediction location to this worker's nearest observation (owner assignment)."""
+        return cdist(check_points(locs0, "prediction locations"), self.locs).min(axis=1)
+
+    def _residual_cross(self, locs0: np.ndarray, kb: KnotBasis, sigma2: float) -> np.ndarray:
+        """cov(w̃(s₀), w̃_j) (n₀ × n_j) of Remark 3; zero off coincident points for mpp, zero for pp."""
+        b0 = kb._right_solve(self.kernel.correlation(cdist(locs0, self.knots), kb.beta))
+        if self.residual == "full":
+            return sigma2 * (self.kernel.correlation(cdist(locs0, self.locs), kb.beta) - b0 @ kb.rjs.T)
+        cross = np.zeros((locs0.shape[0], self.n))
+        if self.residual == "mpp":
+            i, k = np.nonzero(cdist(locs0, self.locs) == 0.0)
+            cross[i, k] = sigma2 * (1.0 - np.einsum("ij,ij->i", b0[i], kb.rjs[k]))
+        return cross
+
+    def residual_kriging(self, locs0, params: Params) -> dict:
+        """E[w̃(s₀) | η = μ, z_j], and the pieces of Var(y(s₀) | z) owed to this worker's residual.
+
+        With k̃ = cov(w̃(s₀), w̃_j): mean = k̃R_j⁻¹(z_j − X_jγ − B_jμ), BRk = (B_jᵀR_j⁻¹k̃ᵀ)ᵀ and kRk = diag(k̃R_j⁻¹k̃ᵀ);
+        sizes grow with the number of prediction points, never with n_j.
+        """
+        self._check_params(params)
+        locs0 = check_points(locs0, "prediction locations")
+        fz = self._factorised(params)
+        kh = fz.factor.whiten(self._residual_cross(locs0, fz.kb, params.sigma2).T)
+        rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
+        return {"mean": kh.T @ rh, "BRk": kh.T @ fz.Bh, "kRk": np.einsum("ij,ij->j", kh, kh)}
+
+    def independent_kriging(self, locs0, X0, params: Params) -> dict:
+        """Kriging from this worker's data alone under the independence model (Eq. 3) with global (γ, δ, θ).
+
+        Returns the predictive mean and latent variance: FGPR's personalised prediction.
+        """
+        locs0 = check_points(locs0, "prediction locations")
+        X0 = check_finite(np.atleast_2d(np.asarray(X0, dtype=float)), "prediction covariates")
+        if X0.shape != (locs0.shape[0], self.p):
+            raise ValueError(f"prediction covariates must have shape ({locs0.shape[0]}, {self.p}), got {X0.shape}")
+        d_jj = self.d_jj if self.d_jj is not None else cdist(self.locs, self.locs)
+        M = params.sigma2 * self.kernel.correlation(d_jj, params.beta)
+        M[np.diag_indices_from(M)] += 1.0 / params.delta
+        factor = DenseFactor(M, f"C_jj + δ⁻¹I of worker data (n={self.n})")
+        k0 = factor.whiten(params.sigma2 * self.kernel.correlation(cdist(self.locs, locs0), params.beta))
+        eh = factor.whiten(self.z - self.X @ params.gamma)
+        return {"mean": X0 @ params.gamma + k0.T @ eh, "var": params.sigma2 - np.einsum("ij,ij->j", k0, k0)}
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import linalg
+from scipy.spatial.distance import cdist
 
 from spatialfed.model.blocks import LOG_2PI, _spd_inverse
 from spatialfed.model.local import check_residual
@@ -163,3 +164,33 @@ def kl_independent(loc_parts, kernel: Matern, sigma2, beta, nugget: float = 0.0)
     for sl in blocks:
         C2[sl, sl] = C[sl, sl]
     return _kl_normalised(C, C2)
+
+
+def lowrank_kriging(parts: list[Part], owners, locs0, X0, knots, kernel: Matern, residual: str, gamma, delta, sigma2, beta):
+    """Centralized kriging under the low-rank model's joint covariance (N×N: small N only).
+
+    s₀ shares its residual w̃ with worker owners[i]; returns the mean and latent variance of y(s₀).
+    """
+    cov = lowrank_covariance(parts, knots, kernel, residual, delta, sigma2, beta)
+    z = np.concatenate([p[1] for p in parts])
+    X = np.vstack([p[2] for p in parts])
+    K = kernel.cross(knots, knots, sigma2, beta)
+    C0s = kernel.cross(locs0, knots, sigma2, beta)
+    cross = C0s @ linalg.solve(K, np.vstack([kernel.cross(p[0], knots, sigma2, beta) for p in parts]).T, assume_a="pos")
+    prior = np.einsum("ij,ji->i", C0s, linalg.solve(K, C0s.T, assume_a="pos"))
+    start = 0
+    for j, (loc_j, _, _) in enumerate(parts):
+        rows, cols = np.flatnonzero(np.asarray(owners) == j), np.arange(start, start + len(loc_j))
+        start += len(loc_j)
+        if residual == "pp" or rows.size == 0:
+            continue
+        full = kernel.cross(locs0[rows], loc_j, sigma2, beta)
+        if residual == "mpp":  # the residual is white: only coincident points share it
+            full = np.where(cdist(locs0[rows], loc_j) == 0.0, full, cross[np.ix_(rows, cols)])
+        cross[np.ix_(rows, cols)] = full
+    if residual != "pp":
+        prior = np.full(len(locs0), float(sigma2))
+    cf = _cho(cov, "the low-rank covariance")
+    mean = X0 @ np.asarray(gamma) + cross @ linalg.cho_solve(cf, z - X @ np.asarray(gamma), check_finite=False)
+    var = prior - np.einsum("ij,ji->i", cross, linalg.cho_solve(cf, cross.T, check_finite=False))
+    return mean, var
