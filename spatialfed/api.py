@@ -35,7 +35,7 @@ PROFILES = ("balanced", "straggler", "graded")
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
-    "strategies", "progress",
+    "strategies", "progress", "scheduler_timeout",
 )
 
 
@@ -65,12 +65,13 @@ class FederatedGP:
     time_budget : stop after this many seconds (of the runtime's clock).
     strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
     progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
+    scheduler_timeout : seconds to wait for the scheduler at ``scheduler`` before giving up.
     """
 
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True):
+                 strategies=None, progress=True, scheduler_timeout=5.0):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -92,6 +93,7 @@ class FederatedGP:
         self.time_budget = time_budget
         self.strategies = strategies
         self.progress = progress
+        self.scheduler_timeout = scheduler_timeout
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -221,7 +223,8 @@ class FederatedGP:
 
         if self.client is not None:
             return _Borrowed(self.client)
-        handle = make_cluster(self.scheduler, n_workers=self.n_dask_workers, jobqueue=self.jobqueue)
+        handle = make_cluster(self.scheduler, n_workers=self.n_dask_workers, jobqueue=self.jobqueue,
+                              timeout=self.scheduler_timeout)
         assert isinstance(handle, ClusterHandle)
         return handle
 

@@ -171,12 +171,14 @@ def run_dask(
     start=None,
     *,
     on_event: Callable[[FederatedServer, float], None] | None = None,
+    on_result: Callable[[int, Augmented, object], None] | None = None,
     addresses: list[str] | None = None,
 ) -> tuple[FederatedServer, DaskRunInfo]:
     """Fit on a Dask cluster through `client`; returns the finished FederatedServer and run information.
 
     `store` must be a path every Dask worker can read (the workers open it themselves). `on_event(server, now)` is
-    called after each received quantity (progress display). Raises WorkerTaskError naming the federated worker and
+    called after each received quantity (progress display); `on_result(j, p, result)` sees every task result as it
+    arrives at the client (load summaries with p None; for audits of what leaves the workers). Raises WorkerTaskError naming the federated worker and
     the sub-step when a task fails; outstanding tasks are cancelled and the partitions released on every exit.
     """
     from distributed import as_completed, span
@@ -210,7 +212,10 @@ def run_dask(
                 j = loads[fut.key][1]
                 if fut.status != "finished":
                     raise _task_error(j, "load", assignment[j], fut)
-                sizes[j] = int(fut.result()["n"])
+                summary = fut.result()
+                if on_result is not None:
+                    on_result(j, None, summary)
+                sizes[j] = int(summary["n"])
             # 2. the event loop: one task in flight per federated worker
             ac = as_completed()
 
@@ -229,6 +234,8 @@ def run_dask(
                 if fut.status != "finished":
                     raise _task_error(j, p.step, assignment[j], fut)
                 q = fut.result()
+                if on_result is not None:
+                    on_result(j, p, q)
                 now = time.perf_counter() - t0
                 server.receive(q, now)
                 if on_event is not None:

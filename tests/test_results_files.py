@@ -1,0 +1,96 @@
+"""Result files of SPEC §6: exact fit.json keys, model.zarr, trace.csv, atomic writes, readers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from spatialfed.outputs.results import (
+    FIT_KEYS,
+    TRACE_KEYS,
+    FitResult,
+    load_fit,
+    load_trace_csv,
+    write_results,
+)
+
+
+def make_result(m=9, p=3, n_trace=4, loglik=-123.5):
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((m, m))
+    trace = [{"iter": i, "time_s": 0.1 * i, "step": "theta", "delta": 0.25 + i, "sigma2": np.float64(1.1),
+              "beta": 0.1, "gamma": np.arange(p) * 1.0 + i, "max_staleness": np.int64(i % 2)} for i in range(n_trace)]
+    return FitResult(method="lowrank", mode="async", residual="full", nu=0.5, n_workers=4, n_obs=600,
+                     params={"gamma": np.array([1.0, -2.0, 0.5])[:p], "delta": np.float64(0.25), "sigma2": 1.2,
+                             "beta": 0.1},
+                     loglik=loglik, knots=rng.uniform(size=(m, 2)), iterations=np.int64(7), wall_time_s=1.5,
+                     converged=np.bool_(True), trace=trace, mu=rng.standard_normal(m), Sigma=A @ A.T,
+                     extra={"store": "/x.zarr", "slowdowns": np.ones(4), "config": {"a": 1.0, "time_budget": None}})
+
+
+def test_fit_json_has_exactly_the_spec_keys(tmp_path):
+    res = make_result()
+    write_results(tmp_path / "out", res)
+    doc = json.loads((tmp_path / "out" / "fit.json").read_text())
+    assert list(doc) == list(FIT_KEYS)
+    assert set(doc["params"]) == {"gamma", "delta", "sigma2", "beta"}
+    assert all(list(row) == list(TRACE_KEYS) for row in doc["trace"])
+    assert doc["knots"] == np.asarray(res.knots).tolist()
+    assert doc["loglik"] == -123.5 and doc["converged"] is True and doc["iterations"] == 7
+    assert isinstance(doc["trace"][1]["max_staleness"], int)
+
+
+def test_round_trip_model_zarr_and_trace_csv(tmp_path):
+    res = make_result()
+    out = write_results(tmp_path / "out", res)
+    back = load_fit(out)
+    np.testing.assert_array_equal(back.mu, res.mu)
+    np.testing.assert_array_equal(back.Sigma, res.Sigma)
+    np.testing.assert_array_equal(back.knots, res.knots)
+    assert back.params["gamma"] == [1.0, -2.0, 0.5]
+    assert back.extra["slowdowns"] == [1.0, 1.0, 1.0, 1.0]
+    rows = load_trace_csv(out)
+    assert len(rows) == 4
+    assert rows[2]["gamma"] == [2.0, 3.0, 4.0] and rows[2]["delta"] == 2.25 and rows[3]["max_staleness"] == 1
+    header = (out / "trace.csv").read_text().splitlines()[0].split(",")
+    assert header == ["iter", "time_s", "step", "delta", "sigma2", "beta", "gamma_0", "gamma_1", "gamma_2",
+                      "max_staleness"]
+    import zarr
+
+    g = zarr.open_group(str(out / "model.zarr"), mode="r")
+    assert g.attrs["params"]["delta"] == 0.25 and g["Sigma"].shape == (9, 9)
+
+
+def test_rewrite_replaces_results_and_keeps_other_files(tmp_path):
+    out = tmp_path / "out"
+    write_results(out, make_result(m=9))
+    (out / "notes.txt").write_text("mine")
+    write_results(out, make_result(m=4, loglik=-1.0))
+    assert (out / "notes.txt").read_text() == "mine"
+    back = load_fit(out)
+    assert back.loglik == -1.0 and back.mu.shape == (4,)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    leftovers += [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_failed_write_leaves_previous_results_intact(tmp_path):
+    out = tmp_path / "out"
+    write_results(out, make_result(loglik=-5.0))
+    bad = make_result()
+    bad.trace[0] = {"iter": 0}  # missing keys: the write must fail before touching out/
+    with pytest.raises(ValueError, match="trace row is missing"):
+        write_results(out, bad)
+    assert load_fit(out).loglik == -5.0
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_non_finite_loglik_is_null_not_nan(tmp_path):
+    out = write_results(tmp_path / "o", make_result(loglik=float("nan")))
+    text = (out / "fit.json").read_text()
+    assert "NaN" not in text and json.loads(text)["loglik"] is None
+
+
+def test_load_fit_names_incomplete_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fit.json"):
+        load_fit(tmp_path)
