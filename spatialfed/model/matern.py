@@ -54,30 +54,41 @@ class Matern:
 
     def _x(self, d, beta):
         check_positive(beta, "beta")
-        d = np.asarray(d, dtype=float)
-        return self.scale * d / beta
+        return np.multiply(np.asarray(d, dtype=float), self.scale / beta)
 
     def correlation_derivatives(self, d, beta):
         """(ρ, ∂ρ/∂log β, ∂²ρ/∂log β²) at distances d (Eq. 23 and its log-β derivatives)."""
         x = self._x(d, beta)
-        nu = self.nu
-        if nu in CLOSED_FORM_NU:
-            e = np.exp(-x)
-            if nu == 0.5:
-                rho = e
-                d1 = x * e
-                d2 = (x * x - x) * e
-            elif nu == 1.5:
-                rho = (1.0 + x) * e
-                d1 = x * x * e
-                d2 = (x - 2.0) * x * x * e
-            else:
-                x2 = x * x
-                rho = (1.0 + x + x2 / 3.0) * e
-                d1 = x2 * (1.0 + x) * e / 3.0
-                d2 = x2 * (x2 - 2.0 * x - 2.0) * e / 3.0
-            return rho, d1, d2
+        if self.nu in CLOSED_FORM_NU:
+            return self._closed_form_derivatives(x)
         return self._bessel_derivatives(x)
+
+    def _closed_form_derivatives(self, x):
+        """ν ∈ {0.5, 1.5, 2.5}: exp, (1+x)e^{−x}, (1+x+x²/3)e^{−x}, evaluated in place (x is consumed)."""
+        rho = np.negative(x)
+        np.exp(rho, out=rho)  # e^{−x}
+        if self.nu == 0.5:  # ρ̇ = x e^{−x}, ρ̈ = (x − 1) x e^{−x}
+            d1 = x * rho
+            x -= 1.0
+            return rho, d1, np.multiply(x, d1, out=x)
+        if self.nu == 1.5:  # ρ = (1+x)e^{−x}, ρ̇ = x² e^{−x}, ρ̈ = (x − 2) x² e^{−x}
+            d1 = x * rho
+            rho += d1
+            d1 *= x
+            x -= 2.0
+            return rho, d1, np.multiply(x, d1, out=x)
+        # ν = 2.5: ρ = (1+x+x²/3)e^{−x}, ρ̇ = (1+x) x² e^{−x}/3, ρ̈ = ((x−1)² − 3) x² e^{−x}/3
+        d1 = x * rho
+        q = d1 * x
+        q /= 3.0
+        rho += d1
+        rho += q
+        np.multiply(x, q, out=d1)
+        d1 += q
+        x -= 1.0
+        x *= x
+        x -= 3.0
+        return rho, d1, np.multiply(x, q, out=x)
 
     def _bessel_derivatives(self, x):
         """General ν via K_ν and d/dx[x^ν K_ν(x)] = −x^ν K_{ν−1}(x)."""
