@@ -258,7 +258,7 @@ class PredictionGrid:
     def transform(self) -> Affine:
         """Affine transform of the raster (upper-left corner origin), as rasterio expects."""
         half = self.resolution / 2
-        return Affine.translation(self.x[0] - half, self.y[0] + half) * Affine.scale(self.resolution, -self.resolution)
+        return Affine.translation(self.x[0] - half, self.y[0] + half) @ Affine.scale(self.resolution, -self.resolution)
 
     def to_raster(self, values) -> np.ndarray:
         """Place per-point values (in `points` order) into a (ny, nx) array with NaN outside the domain."""
