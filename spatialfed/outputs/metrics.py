@@ -1,0 +1,51 @@
+"""Scores of probabilistic predictions on held-out data: RMSE, MAE, mean Gaussian CRPS and interval coverage."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+
+def _check(observed, mean, sd=None):
+    """Arrays of equal length, finite, sd > 0."""
+    observed, mean = np.asarray(observed, dtype=float).ravel(), np.asarray(mean, dtype=float).ravel()
+    arrays = [observed, mean] + ([] if sd is None else [np.asarray(sd, dtype=float).ravel()])
+    if len({a.size for a in arrays}) != 1 or observed.size == 0:
+        raise ValueError(f"observed, mean and sd must be non-empty and of equal length, got {[a.size for a in arrays]}")
+    if not all(np.all(np.isfinite(a)) for a in arrays):
+        raise ValueError("observed, mean and sd must be finite")
+    if sd is not None and np.any(arrays[2] <= 0):
+        raise ValueError("predictive sd must be > 0 for CRPS and coverage")
+    return arrays
+
+
+def rmse(observed, mean) -> float:
+    """√(mean (y − ŷ)²)."""
+    y, m = _check(observed, mean)
+    return float(np.sqrt(np.mean((y - m) ** 2)))
+
+
+def mae(observed, mean) -> float:
+    """mean |y − ŷ|."""
+    y, m = _check(observed, mean)
+    return float(np.mean(np.abs(y - m)))
+
+
+def crps_gaussian(observed, mean, sd) -> np.ndarray:
+    """CRPS(N(μ, σ²), y) = σ [t(2Φ(t) − 1) + 2φ(t) − 1/√π], t = (y − μ)/σ (Gneiting & Raftery 2007), per point."""
+    y, m, s = _check(observed, mean, sd)
+    t = (y - m) / s
+    return s * (t * (2 * stats.norm.cdf(t) - 1) + 2 * stats.norm.pdf(t) - 1 / np.sqrt(np.pi))
+
+
+def coverage(observed, mean, sd, level: float = 0.95) -> float:
+    """Share of y inside the central `level` interval μ ± Φ⁻¹((1 + level)/2) σ."""
+    y, m, s = _check(observed, mean, sd)
+    return float(np.mean(np.abs(y - m) <= stats.norm.ppf(0.5 + level / 2) * s))
+
+
+def scores(observed, mean, sd) -> dict:
+    """{"n", "rmse", "mae", "crps", "coverage95"}: the held-out summary written to metrics.json."""
+    y, m, s = _check(observed, mean, sd)
+    return {"n": int(y.size), "rmse": rmse(y, m), "mae": mae(y, m), "crps": float(np.mean(crps_gaussian(y, m, s))),
+            "coverage95": coverage(y, m, s, 0.95)}

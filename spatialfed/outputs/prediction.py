@@ -1,0 +1,433 @@
+"""Federated prediction from a fit directory (issue 5): the low-rank part on the server, the residual part by the owner.
+
+For prediction locations s₀ (with covariates x₀) and a fitted low-rank model (SPEC §1; maths in
+`spatialfed.model.predict`):
+
+    mean = x₀ᵀγ + b(s₀)ᵀμ + E[w̃(s₀) | z_owner],   sd = √(Var[y(s₀) | z] + δ⁻¹)  (a new observation at s₀)
+
+**Owner rule.** Every federated worker reports only its distance from each s₀ to its nearest observation; s₀ belongs to
+the worker with the smallest distance (ties: the lowest index). With an `area` partition this is the worker whose area
+holds s₀. The owner computes the residual part of s₀ from its own data (`LocalModel.residual_kriging`) and returns
+arrays whose size is the number of its prediction points, never n_j: raw data never leave a worker.
+
+Predictors (`PREDICTORS`):
+- `lowrank`: the federated low-rank kriging above (residual pp: the low-rank part alone).
+- `independent`: the independence model (Eq. 3): each s₀ kriged by its owner from the owner's data only, global (γ, δ, θ).
+- `personal`: FGPR's personalised prediction: one chosen worker krieges every s₀ from its own data, global (γ, δ, θ).
+- `ols`: pooled ordinary least squares from the workers' moments (XᵀX, Xᵀz, zᵀz): mean x₀ᵀγ̂ and the OLS
+  prediction sd s·√(1 + x₀ᵀ(XᵀX)⁻¹x₀).
+
+Runtimes: `dask` runs every worker's part in a task on the Dask worker that loads and keeps partition j (the fit's
+`PartitionSpec` / `_local_model` machinery); `inprocess` loads the partitions here (small data, tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from spatialfed.data import geometry
+from spatialfed.data.store import StoreInfo, load_test, load_worker, open_store
+from spatialfed.errors import DataError, WorkerTaskError
+from spatialfed.model.local import LocalModel
+from spatialfed.model.matern import Matern
+from spatialfed.model.params import Params
+from spatialfed.model.predict import assign_owners, combine_prediction
+from spatialfed.outputs import metrics
+from spatialfed.outputs.results import load_fit
+
+PREDICTORS = ("lowrank", "independent", "personal", "ols")
+RUNTIMES = ("dask", "inprocess")
+INTERCEPT = "intercept"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the fitted model
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """What prediction needs from a fit directory: the server's state φ, the knots, ν and the residual structure."""
+
+    params: Params
+    knots: np.ndarray
+    nu: float
+    residual: str
+    method: str
+    covariate_names: list[str] | None
+
+    @property
+    def kernel(self) -> Matern:
+        return Matern(self.nu)
+
+
+def load_model(fit_dir) -> FittedModel:
+    """The FittedModel of a `spatialfed fit` output directory (fit.json + model.zarr)."""
+    fit = load_fit(fit_dir)
+    knots = np.asarray(fit.knots, dtype=float).reshape(-1, 2)
+    m = len(knots)
+    if fit.method == "lowrank" and (fit.mu is None or fit.Sigma is None or m == 0):
+        raise DataError(f"{fit_dir} has no μ, Σ or knots (model.zarr missing or damaged); run `spatialfed fit` again")
+    mu = np.zeros(m) if fit.mu is None else fit.mu              # non-low-rank fits: no low-rank part
+    Sigma = np.zeros((m, m)) if fit.Sigma is None else fit.Sigma
+    p = fit.params
+    params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
+    return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"))
+
+
+def check_store(model: FittedModel, info: StoreInfo) -> None:
+    """Raise DataError unless the store has the covariates the model was fitted with."""
+    names = list(info.covariate_names)
+    if len(names) != model.params.gamma.size or (model.covariate_names and names != list(model.covariate_names)):
+        raise DataError(f"store {info.path} has covariates {names}, but the fit used "
+                        f"{model.covariate_names or model.params.gamma.size}; predict with the store the model was "
+                        "fitted on")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# worker side: what a federated worker computes for prediction (each returns prediction-sized arrays only)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
+    return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
+
+
+WORKER_CALLS = {
+    "nearest_distance": LocalModel.nearest_distance,          # n₀ distances
+    "residual_kriging": LocalModel.residual_kriging,          # n₀-sized mean, n₀×m BRk, n₀ kRk
+    "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
+    "moments": LocalModel.moments,                            # p×p, p, 1, 1
+    "bounds": _bounds,                                        # 4 numbers
+    "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
+}
+
+
+def worker_call(lm: LocalModel, name: str, args: tuple):
+    """Run the prediction function `name` of WORKER_CALLS on worker j's LocalModel."""
+    if name not in WORKER_CALLS:
+        raise ValueError(f"unknown worker call {name!r}; allowed: {sorted(WORKER_CALLS)}")
+    return WORKER_CALLS[name](lm, *args)
+
+
+def dask_worker_call(spec, name: str, args: tuple):
+    """worker_call on partition spec.worker, loaded and kept in this Dask worker process."""
+    from spatialfed.runtime.dask_runtime import _local_model
+
+    return worker_call(_local_model(spec), name, args)
+
+
+class InProcessWorkers:
+    """Every partition loaded in this process (small data, tests): the same calls as on Dask, run here."""
+
+    def __init__(self, info: StoreInfo, model: FittedModel):
+        self.n_workers = info.n_workers
+        self.models = [LocalModel(*load_worker(info.path, j), model.knots, model.kernel, model.residual)
+                       for j in range(info.n_workers)]
+
+    def call(self, name: str, calls: dict) -> dict:
+        """{j: worker_call(partition j, name, args)} for each j in calls."""
+        return {j: worker_call(self.models[j], name, args) for j, args in calls.items()}
+
+    def close(self) -> None:
+        self.models = []
+
+
+class DaskWorkers:
+    """Partitions loaded and kept on the Dask workers (one task per call and worker, pinned to its Dask worker)."""
+
+    def __init__(self, client, info: StoreInfo, model: FittedModel):
+        from spatialfed.runtime.dask_runtime import PartitionSpec, assign_partitions
+
+        self.client = client
+        self.n_workers = info.n_workers
+        self.run_id = f"predict-{uuid.uuid4().hex[:12]}"
+        self.assignment = assign_partitions(info.n_workers, list(client.scheduler_info(n_workers=-1)["workers"]))
+        store = os.path.abspath(os.fspath(info.path))
+        self.specs = [PartitionSpec(self.run_id, store, j, model.knots, model.nu, model.residual)
+                      for j in range(info.n_workers)]
+
+    def call(self, name: str, calls: dict) -> dict:
+        """{j: result} of worker_call(name, args) run where partition j lives."""
+        from distributed import wait
+
+        futs = {j: self.client.submit(dask_worker_call, self.specs[j], name, args, workers=[self.assignment[j]],
+                                      allow_other_workers=False, key=f"{name}-w{j}-{uuid.uuid4().hex[:6]}", pure=False)
+                for j, args in calls.items()}
+        wait(list(futs.values()))
+        for j, fut in futs.items():
+            if fut.status != "finished":
+                exc = fut.exception()
+                raise WorkerTaskError(f"federated worker {j} failed in prediction call '{name}' (Dask worker "
+                                      f"{self.assignment[j]}): {type(exc).__name__}: {exc}")
+        return {j: fut.result() for j, fut in futs.items()}
+
+    def close(self) -> None:
+        from spatialfed.runtime.dask_runtime import release_partitions
+
+        try:
+            self.client.run(release_partitions, self.run_id)
+        except Exception:  # pragma: no cover - a dead worker holds nothing any more
+            pass
+
+
+@contextmanager
+def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "dask", *, client=None, scheduler=None,
+                 n_dask_workers=None):
+    """The store's federated workers as InProcessWorkers or DaskWorkers (an embedded cluster unless told otherwise)."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    if runtime == "inprocess":
+        workers = InProcessWorkers(info, model)
+        handle = None
+    else:
+        from spatialfed.runtime.cluster import default_n_workers, make_cluster
+
+        handle = None
+        if client is None:
+            n = n_dask_workers or min(info.n_workers, default_n_workers())
+            handle = make_cluster(scheduler, n_workers=n)
+            client = handle.client
+        workers = DaskWorkers(client, info, model)
+    try:
+        yield workers
+    finally:
+        workers.close()
+        if handle is not None:
+            handle.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# server side: combine the workers' parts
+# --------------------------------------------------------------------------------------------------------------
+
+
+def owners_of(workers, locs0) -> np.ndarray:
+    """Owner of each s₀: the worker reporting the nearest observation (assign_owners)."""
+    d = workers.call("nearest_distance", {j: (locs0,) for j in range(workers.n_workers)})
+    return assign_owners([d[j] for j in range(workers.n_workers)])
+
+
+def _groups(owners: np.ndarray) -> dict:
+    return {int(j): np.flatnonzero(owners == j) for j in np.unique(owners)}
+
+
+def ols_prediction(workers, X0) -> dict:
+    """Pooled OLS from summed moments: mean x₀ᵀγ̂, sd s√(1 + x₀ᵀ(XᵀX)⁻¹x₀) (sd_latent: s√(x₀ᵀ(XᵀX)⁻¹x₀))."""
+    mom = workers.call("moments", {j: () for j in range(workers.n_workers)}).values()
+    XtX, Xtz = sum(m["XtX"] for m in mom), sum(m["Xtz"] for m in mom)
+    ztz, n = sum(m["ztz"] for m in mom), sum(m["n"] for m in mom)
+    g = np.linalg.solve(XtX, Xtz)
+    s2 = (ztz - 2 * g @ Xtz + g @ XtX @ g) / max(n - len(g), 1)
+    lev = np.einsum("ij,ij->i", X0, np.linalg.solve(XtX, X0.T).T)
+    return {"mean": X0 @ g, "sd_latent": np.sqrt(s2 * lev), "sd": np.sqrt(s2 * (1 + lev)),
+            "owner": np.full(len(X0), -1)}
+
+
+def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None) -> dict:
+    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation."""
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
+    locs0, X0 = np.asarray(locs0, dtype=float).reshape(-1, 2), np.asarray(X0, dtype=float).reshape(len(locs0), -1)
+    par = model.params
+    if X0.shape[1] != par.gamma.size:
+        raise DataError(f"prediction covariates have {X0.shape[1]} columns, the fit has {par.gamma.size}")
+    if predictor == "ols":
+        return ols_prediction(workers, X0)
+    if predictor == "personal":
+        if worker is None or not 0 <= int(worker) < workers.n_workers:
+            raise ValueError(f"personalised prediction needs a worker index 0..{workers.n_workers - 1}, got {worker!r}")
+        owners = np.full(len(locs0), int(worker))
+    else:
+        owners = owners_of(workers, locs0)
+    groups = _groups(owners)
+    if predictor == "lowrank":
+        owned = {}
+        if model.residual != "pp":
+            parts = workers.call("residual_kriging", {j: (locs0[idx], par) for j, idx in groups.items()})
+            owned = {j: (groups[j], part) for j, part in parts.items()}
+        out = combine_prediction(locs0, X0, par, model.knots, model.kernel, model.residual, owned)
+    else:
+        parts = workers.call("independent_kriging", {j: (locs0[idx], X0[idx], par) for j, idx in groups.items()})
+        mean, var = np.empty(len(locs0)), np.empty(len(locs0))
+        for j, part in parts.items():
+            mean[groups[j]], var[groups[j]] = part["mean"], part["var"]
+        var = np.clip(var, 0.0, None)
+        out = {"mean": mean, "sd_latent": np.sqrt(var), "sd": np.sqrt(var + 1.0 / par.delta)}
+    return {**out, "owner": owners}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# prediction locations and their covariates
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Targets:
+    """Prediction locations (n₀×2, store CRS), their design matrix X (n₀×p) and, for the test group, observed z."""
+
+    locs: np.ndarray
+    X: np.ndarray
+    observed: np.ndarray | None = None
+
+
+def design_matrix(frame: pd.DataFrame, names: list[str], source: str) -> np.ndarray:
+    """X for the fitted covariates `names` from frame's columns ('intercept' is 1 unless given); clear errors."""
+    missing = [c for c in names if c != INTERCEPT and c not in frame.columns]
+    if missing:
+        raise DataError(f"{source} lacks covariate column(s) {missing} used in the fit (covariates {names}); "
+                        "add them, with values at every prediction location")
+    cols = [np.ones(len(frame)) if c == INTERCEPT and c not in frame.columns
+            else pd.to_numeric(frame[c], errors="coerce").to_numpy(float) for c in names]
+    X = np.column_stack(cols) if cols else np.empty((len(frame), 0))
+    bad = np.flatnonzero(~np.all(np.isfinite(X), axis=1))
+    if bad.size:
+        raise DataError(f"{source}: {bad.size} prediction location(s) have missing or non-numeric covariates "
+                        f"(first rows {bad[:5].tolist()}); fill them in or drop those rows")
+    return X
+
+
+def read_points(path, crs) -> pd.DataFrame:
+    """A table of points with x, y columns in the store's CRS: CSV (x, y assumed in the store's CRS) or any vector
+    file with point geometries (GeoPackage, GeoParquet…; its CRS must equal the store's)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"prediction locations file {path} does not exist")
+    if path.suffix.lower() in (".csv", ".txt"):
+        frame = pd.read_csv(path)
+        missing = [c for c in ("x", "y") if c not in frame.columns]
+        if missing:
+            raise DataError(f"{path} lacks column(s) {missing}; give the coordinates in columns x and y "
+                            f"(in the store's CRS {crs or 'planar units'})")
+        return frame
+    import geopandas as gpd
+
+    frame = gpd.read_parquet(path) if path.suffix.lower() == ".parquet" else gpd.read_file(path)
+    check_same_crs(frame.crs, crs, path)
+    if not (frame.geom_type == "Point").all():
+        raise DataError(f"{path} must hold point geometries (prediction locations), found {sorted(set(frame.geom_type))}")
+    return pd.DataFrame(frame.drop(columns=frame.geometry.name)).assign(x=frame.geometry.x, y=frame.geometry.y)
+
+
+def check_same_crs(crs, store_crs, source) -> None:
+    """Raise DataError if `source`'s CRS differs from the store's (None on either side is not checked)."""
+    a, b = geometry.parse_crs(crs), geometry.parse_crs(store_crs)
+    if a is not None and b is not None and a != b:
+        raise DataError(f"{source} is in CRS {geometry.crs_string(a)} but the store is in {geometry.crs_string(b)}; "
+                        f"reproject it first (e.g. GeoDataFrame.to_crs('{geometry.crs_string(b)}') or "
+                        f"ogr2ogr -t_srs {geometry.crs_string(b)})")
+
+
+def table_targets(path, info: StoreInfo) -> Targets:
+    """Targets from a locations file with x, y and the fitted covariates."""
+    frame = read_points(path, info.crs)
+    locs = frame[["x", "y"]].to_numpy(float)
+    if not np.all(np.isfinite(locs)):
+        raise DataError(f"{path}: some x/y coordinates are missing or not numbers")
+    return Targets(locs, design_matrix(frame, list(info.covariate_names), str(path)))
+
+
+def heldout_targets(info: StoreInfo) -> Targets:
+    """Targets at the store's held-out test group (with its observed z)."""
+    locs, z, X = load_test(info.path)
+    return Targets(locs, X, z)
+
+
+def default_domain(info: StoreInfo, workers) -> geometry.Domain:
+    """The fit's default domain: [0,1]² for simulated stores, else the union of the workers' bounding boxes."""
+    if info.crs is None and info.truth is not None:
+        return geometry.domain_from_bbox(0.0, 0.0, 1.0, 1.0)
+    b = np.array(list(workers.call("bounds", {j: () for j in range(workers.n_workers)}).values()))
+    return geometry.domain_from_bbox(*b[:, :2].min(axis=0), *b[:, 2:].max(axis=0), crs=info.crs)
+
+
+def load_domain(path, info: StoreInfo) -> geometry.Domain:
+    """The domain polygon(s) of a vector file, which must be in the store's CRS."""
+    domain = geometry.domain_from_file(path)
+    check_same_crs(domain.crs, info.crs, f"domain file {path}")
+    return geometry.Domain(domain.geometry, geometry.parse_crs(info.crs))
+
+
+def outside_domain(locs, domain: geometry.Domain) -> np.ndarray:
+    """Mask of locations outside the domain, with a warning naming how many (prediction there is extrapolation)."""
+    outside = ~domain.contains(locs)
+    if outside.any():
+        warnings.warn(f"{int(outside.sum())} of {len(outside)} prediction location(s) lie outside the domain "
+                      "(extrapolation; flagged in column outside_domain)", stacklevel=2)
+    return outside
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the predict command's driver and its files
+# --------------------------------------------------------------------------------------------------------------
+
+
+def prediction_frame(targets: Targets, pred: dict, outside: np.ndarray) -> pd.DataFrame:
+    """Columns x, y, mean, sd (sd of a new observation), [observed], sd_latent, owner, outside_domain."""
+    frame = pd.DataFrame({"x": targets.locs[:, 0], "y": targets.locs[:, 1], "mean": pred["mean"], "sd": pred["sd"]})
+    if targets.observed is not None:
+        frame["observed"] = targets.observed
+    return frame.assign(sd_latent=pred["sd_latent"], owner=pred["owner"], outside_domain=outside)
+
+
+def write_atomic(path, write) -> Path:
+    """Call write(tmp_path) on a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_json(path, doc) -> Path:
+    """JSON file written atomically."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"))
+
+
+def default_predictor(model: FittedModel) -> str:
+    """`lowrank` for low-rank fits, `independent` for the baselines' fits."""
+    return "lowrank" if model.method == "lowrank" else "independent"
+
+
+def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, worker=None, runtime="dask",
+            client=None, scheduler=None, n_dask_workers=None) -> tuple[pd.DataFrame, dict | None]:
+    """Predict at a locations file, or at the store's test group; returns the table and held-out scores (or None)."""
+    model = load_model(fit_dir)
+    info = open_store(store)
+    check_store(model, info)
+    if locations is None and not info.has_test:
+        raise DataError(f"store {info.path} has no test group; give prediction locations with --locations FILE.csv")
+    targets = heldout_targets(info) if locations is None else table_targets(locations, info)
+    predictor = predictor or default_predictor(model)
+    with open_workers(info, model, runtime, client=client, scheduler=scheduler,
+                      n_dask_workers=n_dask_workers) as workers:
+        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        outside = outside_domain(targets.locs, dom)
+        pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker)
+    frame = prediction_frame(targets, pred, outside)
+    scores = None
+    if targets.observed is not None:
+        scores = {"predictor": predictor, **metrics.scores(targets.observed, pred["mean"], pred["sd"])}
+    return frame, scores
+
+
+def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None) -> tuple[Path, Path | None]:
+    """PRED.csv and, with scores, metrics.json beside it (both atomic)."""
+    out = write_atomic(out, lambda tmp: frame.to_csv(tmp, index=False))
+    return out, (None if scores is None else write_json(out.with_name("metrics.json"), scores))
