@@ -284,10 +284,13 @@ class FederatedGP:
         from spatialfed.model.matern import Matern
         from spatialfed.runtime.virtual import run_virtual
 
+        from spatialfed.runtime.cluster import limit_blas_threads
+
         kernel = Matern(self.nu)
         models = [LocalModel(*load_worker(info.path, j), knots, kernel, residual=self.residual)
                   for j in range(info.n_workers)]
-        return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start)
+        with limit_blas_threads(1):  # J small problems in turn: threads only add overhead
+            return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start)
 
     # --- results -------------------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
