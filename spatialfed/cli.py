@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spatialfed.demo import register_demo
 from spatialfed.errors import SpatialFedError
 from spatialfed.fitcli import register_fit
 
@@ -115,7 +116,7 @@ def run_ingest(args) -> None:
     _print_store(info)
 
 
-REGISTRATIONS = [register_simulate, register_ingest, register_fit]
+REGISTRATIONS = [register_simulate, register_ingest, register_fit, register_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:
