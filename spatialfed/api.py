@@ -187,6 +187,7 @@ class FederatedGP:
             else:
                 run_tic = time.perf_counter()
                 server = self._run_simulated(info, knots, config, slowdowns)
+                say.event(server, None)  # the virtual run's trace (virtual seconds), after the fact
                 self.assignment_ = None
                 self.n_tasks_ = None
                 fit_seconds = time.perf_counter() - run_tic

@@ -234,8 +234,11 @@ def test_fit_cli_on_a_running_scheduler(cluster, store, parts, tmp_path, capsys)
 
     out = tmp_path / "cli"
     rc = main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "49",
-               "--scheduler", cluster.client.scheduler.address, "--quiet"])
-    assert rc == 0, capsys.readouterr().err
+               "--scheduler", cluster.client.scheduler.address])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/status", err)  # printed at fit start
+    assert "max staleness" in err and "converged after" in err
     fit = load_fit(out)
     assert fit.method == "lowrank" and fit.residual == "full" and fit.converged
     assert fit.loglik == pytest.approx(loglik_at(fit.params, parts, fit.knots), rel=1e-9)

@@ -1,0 +1,172 @@
+"""FederatedGP: scikit-learn conventions, the simulated runtime, the `fit` command, and the errors users meet."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from spatialfed.api import FederatedGP
+from spatialfed.cli import main
+from spatialfed.data.simulate import simulate_store
+from spatialfed.errors import DataError, SpatialFedError, StoreError
+from spatialfed.model.matern import Matern
+from spatialfed.model.reference import lowrank_loglik
+from spatialfed.data.store import load_worker
+from spatialfed.outputs.results import FIT_KEYS, load_fit
+from spatialfed.runtime.cluster import SchedulerUnreachableError
+
+J = 4
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("api") / "s.zarr"
+    simulate_store(path, J, 60, seed=5, test_size=0)
+    return path
+
+
+def copy_store(store, tmp_path) -> Path:
+    dst = tmp_path / "copy.zarr"
+    shutil.copytree(store, dst)
+    return dst
+
+
+def test_constructor_only_stores_settings():
+    gp = FederatedGP(mode="sync", knots=25, scheduler="tcp://nowhere:1", agg_threshold=99, profile="bogus")
+    assert gp.get_params()["knots"] == 25 and gp.agg_threshold == 99  # nothing validated or started yet
+    assert not hasattr(gp, "params_")
+    gp.set_params(profile="graded", agg_threshold=None)
+    assert gp.profile == "graded"
+    assert "mode='sync'" in repr(gp)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        gp.set_params(colour="red")
+    with pytest.raises(SpatialFedError, match="not fitted"):
+        gp.save("/nonexistent")
+
+
+def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
+    gp = FederatedGP(mode="async", knots=16, agg_threshold=2, profile="graded", runtime="simulated", max_iter=8)
+    assert gp.fit(store) is gp
+    err = capsys.readouterr().err
+    assert "iter" in err and "max staleness" in err and "loglik" in err
+    assert gp.n_iter_ == 8 and gp.knots_.shape == (16, 2) and gp.mu_.shape == (16,) and gp.Sigma_.shape == (16, 16)
+    assert set(gp.params_) == {"gamma", "delta", "sigma2", "beta"} and gp.params_["gamma"].shape == (5,)
+    assert gp.slowdowns_[0] == 1 and gp.slowdowns_[-1] > 1 and gp.config_.agg_threshold == 2
+    parts = [load_worker(store, j) for j in range(J)]
+    p = gp.params_
+    expected = lowrank_loglik(parts, gp.knots_, Matern(0.5), "full", p["gamma"], p["delta"], p["sigma2"], p["beta"])
+    assert gp.loglik_ == pytest.approx(expected, rel=1e-9)
+    out = gp.save(tmp_path / "out")
+    doc = json.loads((out / "fit.json").read_text())
+    assert list(doc) == list(FIT_KEYS) and doc["mode"] == "async" and doc["n_obs"] == J * 60
+    assert [r["iter"] for r in doc["trace"]][-1] == 8
+
+
+def test_quiet_fit_prints_nothing(store, capsys):
+    FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=2, progress=False).fit(store)
+    assert capsys.readouterr().err == ""
+
+
+def test_given_knots_outside_the_domain_are_refused(store):
+    knots = np.array([[0.2, 0.2], [0.8, 0.8], [1.5, 0.5]])
+    with pytest.raises(DataError, match="outside the domain"):
+        FederatedGP(knots=knots, runtime="simulated", progress=False).fit(store)
+
+
+@pytest.mark.parametrize("knots", [0, -3, 2.5])
+def test_bad_knot_count(store, knots):
+    with pytest.raises(DataError, match="knots"):
+        FederatedGP(knots=knots, runtime="simulated", progress=False).fit(store)
+
+
+def test_duplicate_knots_are_refused(store):
+    with pytest.raises(DataError, match="duplicate"):
+        FederatedGP(knots=np.array([[0.2, 0.2], [0.2, 0.2], [0.5, 0.5]]), runtime="simulated",
+                    progress=False).fit(store)
+
+
+@pytest.mark.parametrize("threshold", [0, J + 1, 2.5])
+def test_agg_threshold_outside_1_to_J(store, threshold):
+    with pytest.raises(ValueError, match=rf"1\.\.J = 1\.\.{J}"):
+        FederatedGP(mode="async", agg_threshold=threshold, runtime="simulated", progress=False).fit(store)
+
+
+def test_sync_with_partial_threshold(store):
+    with pytest.raises(ValueError, match="mode='async'"):
+        FederatedGP(mode="sync", agg_threshold=2, runtime="simulated", progress=False).fit(store)
+
+
+def test_store_with_missing_worker_group(store, tmp_path):
+    bad = copy_store(store, tmp_path)
+    shutil.rmtree(bad / "workers" / "3")
+    with pytest.raises(StoreError, match="workers/"):
+        FederatedGP(runtime="simulated", progress=False).fit(bad)
+
+
+def test_store_with_empty_worker_group(store, tmp_path):
+    bad = copy_store(store, tmp_path)
+    g = zarr.open_group(str(bad), path="workers/1", mode="a")
+    for name, shape in (("locs", (0, 2)), ("z", (0,)), ("X", (0, 5))):
+        del g[name]
+        g.create_array(name, shape=shape, dtype="float64")
+    with pytest.raises(StoreError, match="workers/1"):
+        FederatedGP(runtime="simulated", progress=False).fit(bad)
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(StoreError, match="not a Zarr"):
+        FederatedGP(runtime="simulated", progress=False).fit(tmp_path / "nothing.zarr")
+
+
+def test_unreachable_scheduler_is_named(store):
+    gp = FederatedGP(scheduler="tcp://127.0.0.1:9", scheduler_timeout=1, progress=False)
+    with pytest.raises(SchedulerUnreachableError, match=r"tcp://127\.0\.0\.1:9"):
+        gp.fit(store)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"method": "independent"}, "not available"),
+    ({"method": "kriging"}, "method must be one of"),
+    ({"mode": "fast"}, "mode must be one of"),
+    ({"residual": "diag"}, "residual must be one of"),
+    ({"runtime": "spark"}, "runtime must be one of"),
+    ({"profile": "bogus"}, "profile must be one of"),
+    ({"slowdown": [1, 2]}, "one per worker"),
+    ({"slowdown": [1, 1, 0.5, 1]}, "≥ 1"),
+    ({"nu": -1}, "nu"),
+    ({"runtime": "simulated", "scheduler": "tcp://127.0.0.1:1"}, "runtime='dask'"),
+])
+def test_invalid_settings(store, settings, message):
+    with pytest.raises(ValueError, match=message):
+        FederatedGP(**{"runtime": "simulated", "progress": False, **settings}).fit(store)
+
+
+def test_fit_command_simulated(store, tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = main(["fit", str(store), "--out", str(out), "--runtime", "simulated", "--mode", "async",
+               "--agg-threshold", "2", "--slowdown", "1,1,2,4", "--knots", "16", "--max-iter", "4", "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "wrote" in captured.out and captured.err == ""
+    fit = load_fit(out)
+    assert fit.iterations == 4 and fit.extra["slowdowns"] == [1.0, 1.0, 2.0, 4.0]
+
+
+def test_fit_command_reports_errors(store, tmp_path, capsys):
+    rc = main(["fit", str(store), "--out", str(tmp_path / "o"), "--runtime", "simulated", "--agg-threshold", "9",
+               "--quiet"])
+    assert rc == 1
+    assert "agg_threshold must be an integer in 1..J = 1..4" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_fit_help_lists_the_spec_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--out", "--method", "--mode", "--residual", "--knots", "--nu", "--agg-threshold", "--max-iter",
+                "--tol", "--runtime", "--profile", "--slowdown", "--scheduler", "--seed"):
+        assert opt in text
