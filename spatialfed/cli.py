@@ -8,6 +8,7 @@ import sys
 from spatialfed.demo import register_demo
 from spatialfed.errors import SpatialFedError
 from spatialfed.fitcli import register_fit
+from spatialfed.outputs.predictcli import register_map, register_predict
 
 
 def int_list(text: str) -> list[int]:
@@ -116,7 +117,7 @@ def run_ingest(args) -> None:
     _print_store(info)
 
 
-REGISTRATIONS = [register_simulate, register_ingest, register_fit, register_demo]
+REGISTRATIONS = [register_simulate, register_ingest, register_fit, register_predict, register_map, register_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
 import warnings
 from contextlib import contextmanager
@@ -381,17 +380,15 @@ def prediction_frame(targets: Targets, pred: dict, outside: np.ndarray) -> pd.Da
 
 
 def write_atomic(path, write) -> Path:
-    """Call write(tmp_path) on a temporary file beside `path`, then rename it into place."""
+    """Call write(tmp_path) on a fresh temporary name beside `path`, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
+    tmp = path.with_name(f".{path.stem}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}")
     try:
-        write(tmp)
+        write(str(tmp))
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
     return path
 
 

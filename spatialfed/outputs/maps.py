@@ -1,0 +1,180 @@
+"""Prediction maps (issue 5): a grid over the domain, GeoTIFF rasters of mean and sd, a GeoPackage of cells, a PNG.
+
+`make_map` predicts at the centres of the square cells of `geometry.prediction_grid` inside the domain (federated, as
+in `prediction.predict_at`) and writes into the output directory:
+- `mean.tif`, `sd.tif`: single-band float32 GeoTIFFs in the store's CRS (NaN outside the domain);
+- `grid.gpkg`: the cells as polygons with columns mean, sd, sd_latent, owner (layer "prediction"), for GIS users;
+- `map.png`: mean and sd side by side with the domain outline, observation sites, optional overlays (e.g. a river)
+  and colour bars with units.
+Covariates other than the intercept come from a table of points (`covariates`; nearest point within one cell).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import shapely
+from scipy.spatial import cKDTree
+
+from spatialfed.data import geometry
+from spatialfed.data.store import StoreInfo, open_store
+from spatialfed.errors import DataError
+from spatialfed.outputs.prediction import (INTERCEPT, check_same_crs, check_store, default_domain, default_predictor,
+                                           design_matrix, load_domain, load_model, open_workers, predict_at,
+                                           read_points, write_atomic, write_json)
+
+MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG = "mean.tif", "sd.tif", "grid.gpkg", "map.png"
+
+
+def nice_resolution(domain: geometry.Domain, cells: int = 150) -> float:
+    """A round cell size (1, 2 or 5 × 10^k) giving about `cells` cells along the domain's longer side."""
+    xmin, ymin, xmax, ymax = domain.geometry.bounds
+    raw = max(xmax - xmin, ymax - ymin) / cells
+    k = 10.0 ** np.floor(np.log10(raw))
+    return float(max(f for f in (1, 2, 5) if f * k <= raw) * k)
+
+
+def covariates_at(points, table: pd.DataFrame, names: list[str], tolerance: float, source: str) -> np.ndarray:
+    """X at `points` from the nearest row of a covariate table (x, y and covariate columns) within `tolerance`."""
+    dist, idx = cKDTree(table[["x", "y"]].to_numpy(float)).query(points)
+    far = np.flatnonzero(dist > tolerance)
+    if far.size:
+        raise DataError(f"{far.size} of {len(points)} map cells have no covariate value in {source} within "
+                        f"{tolerance:g} (e.g. at {points[far[0]].round(3).tolist()}); give a domain inside the "
+                        "covariate table's coverage (--domain) or a denser covariate table")
+    return design_matrix(table.iloc[idx].reset_index(drop=True), names, source)
+
+
+def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None) -> np.ndarray:
+    """Design matrix at the grid's cells: intercept only, or values looked up in the covariate table file."""
+    names = list(info.covariate_names)
+    if covariates is None:
+        needed = [c for c in names if c != INTERCEPT]
+        if needed:
+            raise DataError(f"the model uses covariate(s) {needed}; give their values on the map with --covariates "
+                            "FILE (points with x, y and those columns, e.g. the dataset's prediction grid)")
+        return np.ones((int(grid.mask.sum()), len(names)))
+    table = read_points(covariates, info.crs)
+    return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
+
+
+def write_geotiff(path, grid: geometry.PredictionGrid, values, crs, description: str) -> Path:
+    """One-band float32 GeoTIFF of per-cell values (NaN outside the domain) with the grid's transform and `crs`."""
+    import rasterio
+
+    raster = grid.to_raster(values).astype("float32")
+    profile = dict(driver="GTiff", height=raster.shape[0], width=raster.shape[1], count=1, dtype="float32",
+                   crs=geometry.crs_string(crs), transform=grid.transform, nodata=np.nan, compress="deflate")
+
+    def write(tmp):
+        with rasterio.open(tmp, "w", **profile) as dst:
+            dst.write(raster, 1)
+            dst.set_band_description(1, description)
+
+    return write_atomic(path, write)
+
+
+def grid_frame(grid: geometry.PredictionGrid, pred: dict) -> gpd.GeoDataFrame:
+    """The grid's cells as square polygons with the prediction columns."""
+    pts, h = grid.points, grid.resolution / 2
+    cells = shapely.box(pts[:, 0] - h, pts[:, 1] - h, pts[:, 0] + h, pts[:, 1] + h)
+    cols = {k: pred[k] for k in ("mean", "sd", "sd_latent", "owner")}
+    return gpd.GeoDataFrame({"x": pts[:, 0], "y": pts[:, 1], **cols}, geometry=cells, crs=grid.crs)
+
+
+def write_grid_gpkg(path, frame: gpd.GeoDataFrame) -> Path:
+    """The cells as a GeoPackage (layer "prediction")."""
+    return write_atomic(path, lambda tmp: frame.to_file(tmp, driver="GPKG", layer="prediction"))
+
+
+def _axis_labels(crs) -> tuple[str, str]:
+    crs = geometry.parse_crs(crs)
+    if crs is None:
+        return "x", "y"
+    unit = crs.axis_info[0].unit_name if crs.axis_info else ""
+    unit = {"metre": "m", "meter": "m", "kilometre": "km"}.get(unit, unit)
+    return f"Easting ({unit})", f"Northing ({unit})"
+
+
+def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None,
+               overlays: gpd.GeoDataFrame | None = None, units: str = "", title: str = "") -> Path:
+    """PNG with the predicted mean and sd side by side, domain outline, sites, overlays and labelled colour bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    xmin, ymin, xmax, ymax = domain.geometry.bounds
+    pad = 0.03 * max(xmax - xmin, ymax - ymin)
+    aspect = (ymax - ymin + 2 * pad) / (xmax - xmin + 2 * pad)
+    fig, axes = plt.subplots(1, 2, figsize=(12, float(np.clip(4.6 * aspect + 1.3, 3.5, 9.5))), layout="constrained")
+    h = grid.resolution / 2
+    extent = (grid.x[0] - h, grid.x[-1] + h, grid.y[-1] - h, grid.y[0] + h)
+    xlabel, ylabel = _axis_labels(grid.crs)
+    panels = ((axes[0], mean, "viridis", "Predicted mean"), (axes[1], sd, "magma", "Prediction standard deviation"))
+    for ax, values, cmap, label in panels:
+        im = ax.imshow(grid.to_raster(values), extent=extent, origin="upper", cmap=cmap, interpolation="nearest")
+        fig.colorbar(im, ax=ax, shrink=0.85, label=units or "data units")
+        if overlays is not None and len(overlays):
+            overlays.plot(ax=ax, facecolor="#9ecae1", edgecolor="#3182bd", linewidth=0.6, alpha=0.8, zorder=2)
+        domain.to_geoseries().boundary.plot(ax=ax, color="0.15", linewidth=0.8, zorder=3)
+        if sites is not None and len(sites):
+            ax.scatter(sites[:, 0], sites[:, 1], s=9, facecolor="white", edgecolor="black", linewidth=0.5,
+                       zorder=4, label=f"observation sites (n = {len(sites)})")
+        ax.set(xlim=(xmin - pad, xmax + pad), ylim=(ymin - pad, ymax + pad), xlabel=xlabel, ylabel=ylabel,
+               title=label, aspect="equal")
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.yaxis.set_major_locator(MaxNLocator(5))
+        ax.ticklabel_format(useOffset=False, style="plain")
+    if sites is not None and len(sites):
+        axes[0].legend(loc="lower left", fontsize=8, framealpha=0.85)
+    if title:
+        fig.suptitle(title)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
+    """Vector features drawn on the map (e.g. a river); must be in the store's CRS."""
+    frame = gpd.read_file(path)
+    check_same_crs(frame.crs, info.crs, f"overlay file {path}")
+    return frame
+
+
+def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, units="", title=None,
+             overlay=None, sites=True, predictor=None, worker=None, runtime="dask", client=None, scheduler=None,
+             n_dask_workers=None) -> dict:
+    """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths."""
+    model = load_model(fit_dir)
+    info = open_store(store)
+    check_store(model, info)
+    predictor = predictor or default_predictor(model)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    overlays = None if overlay is None else read_overlay(overlay, info)
+    with open_workers(info, model, runtime, client=client, scheduler=scheduler,
+                      n_dask_workers=n_dask_workers) as workers:
+        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        grid = geometry.prediction_grid(dom, resolution or nice_resolution(dom))
+        X0 = map_design(grid, info, covariates)
+        pred = predict_at(workers, model, grid.points, X0, predictor, worker)
+        locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
+            if sites else None
+    paths = {"mean": write_geotiff(out / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
+             "sd": write_geotiff(out / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
+             "gpkg": write_grid_gpkg(out / GRID_GPKG, grid_frame(grid, pred))}
+    title = title if title is not None else f"{predictor} prediction, {int(grid.mask.sum())} cells of " \
+                                            f"{grid.resolution:g} ({geometry.crs_string(info.crs) or 'planar'})"
+    paths["png"] = map_figure(out / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, overlays=overlays,
+                              units=units, title=title)
+    summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
+               "crs": geometry.crs_string(info.crs), "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
+               "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
+    paths["json"] = write_json(out / "map.json", summary)
+    return paths
