@@ -126,3 +126,17 @@ def test_near_duplicate_knots_use_documented_jitter(setting):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LocalModel(locs, z, X, knots, Matern(2.5), "full").mu_sigma(par)
+
+
+def test_no_knots_full_residual_is_the_independence_model(parts):
+    """m = 0 with the full residual gives f_j = −ℓ_j − (n_j/2) log 2π with ℓ_j of Eq. (3), and its derivatives."""
+    from spatialfed.model import reference as ref
+
+    kernel, gamma = Matern(1.5), np.array([1.0, 0.2])
+    locs, z, X = parts[0]
+    lm = LocalModel(locs, z, X, np.zeros((0, 2)), kernel, "full")
+    q = lm.theta(Params(np.zeros(0), np.zeros((0, 0)), gamma, 2.0, 1.2, 0.2))
+    t = ref.independent_local_terms(locs, z, X, kernel, gamma, 2.0, 1.2, 0.2)
+    assert q["f"] + 0.5 * len(z) * np.log(2 * np.pi) == pytest.approx(t["f"], rel=1e-12)
+    np.testing.assert_allclose(q["grad"], t["grad"], atol=1e-10)
+    np.testing.assert_allclose(q["hess"], t["hess"], atol=1e-10)

@@ -26,6 +26,8 @@ def cholesky_with_jitter(A: np.ndarray, what: str) -> tuple[np.ndarray, float]:
     τ = 0 whenever A is numerically positive definite, so well-posed problems are never altered;
     otherwise a JitterWarning states the τ used. Deterministic in A, so server and workers agree.
     """
+    if A.shape[0] == 0:
+        return np.zeros((0, 0)), 0.0
     scale = float(np.mean(np.diag(A)))
     for tau in JITTER_LADDER:
         L, info = lapack.dpotrf(A + tau * scale * np.eye(A.shape[0]) if tau else A, lower=1, clean=1)

@@ -30,10 +30,12 @@ def check_residual(residual: str) -> str:
 
 
 def check_knots(knots) -> np.ndarray:
-    """Validate knots: finite (m, 2) coordinates with no duplicates (duplicates make K singular)."""
-    knots = check_points(knots, "knots")
-    if knots.shape[0] == 0:
-        raise ValueError("knots is empty: the low-rank model needs at least one knot")
+    """Validate knots: finite (m, 2) coordinates with no duplicates (duplicates make K singular).
+
+    m = 0 is allowed: with no knots and the `full` residual, R_j = C_jj + δ⁻¹I and f_j = −ℓ_j − (n_j/2) log 2π,
+    so the low-rank machinery computes the independence model of Eq. (3) exactly.
+    """
+    knots = check_points(np.asarray(knots, dtype=float).reshape(-1, 2), "knots")
     uniq, counts = np.unique(knots, axis=0, return_counts=True)
     if np.any(counts > 1):
         dup = uniq[counts > 1][0]
