@@ -80,10 +80,12 @@ class CirculantEmbedding:
         return self.eigenvalues.shape
 
     def _torus_covariance(self, my: int, mx: int) -> np.ndarray:
-        """First row of the block-circulant covariance: c at wrapped lags on an my × mx torus."""
-        ky = np.minimum(np.arange(my), my - np.arange(my)) * self.step
-        kx = np.minimum(np.arange(mx), mx - np.arange(mx)) * self.step
-        return self.model.covariance(np.hypot(ky[:, None], kx[None, :]), self.sigma2, self.beta)
+        """First row of the block-circulant covariance: c at wrapped lags on an my × mx torus (one quadrant evaluated)."""
+        ky, kx = np.arange(my // 2 + 1), np.arange(mx // 2 + 1)
+        quadrant = self.model.covariance(np.hypot(ky[:, None], kx[None, :]) * self.step, self.sigma2, self.beta)
+        wrap_y = np.minimum(np.arange(my), my - np.arange(my))
+        wrap_x = np.minimum(np.arange(mx), mx - np.arange(mx))
+        return quadrant[np.ix_(wrap_y, wrap_x)]
 
     def _eigenvalues(self) -> tuple[np.ndarray, float]:
         """Eigenvalues of the embedding, enlarging the torus until they are ≥ 0 (else clipped, with a warning)."""
