@@ -1,0 +1,123 @@
+"""Asynchronous vs synchronous fitting under balanced and graded compute (the paper's Section 6.2, small scale).
+
+Setting: J = 10 workers, m = 100 knots, ν = 0.5, β = 0.1, full residual, Agg_threshold = 2 (= 0.2·J).
+For each profile (balanced, graded) and runtime (simulated virtual clock and/or Dask) it runs the synchronous and the
+asynchronous algorithm and measures the time each needs until every parameter (δ, σ², β and every γ_k) stays within
+1e-3 relative of the converged synchronous estimate (a synchronous fit run to tol = 1e-10). Times are seconds since
+the fit started (virtual seconds for the simulated runtime, wall seconds for Dask), so both include the φ₀ pass.
+
+    python benchmarks/bench_async_vs_sync.py [--runtime simulated|dask|both] [--n-per-worker 1000]
+
+prints {"results": [{"profile", "runtime", "sync_s", "async_s", "ratio"}, ...]} (ratio = async_s / sync_s; null when
+a run never settled within the tolerance). Progress and per-run details go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+J, M, NU, BETA, AGG = 10, 100, 0.5, 0.1, 2
+RTOL = 1e-3
+PROFILES = ("balanced", "graded")
+
+
+def within(row, ref, rtol=RTOL) -> bool:
+    """Every parameter of a trace row within rtol (relative) of the reference estimate."""
+    for name in ("delta", "sigma2", "beta"):
+        if not abs(row[name] - ref[name]) <= rtol * abs(ref[name]):
+            return False
+    g, g_ref = np.asarray(row["gamma"], dtype=float), np.asarray(ref["gamma"], dtype=float)
+    return bool(np.all(np.abs(g - g_ref) <= rtol * np.abs(g_ref)))
+
+
+def time_to_target(trace, ref, rtol=RTOL) -> float | None:
+    """Earliest trace time from which every later row stays within rtol of ref (None if the last row is outside)."""
+    ok = [within(r, ref, rtol) for r in trace]
+    if not ok or not ok[-1]:
+        return None
+    last_bad = max((i for i, flag in enumerate(ok) if not flag), default=-1)
+    return float(trace[last_bad + 1]["time_s"])
+
+
+def say(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def fit(store, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None):
+    from spatialfed.api import FederatedGP
+
+    gp = FederatedGP(mode=mode, residual="full", knots=M, nu=NU, agg_threshold=AGG if mode == "async" else None,
+                     max_iter=max_iter, tol=tol, runtime=runtime, profile=profile, client=client, seed=0,
+                     time_budget=time_budget, progress=False)
+    tic = time.perf_counter()
+    gp.fit(store)
+    say(f"  {runtime:9s} {profile:8s} {mode:5s}: {gp.n_iter_} iterations ({gp.stop_reason_}), "
+        f"trace ends at {gp.trace_[-1]['time_s']:.2f} s, took {time.perf_counter() - tic:.1f} s wall; "
+        f"δ={gp.params_['delta']:.5g} σ²={gp.params_['sigma2']:.5g} β={gp.params_['beta']:.5g}")
+    return gp
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runtime", choices=["simulated", "dask", "both"], default="simulated")
+    ap.add_argument("--n-per-worker", type=int, default=1000)
+    ap.add_argument("--max-iter", type=int, default=300, help="iteration cap of every run (default 300)")
+    ap.add_argument("--dask-workers", type=int, default=J,
+                    help="Dask worker processes (default J: one per federated worker, as in the paper)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir")
+    args = ap.parse_args(argv)
+
+    from spatialfed.data.simulate import simulate_store
+
+    runtimes = ["simulated", "dask"] if args.runtime == "both" else [args.runtime]
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        store = Path(args.store) if args.store else Path(tmp) / "bench.zarr"
+        if not (store / "zarr.json").exists():
+            say(f"simulating J={J} × n={args.n_per_worker} (ν={NU}, β={BETA}) into {store}")
+            simulate_store(store, J, args.n_per_worker, nu=NU, beta=BETA, seed=args.seed, test_size=0)
+
+        say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
+        ref_gp = fit(store, "simulated", "sync", "balanced", max_iter=100)
+        ref = ref_gp.params_
+        results = []
+        for runtime in runtimes:
+            handle = None
+            client = None
+            if runtime == "dask":
+                from spatialfed.runtime.cluster import local_cluster
+
+                handle = local_cluster(args.dask_workers)
+                client = handle.client
+                say(f"Dask dashboard: {handle.dashboard_link}")
+            try:
+                for profile in PROFILES:
+                    if runtime == "simulated" and profile == "balanced":
+                        sync_gp = ref_gp
+                    else:
+                        sync_gp = fit(store, runtime, "sync", profile, client, max_iter=100)
+                    sync_s = time_to_target(sync_gp.trace_, ref)
+                    budget = None if sync_s is None else 20 * sync_s  # async gets 20× the sync time at most
+                    async_gp = fit(store, runtime, "async", profile, client, max_iter=args.max_iter,
+                                   time_budget=budget)
+                    async_s = time_to_target(async_gp.trace_, ref)
+                    ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
+                    results.append({"profile": profile, "runtime": runtime, "sync_s": sync_s, "async_s": async_s,
+                                    "ratio": ratio})
+                    say(f"  -> {results[-1]}")
+            finally:
+                if handle is not None:
+                    handle.close()
+    print(json.dumps({"results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
