@@ -26,7 +26,7 @@ import numpy as np
 from spatialfed.errors import DataError, SpatialFedError
 
 METHODS = ("lowrank", "independent", "fgpr")
-IMPLEMENTED_METHODS = ("lowrank",)
+IMPLEMENTED_METHODS = ("lowrank", "independent")
 MODES = ("sync", "async")
 RESIDUALS = ("full", "mpp", "pp")
 RUNTIMES = ("dask", "simulated")
@@ -44,7 +44,8 @@ class FederatedGP:
 
     Parameters
     ----------
-    method : "lowrank" (the federated low-rank model; "independent" and "fgpr" baselines are listed in SPEC §6).
+    method : "lowrank" (the federated low-rank model) or "independent" (the independence model of Eq. 3, fitted by
+        the same algorithm with no knots; its loglik is ℓ_ind). "fgpr" is listed in SPEC §6 but not available yet.
     mode : "sync" | "async".
     residual : "full" | "mpp" | "pp" (Remark 3).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
@@ -119,7 +120,11 @@ class FederatedGP:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.method not in IMPLEMENTED_METHODS:
-            raise ValueError(f"method {self.method!r} is not available in this version yet; use method='lowrank'")
+            raise ValueError(f"method {self.method!r} is not available in this version yet; "
+                             f"use one of {IMPLEMENTED_METHODS}")
+        if self.method == "independent" and self.residual != "full":
+            raise ValueError("method='independent' (Eq. 3) uses each worker's full local covariance; "
+                             f"residual={self.residual!r} applies to method='lowrank' only")
         if self.slowdown is None and self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
@@ -233,6 +238,8 @@ class FederatedGP:
         """(knots, domain): the given array checked against the domain, or a jittered grid of m knots over it."""
         from spatialfed.data import geometry
 
+        if self.method == "independent":  # m = 0 knots with the full residual is exactly Eq. (3)
+            return np.empty((0, 2)), self.domain
         domain = self.domain if self.domain is not None else self._default_domain(info, client)
         k = self.knots
         if np.ndim(k) == 0:

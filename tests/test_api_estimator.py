@@ -13,7 +13,7 @@ from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import DataError, SpatialFedError, StoreError
 from spatialfed.model.matern import Matern
-from spatialfed.model.reference import lowrank_loglik
+from spatialfed.model.reference import independent_loglik, lowrank_loglik
 from spatialfed.data.store import load_worker
 from spatialfed.outputs.results import FIT_KEYS, load_fit
 from spatialfed.runtime.cluster import SchedulerUnreachableError
@@ -128,7 +128,8 @@ def test_unreachable_scheduler_is_named(store):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"method": "independent"}, "not available"),
+    ({"method": "fgpr"}, "not available"),
+    ({"method": "independent", "residual": "pp"}, "full local covariance"),
     ({"method": "kriging"}, "method must be one of"),
     ({"mode": "fast"}, "mode must be one of"),
     ({"residual": "diag"}, "residual must be one of"),
@@ -170,3 +171,15 @@ def test_fit_help_lists_the_spec_options(capsys):
     for opt in ("--out", "--method", "--mode", "--residual", "--knots", "--nu", "--agg-threshold", "--max-iter",
                 "--tol", "--runtime", "--profile", "--slowdown", "--scheduler", "--seed"):
         assert opt in text
+
+
+def test_independent_method_fits_eq3_with_no_knots(store, tmp_path):
+    start = {"delta": 0.25, "sigma2": 1.0, "beta": 0.1}
+    gp = FederatedGP(method="independent", mode="sync", runtime="simulated", start=start, progress=False).fit(store)
+    assert gp.knots_.shape == (0, 2) and gp.converged_
+    parts = [load_worker(store, j) for j in range(J)]
+    p = gp.params_
+    assert gp.loglik_ == pytest.approx(independent_loglik(parts, Matern(0.5), p["gamma"], p["delta"], p["sigma2"],
+                                                          p["beta"]), rel=1e-9)
+    fit = load_fit(gp.save(tmp_path / "ind"))
+    assert fit.method == "independent" and fit.knots.shape == (0, 2)
