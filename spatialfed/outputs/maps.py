@@ -90,13 +90,16 @@ def write_grid_gpkg(path, frame: gpd.GeoDataFrame) -> Path:
     return write_atomic(path, lambda tmp: frame.to_file(tmp, driver="GPKG", layer="prediction"))
 
 
-def _axis_labels(crs) -> tuple[str, str]:
+def _axis_labels(crs, extent: float) -> tuple[str, str, float]:
+    """Axis labels and the tick scale: kilometres for metre CRSs spanning more than 20 km."""
     crs = geometry.parse_crs(crs)
     if crs is None:
-        return "x", "y"
+        return "x", "y", 1.0
     unit = crs.axis_info[0].unit_name if crs.axis_info else ""
     unit = {"metre": "m", "meter": "m", "kilometre": "km"}.get(unit, unit)
-    return f"Easting ({unit})", f"Northing ({unit})"
+    scale = 1000.0 if unit == "m" and extent > 20_000 else 1.0
+    unit = "km" if scale == 1000.0 else unit
+    return f"Easting ({unit})", f"Northing ({unit})", scale
 
 
 def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None,
@@ -106,7 +109,7 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     xmin, ymin, xmax, ymax = domain.geometry.bounds
     pad = 0.03 * max(xmax - xmin, ymax - ymin)
@@ -114,7 +117,8 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
     fig, axes = plt.subplots(1, 2, figsize=(12, float(np.clip(4.6 * aspect + 1.3, 3.5, 9.5))), layout="constrained")
     h = grid.resolution / 2
     extent = (grid.x[0] - h, grid.x[-1] + h, grid.y[-1] - h, grid.y[0] + h)
-    xlabel, ylabel = _axis_labels(grid.crs)
+    xlabel, ylabel, scale = _axis_labels(grid.crs, max(xmax - xmin, ymax - ymin))
+    ticks = FuncFormatter(lambda v, _: f"{v / scale:.0f}")
     panels = ((axes[0], mean, "viridis", "Predicted mean"), (axes[1], sd, "magma", "Prediction standard deviation"))
     for ax, values, cmap, label in panels:
         im = ax.imshow(grid.to_raster(values), extent=extent, origin="upper", cmap=cmap, interpolation="nearest")
@@ -129,7 +133,8 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
                title=label, aspect="equal")
         ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.yaxis.set_major_locator(MaxNLocator(5))
-        ax.ticklabel_format(useOffset=False, style="plain")
+        ax.xaxis.set_major_formatter(ticks)
+        ax.yaxis.set_major_formatter(ticks)
     if sites is not None and len(sites):
         axes[0].legend(loc="lower left", fontsize=8, framealpha=0.85)
     if title:
@@ -178,3 +183,34 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
                "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
     paths["json"] = write_json(out / "map.json", summary)
     return paths
+
+
+def heldout_figure(path, frames: dict, units: str = "", title: str = "") -> Path:
+    """Observed vs predicted at held-out points with 95% intervals, one panel per method (frames: name -> table with
+    observed, mean, sd)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spatialfed.outputs import metrics
+
+    fig, axes = plt.subplots(1, len(frames), figsize=(4.2 * len(frames), 4.4), layout="constrained", squeeze=False,
+                             sharex=True, sharey=True)
+    every = pd.concat([f[["observed", "mean"]] for f in frames.values()]).to_numpy()
+    lo, hi = every.min(), every.max()
+    pad = 0.08 * (hi - lo)
+    unit_txt = f" ({units})" if units else ""
+    for ax, (name, f) in zip(axes[0], frames.items()):
+        s = metrics.scores(f["observed"], f["mean"], f["sd"])
+        ax.errorbar(f["observed"], f["mean"], yerr=1.96 * f["sd"], fmt="o", ms=3.5, color="#2c7fb8",
+                    ecolor="#a6bddb", elinewidth=1, capsize=0)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", lw=0.8, ls="--")
+        ax.set(title=f"{name}\nRMSE {s['rmse']:.3f}, CRPS {s['crps']:.3f}, cover {s['coverage95']:.0%}",
+               xlabel=f"observed{unit_txt}", aspect="equal", xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad))
+    axes[0][0].set_ylabel(f"predicted mean ± 1.96 sd{unit_txt}")
+    if title:
+        fig.suptitle(title)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    plt.close(fig)
+    return Path(path)

@@ -49,3 +49,11 @@ def scores(observed, mean, sd) -> dict:
     y, m, s = _check(observed, mean, sd)
     return {"n": int(y.size), "rmse": rmse(y, m), "mae": mae(y, m), "crps": float(np.mean(crps_gaussian(y, m, s))),
             "coverage95": coverage(y, m, s, 0.95)}
+
+
+def table(rows: dict) -> str:
+    """Markdown table of scores, one row per method name: n, RMSE, MAE, CRPS, 95% coverage."""
+    lines = ["| method | n | RMSE | MAE | CRPS | 95% coverage |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {s['n']} | {s['rmse']:.4f} | {s['mae']:.4f} | {s['crps']:.4f} | {s['coverage95']:.3f} |"
+              for name, s in rows.items()]
+    return "\n".join(lines)
