@@ -1,7 +1,5 @@
 """`spatialfed simulate` and `spatialfed ingest` write SPEC §5 stores readable with plain zarr."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +24,12 @@ def check_plain_zarr(path, n_workers, p):
     return attrs
 
 
-def test_help_lists_commands():
-    result = subprocess.run([sys.executable, "-m", "spatialfed.cli", "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "simulate" in result.stdout and "ingest" in result.stdout
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "simulate" in out and "ingest" in out
+    assert main([]) == 2
 
 
 def test_simulate_command(tmp_path, capsys):

@@ -130,6 +130,7 @@ def bad_frames():
         (far, dict(crs="EPSG:4326"), "outside lon"),
         (table(), dict(crs="EPSG:999999"), "unknown CRS 'EPSG:999999'"),
         (table(), dict(partition="column:agency", n_workers=2), "has 3 groups but --workers is 2"),
+        (table(), dict(partition="column:agency", sizes=[20, 20]), "--sizes cannot be used"),
         (table(), dict(partition="zones"), "unknown partition 'zones'"),
         (table(), dict(test_fraction=1.0), "--test-fraction must be in"),
         (table(), dict(duplicates="drop"), "duplicates must be one of"),

@@ -1,0 +1,1 @@
+"""Spatial data layer: simulation, ingest, partitions, the Zarr store, geometry and shipped datasets."""

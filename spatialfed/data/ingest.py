@@ -192,6 +192,8 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
     locs, z, X = locs[~held], z[~held], X[~held]
     attrs = dict(extra_attrs or {})
     if kind == "column":
+        if sizes is not None:
+            raise DataError(f"--sizes cannot be used with a column partition: the groups of '{column}' fix the sizes")
         all_groups = np.unique(groups)
         labels, worker_labels = partitions.column_partition(groups[~held])
         if len(worker_labels) != len(all_groups):

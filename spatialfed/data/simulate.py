@@ -66,6 +66,8 @@ def sample_field(model: Matern, locs, sigma2: float, beta: float, rng, method: s
     if method == "auto":
         method = "exact" if len(locs) <= field.EXACT_MAX_POINTS else "circulant"
     if method == "exact":
+        if say is not None:
+            say(f"exact Cholesky of the {len(locs)}×{len(locs)} covariance ({8e-9 * len(locs) ** 2:.2f} GB)")
         return field.sample_exact(model, locs, sigma2, beta, rng)[:, 0], method
     bounds = (*locs.min(axis=0), *locs.max(axis=0))
     embedding = field.CirculantEmbedding(model, sigma2, beta, bounds)
