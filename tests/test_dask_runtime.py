@@ -243,3 +243,24 @@ def test_fit_cli_on_a_running_scheduler(cluster, store, parts, tmp_path, capsys)
     assert fit.method == "lowrank" and fit.residual == "full" and fit.converged
     assert fit.loglik == pytest.approx(loglik_at(fit.params, parts, fit.knots), rel=1e-9)
     assert (out / "trace.csv").exists() and (out / "model.zarr").is_dir()
+
+
+def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, reference):
+    """Kill the process serving federated workers 0 and 2 mid-fit: their tasks move to a live worker (last test:
+    the nanny restarts the killed process under a new address)."""
+    import signal
+
+    victim = cluster.worker_addresses()[0]
+    victim_pid = cluster.client.run(os.getpid, workers=[victim])[victim]
+    killed = []
+
+    def kill_once(server, now):
+        if not killed and server.phase == "loop":
+            killed.append(now)
+            os.kill(victim_pid, signal.SIGKILL)  # a worker process of this test's own LocalCluster
+
+    server, info = run_dask(cluster.client, store, J, knots49(), NU, "full", FitConfig(mode="sync"),
+                            slowdowns="straggler", on_event=kill_once, poll_s=0.2)
+    assert killed and server.done and info.reassigned >= 1
+    assert victim not in info.assignment
+    assert abs(server.loglik - reference["loglik"]) < 1e-3

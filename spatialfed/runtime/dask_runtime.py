@@ -21,6 +21,7 @@ Heterogeneity emulation
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -38,6 +39,7 @@ from spatialfed.errors import WorkerTaskError
 from spatialfed.runtime.heterogeneity import extra_wait, resolve_slowdowns
 
 SPAN_NAME = "spatialfed-fit"
+log = logging.getLogger("spatialfed.runtime.dask")
 
 # --------------------------------------------------------------------------------------------------------------
 # worker side: runs inside the Dask worker processes
@@ -139,6 +141,18 @@ def assign_partitions(n_workers: int, addresses: list[str]) -> list[str]:
     return [addresses[j % len(addresses)] for j in range(int(n_workers))]
 
 
+def _alive_workers(client, wait_s: float) -> list[str]:
+    """Addresses of the connected Dask workers, waiting up to wait_s seconds for at least one."""
+    alive = list(client.scheduler_info(n_workers=-1)["workers"])
+    if not alive:
+        try:
+            client.wait_for_workers(1, timeout=wait_s)
+        except (OSError, TimeoutError) as exc:
+            raise RuntimeError(f"every Dask worker left the cluster and none came back within {wait_s:g} s") from exc
+        alive = list(client.scheduler_info(n_workers=-1)["workers"])
+    return alive
+
+
 def _task_error(j: int, step: str, address: str, future) -> WorkerTaskError:
     exc = future.exception()
     return WorkerTaskError(
@@ -157,6 +171,7 @@ class DaskRunInfo:
     dashboard_link: str | None
     wall_time_s: float
     n_tasks: int
+    reassigned: int = 0  # federated workers moved because their Dask worker left the cluster
 
 
 def run_dask(
@@ -173,13 +188,21 @@ def run_dask(
     on_event: Callable[[FederatedServer, float], None] | None = None,
     on_result: Callable[[int, Augmented, object], None] | None = None,
     addresses: list[str] | None = None,
+    poll_s: float = 1.0,
+    worker_wait_s: float = 60.0,
 ) -> tuple[FederatedServer, DaskRunInfo]:
     """Fit on a Dask cluster through `client`; returns the finished FederatedServer and run information.
 
     `store` must be a path every Dask worker can read (the workers open it themselves). `on_event(server, now)` is
     called after each received quantity (progress display); `on_result(j, p, result)` sees every task result as it
-    arrives at the client (load summaries with p None; for audits of what leaves the workers). Raises WorkerTaskError naming the federated worker and
-    the sub-step when a task fails; outstanding tasks are cancelled and the partitions released on every exit.
+    arrives at the client (load summaries with p None; for audits of what leaves the workers). Raises
+    WorkerTaskError naming the federated worker and the sub-step when a task fails; outstanding tasks are cancelled
+    and the partitions released on every exit.
+
+    Worker loss: a watchdog thread checks every `poll_s` seconds that the Dask workers holding partitions are still
+    connected; tasks pinned to a worker that left are cancelled and resubmitted (same p) to the live worker with the
+    fewest partitions, which loads the partition from the store itself. With no worker left it waits up to
+    `worker_wait_s` seconds for one (e.g. a nanny restart) before giving up.
     """
     from distributed import as_completed, span
 
@@ -195,64 +218,103 @@ def run_dask(
     fit_id = uuid.uuid4().hex[:12]
     store = os.path.abspath(os.fspath(store))
     specs = [PartitionSpec(fit_id, store, j, knots, float(nu), residual) for j in range(J)]
-    inflight: dict = {}
-    n_tasks = 0
+    inflight: dict = {}  # key -> (future, j, p); p None for the load task
+    lock = threading.Lock()
+    stop = threading.Event()
+    sizes = [0] * J
+    loaded: set[int] = set()
+    counts = {"tasks": 0, "reassigned": 0}
+    ac = as_completed()
     t0 = time.perf_counter()
+
+    def submit(j: int, p: Augmented | None) -> None:
+        if p is None:  # load the partition where it will be served
+            fn, args, key = load_task, (specs[j],), f"load-w{j}-{uuid.uuid4().hex[:6]}"
+        else:
+            fn, args, key = evaluate_task, (specs[j], p, float(s[j])), task_key(p, j)
+        fut = client.submit(fn, *args, workers=[assignment[j]], allow_other_workers=False, key=key, pure=False)
+        with lock:
+            inflight[fut.key] = (fut, j, p)
+        ac.add(fut)
+        counts["tasks"] += 1
+
+    def submit_ready() -> None:
+        for j in sorted(loaded):
+            if not server.busy(j):
+                p = server.next_task(j)
+                if p is not None:
+                    submit(j, p)
+
+    def reassign(j: int) -> None:
+        """Move federated worker j to the live Dask worker holding the fewest partitions (it reloads there)."""
+        alive = _alive_workers(client, wait_s=worker_wait_s)
+        load = {a: sum(1 for b in assignment if b == a) for a in alive}
+        old, assignment[j] = assignment[j], min(sorted(alive), key=lambda a: load[a])
+        counts["reassigned"] += 1
+        log.warning("Dask worker %s is gone; federated worker %d moves to %s (its partition is reloaded there)",
+                    old, j, assignment[j])
+
+    def watchdog() -> None:
+        """Cancel tasks pinned to Dask workers that left the cluster; the loop then resubmits them elsewhere."""
+        while not stop.wait(poll_s):
+            try:
+                alive = set(client.scheduler_info(n_workers=-1)["workers"])
+            except Exception:  # pragma: no cover - scheduler briefly unreachable: try again next round
+                continue
+            with lock:
+                items = list(inflight.values())
+            for fut, j, _ in items:
+                if assignment[j] not in alive and not fut.done():
+                    fut.cancel()
+
+    guard = threading.Thread(target=watchdog, name="spatialfed-watchdog", daemon=True)
     try:
         with span(SPAN_NAME):
-            # 1. each partition is loaded where it will be served, and stays there
-            loads = {}
+            guard.start()
             for j in range(J):
-                fut = client.submit(load_task, specs[j], workers=[assignment[j]], allow_other_workers=False,
-                                    key=f"load-w{j}-{uuid.uuid4().hex[:6]}", pure=False)
-                loads[fut.key] = (fut, j)
-            n_tasks += J
-            sizes = [0] * J
-            for fut in as_completed([f for f, _ in loads.values()]):
-                j = loads[fut.key][1]
-                if fut.status != "finished":
-                    raise _task_error(j, "load", assignment[j], fut)
-                summary = fut.result()
-                if on_result is not None:
-                    on_result(j, None, summary)
-                sizes[j] = int(summary["n"])
-            # 2. the event loop: one task in flight per federated worker
-            ac = as_completed()
-
-            def submit_ready():
-                nonlocal n_tasks
-                for j, p in server.dispatch():
-                    fut = client.submit(evaluate_task, specs[j], p, float(s[j]), workers=[assignment[j]],
-                                        allow_other_workers=False, key=task_key(p, j), pure=False)
-                    inflight[fut.key] = (fut, j, p)
-                    ac.add(fut)
-                    n_tasks += 1
-
-            submit_ready()
+                submit(j, None)
+            # the event loop: at most one task in flight per federated worker
             for fut in ac:
-                _, j, p = inflight.pop(fut.key)
+                with lock:
+                    _, j, p = inflight.pop(fut.key)
+                step = "load" if p is None else p.step
+                if fut.status == "cancelled":
+                    reassign(j)
+                    submit(j, p)
+                    continue
                 if fut.status != "finished":
-                    raise _task_error(j, p.step, assignment[j], fut)
-                q = fut.result()
+                    raise _task_error(j, step, assignment[j], fut)
+                result = fut.result()
                 if on_result is not None:
-                    on_result(j, p, q)
-                now = time.perf_counter() - t0
-                server.receive(q, now)
-                if on_event is not None:
-                    on_event(server, now)
-                if server.done:
-                    break
+                    on_result(j, p, result)
+                if p is None:
+                    sizes[j] = int(result["n"])
+                    loaded.add(j)
+                else:
+                    now = time.perf_counter() - t0
+                    server.receive(result, now)
+                    if on_event is not None:
+                        on_event(server, now)
+                    if server.done:
+                        break
                 submit_ready()
             if not server.done:  # pragma: no cover - defensive: the server always has work until done
                 raise RuntimeError("the federated server stopped dispatching before the fit finished")
     finally:
-        for fut, _, _ in inflight.values():
+        stop.set()
+        with lock:
+            leftovers = [f for f, _, _ in inflight.values()]
+            inflight.clear()
+        for fut in leftovers:
             fut.cancel()
         try:
             client.run(release_partitions, fit_id)
         except Exception:  # pragma: no cover - a dead worker holds nothing any more
             pass
+        if guard.is_alive():
+            guard.join(timeout=2 * poll_s)
     info = DaskRunInfo(fit_id=fit_id, assignment=assignment, sizes=sizes,
                        dashboard_link=getattr(client, "dashboard_link", None),
-                       wall_time_s=time.perf_counter() - t0, n_tasks=n_tasks)
+                       wall_time_s=time.perf_counter() - t0, n_tasks=counts["tasks"],
+                       reassigned=counts["reassigned"])
     return server, info
