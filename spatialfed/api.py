@@ -60,7 +60,8 @@ class FederatedGP:
     client : an existing ``distributed.Client`` to run on (not closed by the estimator).
     n_dask_workers : processes of the embedded LocalCluster (default: the usable cores).
     jobqueue : dict for ``cluster.jobqueue_cluster`` (``{"kind": "slurm", "cores": 4, "memory": "8GB", ...}``).
-    domain : a ``spatialfed.data.geometry.Domain`` for the knots; default [0,1]² for simulated stores, else the
+    domain : a ``spatialfed.data.geometry.Domain`` or a vector file (GeoPackage, GeoJSON, shapefile) for the knots,
+        reprojected to the store's CRS if needed; default [0,1]² for simulated stores, else the
         union of the workers' bounding boxes (each worker reports only its 4 bbox numbers).
     start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀.
     time_budget : stop after this many seconds (of the runtime's clock).
@@ -239,8 +240,10 @@ class FederatedGP:
         from spatialfed.data import geometry
 
         if self.method == "independent":  # m = 0 knots with the full residual is exactly Eq. (3)
-            return np.empty((0, 2)), self.domain
-        domain = self.domain if self.domain is not None else self._default_domain(info, client)
+            return np.empty((0, 2)), self._given_domain(info)
+        domain = self._given_domain(info)
+        if domain is None:
+            domain = self._default_domain(info, client)
         k = self.knots
         if np.ndim(k) == 0:
             if isinstance(k, bool) or not float(k).is_integer() or k < 1:
@@ -260,6 +263,19 @@ class FederatedGP:
         if len(np.unique(np.round(knots, 12), axis=0)) != len(knots):
             raise DataError("knots contain duplicate locations; K would be singular")
         return knots, domain
+
+    def _given_domain(self, info):
+        """The user's domain (a Domain or a vector file), expressed in the store's CRS; None when not given."""
+        from spatialfed.data import geometry
+
+        domain = self.domain
+        if domain is None:
+            return None
+        if not isinstance(domain, geometry.Domain):
+            domain = geometry.domain_from_file(domain, crs=info.crs)
+        if domain.crs is not None and info.crs is not None and domain.crs != geometry.parse_crs(info.crs):
+            domain = domain.to_crs(info.crs)
+        return domain
 
     def _default_domain(self, info, client):
         from spatialfed.data import geometry

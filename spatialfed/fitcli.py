@@ -63,6 +63,9 @@ def register_fit(subparsers) -> None:
     jq.add_argument("--scheduler-host", default="127.0.0.1",
                     help="address the jobqueue scheduler binds to (default 127.0.0.1; use one the compute nodes "
                          "can reach on a real cluster)")
+    p.add_argument("--domain", default=None, metavar="FILE",
+                   help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
+                        "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
     p.add_argument("--seed", type=int, default=0, help="seed of the knot jitter (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     p.set_defaults(handler=run_fit)
@@ -83,7 +86,8 @@ def run_fit(args) -> None:
         method=args.method, mode=args.mode, residual=args.residual, knots=args.knots, nu=args.nu,
         agg_threshold=args.agg_threshold, max_iter=args.max_iter, tol=args.tol, runtime=args.runtime,
         profile=args.profile, slowdown=args.slowdown, scheduler=args.scheduler, seed=args.seed,
-        n_dask_workers=args.dask_workers, jobqueue=jobqueue, time_budget=args.time_budget, progress=not args.quiet,
+        n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
+        progress=not args.quiet,
     )
     gp.fit(args.store)
     out = gp.save(args.out)

@@ -183,3 +183,43 @@ def test_independent_method_fits_eq3_with_no_knots(store, tmp_path):
                                                           p["beta"]), rel=1e-9)
     fit = load_fit(gp.save(tmp_path / "ind"))
     assert fit.method == "independent" and fit.knots.shape == (0, 2)
+
+
+@pytest.fixture(scope="module")
+def projected_store(tmp_path_factory):
+    """A store in metres (EPSG:28992, no truth): knots come from the workers' bounding boxes or a domain file."""
+    from spatialfed.data.store import write_store
+
+    rng = np.random.default_rng(1)
+    parts = []
+    for j in range(3):
+        locs = np.column_stack([180_000 + 4_000 * rng.uniform(size=40) + 1_000 * j,
+                                330_000 + 3_000 * rng.uniform(size=40)])
+        X = np.column_stack([np.ones(40), rng.standard_normal(40)])
+        parts.append((locs, X @ [1.0, 0.5] + rng.standard_normal(40), X))
+    path = tmp_path_factory.mktemp("proj") / "p.zarr"
+    write_store(path, parts, partition="area", crs="EPSG:28992", covariate_names=["intercept", "x"])
+    return path, parts
+
+
+def test_knots_default_to_the_workers_bounding_boxes(projected_store):
+    path, parts = projected_store
+    gp = FederatedGP(mode="sync", knots=12, runtime="simulated", max_iter=2, progress=False).fit(path)
+    allx = np.vstack([p[0] for p in parts])
+    assert gp.knots_.shape == (12, 2)
+    assert np.all(gp.knots_ >= allx.min(axis=0) - 1e-3) and np.all(gp.knots_ <= allx.max(axis=0) + 1e-3)
+
+
+def test_knots_inside_a_domain_file(projected_store, tmp_path):
+    import geopandas as gpd
+    import shapely
+
+    path, _ = projected_store
+    box = shapely.box(181_000, 330_500, 184_000, 332_500)
+    gpd.GeoSeries([box], crs="EPSG:28992").to_file(tmp_path / "dom.gpkg")
+    gp = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=2, domain=tmp_path / "dom.gpkg",
+                     progress=False).fit(path)
+    assert shapely.contains_xy(box.buffer(1e-6), gp.knots_[:, 0], gp.knots_[:, 1]).all()
+    with pytest.raises(DataError, match="outside the domain"):
+        FederatedGP(knots=np.array([[180_100.0, 330_100.0]]), runtime="simulated", domain=tmp_path / "dom.gpkg",
+                    progress=False).fit(path)
