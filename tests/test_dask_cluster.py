@@ -1,0 +1,60 @@
+"""Cluster factories: embedded LocalCluster settings, scheduler address errors, dask-jobqueue job scripts."""
+
+import pytest
+
+from spatialfed.runtime.cluster import (
+    SINGLE_THREAD_ENV,
+    SchedulerUnreachableError,
+    _openblas_handles,
+    connect,
+    jobqueue_cluster,
+    limit_blas_threads,
+    make_cluster,
+)
+from spatialfed.runtime.dask_runtime import assign_partitions
+
+
+def test_unreachable_scheduler_names_the_address():
+    with pytest.raises(SchedulerUnreachableError, match=r"tcp://127\.0\.0\.1:9 within 1 s"):
+        connect("127.0.0.1:9", timeout=1)
+    with pytest.raises(SchedulerUnreachableError, match="empty"):
+        make_cluster(" ")  # blank address: refused, not an embedded cluster
+
+
+def test_round_robin_assignment():
+    assert assign_partitions(5, ["tcp://b:1", "tcp://a:1"]) == ["tcp://a:1", "tcp://b:1", "tcp://a:1", "tcp://b:1",
+                                                                 "tcp://a:1"]
+    with pytest.raises(RuntimeError, match="no workers"):
+        assign_partitions(2, [])
+
+
+@pytest.mark.parametrize("kind, directives", [
+    ("slurm", ["#SBATCH -p short", "#SBATCH -A proj42", "#SBATCH -t 00:30:00", "#SBATCH --cpus-per-task=4"]),
+    ("pbs", ["#PBS -q short", "#PBS -A proj42", "#PBS -l walltime=00:30:00"]),
+    ("sge", ["#$ -q short", "#$ -P proj42", "#$ -l h_rt=00:30:00"]),
+])
+def test_jobqueue_job_scripts(kind, directives):
+    handle = jobqueue_cluster(kind, cores=4, memory="8GB", walltime="00:30:00", queue="short", account="proj42",
+                              jobs=0)
+    try:
+        script = handle.cluster.job_script()
+        for line in directives:
+            assert line in script, (line, script)
+        assert "export OPENBLAS_NUM_THREADS=1" in script
+        assert "127.0.0.1" in script  # the scheduler binds to loopback unless told otherwise
+    finally:
+        handle.close()
+
+
+def test_jobqueue_kind_is_checked():
+    with pytest.raises(ValueError, match="slurm"):
+        jobqueue_cluster("lsf")
+
+
+def test_single_thread_env_and_blas_limit():
+    assert SINGLE_THREAD_ENV["OMP_NUM_THREADS"] == "1" and SINGLE_THREAD_ENV["OPENBLAS_NUM_THREADS"] == "1"
+    handles = _openblas_handles()
+    before = [get() for _, get in handles]
+    with limit_blas_threads(1):
+        assert all(get() == 1 for _, get in handles)
+    assert [get() for _, get in handles] == before
