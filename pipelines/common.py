@@ -1,8 +1,9 @@
 """What both real-data pipelines do once their store and map inputs exist: fit, compare on held-out data, map, report.
 
-`run_pipeline`: one Dask cluster for everything; the federated low-rank fit (FederatedGP on Dask), the independence-model
-baseline, held-out scores of low-rank vs independence vs pooled OLS (`spatialfed predict`'s driver), the low-rank and
-independence maps (`spatialfed map`'s driver), a held-out figure and report.md; `publish` copies the PNGs to docs/.
+`run_pipeline`: one Dask cluster for everything; the federated low-rank fit (FederatedGP on Dask), the independence
+model baseline, held-out scores of low-rank vs independence vs pooled OLS (`spatialfed predict`'s driver), the
+low-rank and independence maps (`spatialfed map`'s driver), a held-out figure and report.md; `publish` copies the
+PNGs to docs/.
 
 `fit_independence` maximises the independence-model likelihood ℓ_ind = Σ_j log N(z_j; X_jγ, C_jj + δ⁻¹I) (Eq. 3)
 centrally over (γ, log δ, log σ², log β) with L-BFGS. It is a stand-in for `spatialfed fit --method independent`

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     report = run_pipeline(
         "Meuse zinc", store, out, domain=datasets.meuse_domain(), knots=args.knots, nu=args.nu, mode=args.mode,
         dask_workers=args.dask_workers, publish=args.publish,
-        map_inputs={"covariates": out / "covariates.csv", "overlay": out / "river.gpkg",
+        map_inputs={"covariates": out / "covariates.csv", "overlay": out / "river.gpkg", "overlay_label": "river Meuse",
                     "resolution": datasets.MEUSE_CELL, "units": "log(zinc, mg/kg)",
                     "title": f"Meuse topsoil log(zinc), {args.workers} area workers"},
         description=f"log(zinc) ~ 1 + sqrt(dist), Matérn ν = {args.nu}; {args.workers} area-partitioned workers; "

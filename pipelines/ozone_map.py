@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     store = out / "ozone.zarr"
     day = datasets.ozone_frame(args.date)
-    implausible = day["ozone"] < 1.0      # 8-hour averages below 1 ppb in summer are monitor faults (treated as missing)
+    implausible = day["ozone"] < 1.0  # 8-hour averages below 1 ppb in summer: monitor faults, treated as missing
     info, _ = ingest_frame(day.loc[~implausible], store, value="ozone", x="lon", y="lat", crs="EPSG:4326",
                            target_crs=CRS, partition="column:state", test_fraction=args.test_fraction,
                            seed=args.seed, overwrite=True, extra_attrs={"dataset": "ozone2", "date": args.date})

@@ -102,13 +102,30 @@ def _axis_labels(crs, extent: float) -> tuple[str, str, float]:
     return f"Easting ({unit})", f"Northing ({unit})", scale
 
 
-def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None,
-               overlays: gpd.GeoDataFrame | None = None, units: str = "", title: str = "") -> Path:
-    """PNG with the predicted mean and sd side by side, domain outline, sites, overlays and labelled colour bars."""
+def owner_edges(grid: geometry.PredictionGrid, owner) -> np.ndarray:
+    """Cell edges (k × 2 × 2 segments) between neighbouring cells predicted by different workers."""
+    lab, h = grid.to_raster(owner), grid.resolution / 2
+    inside = np.isfinite(lab)
+    r, c = np.nonzero((lab[:, 1:] != lab[:, :-1]) & inside[:, 1:] & inside[:, :-1])
+    xb = grid.x[c] + h
+    vertical = np.stack([np.column_stack([xb, grid.y[r] - h]), np.column_stack([xb, grid.y[r] + h])], axis=1)
+    r, c = np.nonzero((lab[1:, :] != lab[:-1, :]) & inside[1:, :] & inside[:-1, :])
+    yb = grid.y[r] - h
+    horizontal = np.stack([np.column_stack([grid.x[c] - h, yb]), np.column_stack([grid.x[c] + h, yb])], axis=1)
+    return np.concatenate([vertical, horizontal])
+
+
+def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None, owner=None,
+               overlays: gpd.GeoDataFrame | None = None, overlay_label: str = "", units: str = "",
+               title: str = "") -> Path:
+    """PNG with the predicted mean and sd side by side, domain outline, sites, the owners' areas, overlays and
+    labelled colour bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     xmin, ymin, xmax, ymax = domain.geometry.bounds
@@ -126,6 +143,9 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
         if overlays is not None and len(overlays):
             overlays.plot(ax=ax, facecolor="#9ecae1", edgecolor="#3182bd", linewidth=0.6, alpha=0.8, zorder=2)
         domain.to_geoseries().boundary.plot(ax=ax, color="0.15", linewidth=0.8, zorder=3)
+        if owner is not None:
+            ax.add_collection(LineCollection(owner_edges(grid, owner), colors="white", linewidths=0.8, alpha=0.75,
+                                             zorder=3, label="boundaries between workers' areas (owner rule)"))
         if sites is not None and len(sites):
             ax.scatter(sites[:, 0], sites[:, 1], s=9, facecolor="white", edgecolor="black", linewidth=0.5,
                        zorder=4, label=f"observation sites (n = {len(sites)})")
@@ -135,8 +155,12 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
         ax.yaxis.set_major_locator(MaxNLocator(5))
         ax.xaxis.set_major_formatter(ticks)
         ax.yaxis.set_major_formatter(ticks)
-    if sites is not None and len(sites):
-        axes[0].legend(loc="lower left", fontsize=8, framealpha=0.85)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if overlays is not None and len(overlays) and overlay_label:
+        handles.append(Patch(facecolor="#9ecae1", edgecolor="#3182bd"))
+        labels.append(overlay_label)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=9, facecolor="0.85")
     if title:
         fig.suptitle(title)
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
@@ -152,8 +176,8 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 
 
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, units="", title=None,
-             overlay=None, sites=True, predictor=None, worker=None, runtime="dask", client=None, scheduler=None,
-             n_dask_workers=None) -> dict:
+             overlay=None, overlay_label="", sites=True, predictor=None, worker=None, runtime="dask", client=None,
+             scheduler=None, n_dask_workers=None) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths."""
     model = load_model(fit_dir)
     info = open_store(store)
@@ -176,10 +200,12 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
              "gpkg": write_grid_gpkg(out / GRID_GPKG, grid_frame(grid, pred))}
     title = title if title is not None else f"{predictor} prediction, {int(grid.mask.sum())} cells of " \
                                             f"{grid.resolution:g} ({geometry.crs_string(info.crs) or 'planar'})"
-    paths["png"] = map_figure(out / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, overlays=overlays,
-                              units=units, title=title)
+    owner = pred["owner"] if (pred["owner"] >= 0).all() else None
+    paths["png"] = map_figure(out / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
+                              overlays=overlays, overlay_label=overlay_label, units=units, title=title)
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
-               "crs": geometry.crs_string(info.crs), "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
+               "crs": geometry.crs_string(info.crs),
+               "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
                "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
     paths["json"] = write_json(out / "map.json", summary)
     return paths

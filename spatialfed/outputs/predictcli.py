@@ -84,6 +84,7 @@ def register_map(subparsers) -> None:
                    help="points (CSV with x, y or a point GeoPackage) carrying the fitted covariates; each cell "
                         "takes the nearest point within one cell (needed unless the model is intercept-only)")
     p.add_argument("--overlay", default=None, metavar="FILE", help="vector features to draw (e.g. a river)")
+    p.add_argument("--overlay-label", default="", metavar="TEXT", help="legend entry of the overlay, e.g. 'river'")
     p.add_argument("--units", default="", help="units of the mapped variable for the colour bars, e.g. ppb")
     p.add_argument("--title", default=None, help="figure title")
     p.add_argument("--no-sites", action="store_true",
@@ -98,7 +99,8 @@ def run_map(args) -> None:
 
     tic = time.perf_counter()
     paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
-                     units=args.units, title=args.title, overlay=args.overlay, sites=not args.no_sites,
+                     units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
+                     sites=not args.no_sites,
                      **_runtime_kwargs(args))
     summary = json.loads(paths["json"].read_text())
     print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "

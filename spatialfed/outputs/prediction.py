@@ -12,8 +12,8 @@ arrays whose size is the number of its prediction points, never n_j: raw data ne
 
 Predictors (`PREDICTORS`):
 - `lowrank`: the federated low-rank kriging above (residual pp: the low-rank part alone).
-- `independent`: the independence model (Eq. 3): each s₀ kriged by its owner from the owner's data only, global (γ, δ, θ).
-- `personal`: FGPR's personalised prediction: one chosen worker krieges every s₀ from its own data, global (γ, δ, θ).
+- `independent`: the independence model (Eq. 3): each s₀ kriged by its owner from its own data only, global (γ, δ, θ).
+- `personal`: FGPR's personalised prediction: one chosen worker kriges every s₀ from its own data, global (γ, δ, θ).
 - `ols`: pooled ordinary least squares from the workers' moments (XᵀX, Xᵀz, zᵀz): mean x₀ᵀγ̂ and the OLS
   prediction sd s·√(1 + x₀ᵀ(XᵀX)⁻¹x₀).
 
@@ -314,7 +314,8 @@ def read_points(path, crs) -> pd.DataFrame:
     frame = gpd.read_parquet(path) if path.suffix.lower() == ".parquet" else gpd.read_file(path)
     check_same_crs(frame.crs, crs, path)
     if not (frame.geom_type == "Point").all():
-        raise DataError(f"{path} must hold point geometries (prediction locations), found {sorted(set(frame.geom_type))}")
+        raise DataError(f"{path} must hold point geometries (prediction locations), "
+                        f"found {sorted(set(frame.geom_type))}")
     return pd.DataFrame(frame.drop(columns=frame.geometry.name)).assign(x=frame.geometry.x, y=frame.geometry.y)
 
 
