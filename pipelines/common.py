@@ -12,7 +12,6 @@ centrally over (γ, log δ, log σ², log β) with L-BFGS. It is a stand-in for 
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -57,6 +56,14 @@ def fit_independence(store, nu: float, start: dict, knots, out_dir):
         extra={"covariate_names": info.covariate_names, "store": str(info.path),
                "note": "centralized L-BFGS fit of Eq. (3) (pipelines/baselines.py)"})
     return write_results(out_dir, result)
+
+
+def small_png(source, target) -> None:
+    """Copy a figure as a 256-colour palette PNG (a third of the size; for the figures committed under docs/)."""
+    from PIL import Image
+
+    with Image.open(source) as im:
+        im.convert("RGB").quantize(256, dither=Image.Dither.NONE).save(target, optimize=True)
 
 
 def run_pipeline(name: str, store, out, *, domain, map_inputs: dict, knots: int, nu: float, mode: str,
@@ -106,7 +113,7 @@ def run_pipeline(name: str, store, out, *, domain, map_inputs: dict, knots: int,
     if publish is not None:
         publish.mkdir(parents=True, exist_ok=True)
         slug = name.lower().replace(" ", "_")
-        for predictor, m in maps.items():
-            shutil.copyfile(m["png"], publish / f"{slug}_map_{predictor}.png")
-        shutil.copyfile(heldout, publish / f"{slug}_heldout.png")
+        figures = {f"{slug}_map_{predictor}.png": m["png"] for predictor, m in maps.items()}
+        for target, source in {**figures, f"{slug}_heldout.png": heldout}.items():
+            small_png(source, publish / target)
     return report
