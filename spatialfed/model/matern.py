@@ -114,8 +114,18 @@ class Matern:
         return rho, d1, d2
 
     def correlation(self, d, beta):
-        """ρ(d; β): the correlation of Eq. (23), equal to 1 at d = 0."""
-        return self.correlation_derivatives(d, beta)[0]
+        """ρ(d; β): the correlation of Eq. (23), equal to 1 at d = 0 (no derivatives computed)."""
+        if self.nu not in CLOSED_FORM_NU:
+            return self._bessel_derivatives(self._x(d, beta))[0]
+        x = self._x(d, beta)
+        rho = np.exp(-x)
+        if self.nu == 1.5:
+            rho *= 1.0 + x
+        elif self.nu == 2.5:
+            x += x * x / 3.0
+            x += 1.0
+            rho *= x
+        return rho
 
     def covariance(self, d, sigma2, beta):
         """c(d) = σ² ρ(d; β) (Eq. 23)."""
