@@ -83,6 +83,15 @@ class FederatedServer:
         """Whether worker j has a task in flight."""
         return j in self._in_flight
 
+    def buffer(self, j: int) -> tuple[Augmented, ...]:
+        """The pending entries of ℙ_j, front first (for inspection and monitoring)."""
+        return tuple(self._P[j])
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Num.step: arrivals per step since that step was last aggregated."""
+        return dict(self._num)
+
     def next_task(self, j: int) -> Augmented | None:
         """Pop the front of ℙ_j for idle worker j (None when ℙ_j is empty); j is busy until its quantity arrives."""
         if self.busy(j):
@@ -110,7 +119,7 @@ class FederatedServer:
             self._obsolete.discard(j)
             return
         if self.phase == "loop":
-            self._receive_loop(q, p, now)
+            self._receive_loop(q, p.params, now)
         else:
             self._receive_synchronous(q, now)
 
@@ -199,18 +208,27 @@ class FederatedServer:
                 for key, value in block.items()}
 
     def _end_iteration(self) -> None:
-        """After the theta step: apply the stopping rules, then move to iteration t + 1."""
+        """After the theta step: apply the stopping rules, then move to iteration t + 1.
+
+        Converged: the relative change stayed below tol for `patience` iterations and for longer than the
+        stalest quantity in ℚ is old, so the fixed point includes fresh input from every worker (in the
+        synchronous algorithm staleness is 0 and this is the plain rule).
+        """
         cfg = self.config
         if self.t >= 1:
             self.iterations = self.t
             change = relative_change(self._end_of_last_iteration, self.params)
             self._small_changes = self._small_changes + 1 if change < cfg.tol else 0
-            if self._small_changes >= cfg.patience:
+            if self._small_changes >= cfg.patience and self._staleness() < self._small_changes:
                 self._stop("tol")
             elif self.t >= cfg.max_iter:
                 self._stop("max_iter")
         self._end_of_last_iteration = self.params
         self.t += 1
+
+    def _staleness(self) -> int:
+        """Largest staleness t − t_j in ℚ: the tolerance rule waits until every worker's input is this recent."""
+        return max(self.t - q.t for q, _ in self._Q.values())
 
     def _stop(self, reason: str) -> None:
         """Leave the loop: drop pending work and start the final synchronous pass at the current φ."""
