@@ -48,9 +48,14 @@ def test_driver_equals_in_process_protocol(fitted):
     locs0, _, X0 = load_test(store)
     with pr.open_workers(info, model, "inprocess") as workers:
         got = pr.predict_at(workers, model, locs0, X0)
+        chunked = pr.predict_at(workers, model, locs0, X0, chunk=7)
         ref = federated_predict(workers.models, locs0, X0, model.params, model.knots, model.kernel, model.residual)
+        with pytest.raises(DataError, match=r"must have shape \(30, 5\)"):
+            pr.predict_at(workers, model, locs0, X0[:, :4])
     np.testing.assert_allclose(got["mean"], ref["mean"])
     np.testing.assert_allclose(got["sd"], ref["sd"])
+    for key in got:
+        np.testing.assert_allclose(chunked[key], got[key], err_msg=key)
 
 
 def test_dask_runtime_matches_in_process(fitted):
@@ -122,3 +127,5 @@ def test_cli_reports_bad_input_cleanly(fitted, tmp_path, capsys):
                  "--out", str(tmp_path / "p.csv"), "--runtime", "inprocess"])
     assert code == 1 and "lacks covariate column(s) ['x1', 'x2', 'x3', 'x4', 'x5']" in capsys.readouterr().err
     assert not (tmp_path / "p.csv").exists()
+    assert main(["predict", str(tmp_path / "nofit"), "--store", str(store), "--out", str(tmp_path / "p.csv")]) == 1
+    assert "give the --out directory of `spatialfed fit`" in capsys.readouterr().err

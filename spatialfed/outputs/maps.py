@@ -185,7 +185,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     predictor = predictor or default_predictor(model)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} exists and is not a directory")
+        raise DataError(f"--out {out} exists and is not a directory; give a directory for the map files")
     overlays = None if overlay is None else read_overlay(overlay, info)
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:

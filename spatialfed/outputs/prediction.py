@@ -47,6 +47,7 @@ from spatialfed.outputs.results import load_fit
 PREDICTORS = ("lowrank", "independent", "personal", "ols")
 RUNTIMES = ("dask", "inprocess")
 INTERCEPT = "intercept"
+CHUNK = 2048   # prediction locations per round of worker tasks
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -72,7 +73,10 @@ class FittedModel:
 
 def load_model(fit_dir) -> FittedModel:
     """The FittedModel of a `spatialfed fit` output directory (fit.json + model.zarr)."""
-    fit = load_fit(fit_dir)
+    try:
+        fit = load_fit(fit_dir)
+    except FileNotFoundError as exc:
+        raise DataError(f"{exc}; give the --out directory of `spatialfed fit`") from None
     knots = np.asarray(fit.knots, dtype=float).reshape(-1, 2)
     m = len(knots)
     if fit.method == "lowrank" and (fit.mu is None or fit.Sigma is None or m == 0):
@@ -233,22 +237,33 @@ def ols_prediction(workers, X0) -> dict:
             "owner": np.full(len(X0), -1)}
 
 
-def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None) -> dict:
-    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation."""
+def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
+               chunk: int = CHUNK) -> dict:
+    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
+
+    Locations go to the workers `chunk` at a time, which bounds the n₀ × n_j cross-covariances a worker builds.
+    """
     if predictor not in PREDICTORS:
         raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
-    locs0, X0 = np.asarray(locs0, dtype=float).reshape(-1, 2), np.asarray(X0, dtype=float).reshape(len(locs0), -1)
-    par = model.params
-    if X0.shape[1] != par.gamma.size:
-        raise DataError(f"prediction covariates have {X0.shape[1]} columns, the fit has {par.gamma.size}")
+    locs0, X0 = np.asarray(locs0, dtype=float).reshape(-1, 2), np.atleast_2d(np.asarray(X0, dtype=float))
+    p = model.params.gamma.size
+    if len(locs0) == 0:
+        raise DataError("there are no prediction locations")
+    if X0.shape != (len(locs0), p):
+        raise DataError(f"prediction covariates must have shape ({len(locs0)}, {p}) to match the fit, got {X0.shape}")
+    if predictor == "personal" and (worker is None or not 0 <= int(worker) < workers.n_workers):
+        raise ValueError(f"personalised prediction needs a worker index 0..{workers.n_workers - 1}, got {worker!r}")
     if predictor == "ols":
         return ols_prediction(workers, X0)
-    if predictor == "personal":
-        if worker is None or not 0 <= int(worker) < workers.n_workers:
-            raise ValueError(f"personalised prediction needs a worker index 0..{workers.n_workers - 1}, got {worker!r}")
-        owners = np.full(len(locs0), int(worker))
-    else:
-        owners = owners_of(workers, locs0)
+    parts = [_predict_block(workers, model, locs0[i:i + chunk], X0[i:i + chunk], predictor, worker)
+             for i in range(0, len(locs0), chunk)]
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
+def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worker: int | None) -> dict:
+    """predict_at for one block of locations (lowrank, independent or personal)."""
+    par = model.params
+    owners = np.full(len(locs0), int(worker)) if predictor == "personal" else owners_of(workers, locs0)
     groups = _groups(owners)
     if predictor == "lowrank":
         owned = {}
