@@ -1,0 +1,51 @@
+"""FitConfig: mode-dependent defaults (SPEC §4, Remark 8) and errors that name the fix."""
+
+import pytest
+
+from spatialfed.algorithm.config import FitConfig
+
+
+def test_sync_defaults_are_the_unhandicapped_baseline():
+    cfg = FitConfig().resolved(10)
+    assert (cfg.mode, cfg.agg_threshold, cfg.alpha) == ("sync", 10, 1.0)
+    assert not (cfg.correction or cfg.adaptive_weights or cfg.moving_average)
+
+
+def test_async_defaults_follow_remark_8():
+    cfg = FitConfig(mode="async").resolved(10)
+    assert cfg.agg_threshold == 2 and cfg.alpha == pytest.approx(0.5 * 2 / 10)
+    assert cfg.correction and cfg.adaptive_weights and cfg.moving_average
+    assert (cfg.a, cfg.T_c, cfg.omega, cfg.t_M) == (1.0, 3, 0.7, 8)
+    assert FitConfig(mode="async").resolved(3).agg_threshold == 1
+    assert FitConfig(mode="async", agg_threshold=4, alpha=0.9).resolved(8).alpha == 0.9
+
+
+def test_each_strategy_switches_off_alone_and_basic_has_none():
+    cfg = FitConfig(mode="async", moving_average=False).resolved(5)
+    assert cfg.correction and cfg.adaptive_weights and not cfg.moving_average
+    basic = FitConfig.basic(agg_threshold=2).resolved(5)
+    assert basic.mode == "async" and not (basic.correction or basic.adaptive_weights or basic.moving_average)
+    assert FitConfig.basic(correction=True).resolved(5).correction
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mode="fast"), "mode must be one of"),
+    (dict(hessian="bfgs"), "hessian must be one of"),
+    (dict(agg_threshold=0), "agg_threshold must be an integer in 1..J"),
+    (dict(alpha=1.5), "alpha"),
+    (dict(omega=1.0), "omega"),
+    (dict(tol=0), "tol must be > 0"),
+    (dict(max_iter=0), "max_iter must be an integer"),
+    (dict(time_budget=-1), "time_budget"),
+])
+def test_invalid_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FitConfig(**kwargs)
+
+
+def test_threshold_checked_against_J():
+    with pytest.raises(ValueError, match=r"1..J = 1..4"):
+        FitConfig(mode="async", agg_threshold=5).resolved(4)
+    with pytest.raises(ValueError, match="mode='sync' aggregates all J=4"):
+        FitConfig(mode="sync", agg_threshold=2).resolved(4)
+    assert FitConfig(mode="sync", agg_threshold=4).resolved(4).agg_threshold == 4

@@ -1,0 +1,68 @@
+"""Virtual-clock runtime and heterogeneity profiles: reproducible times, slowdowns, async under a straggler."""
+
+import numpy as np
+import pytest
+from test_algorithm_convergence import assert_at_maximiser
+from test_algorithm_reference import TRUTH, LowRankReference, simulate
+
+from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.protocol import Augmented
+from spatialfed.runtime.heterogeneity import NetworkDelay, extra_wait, profile_slowdowns, resolve_slowdowns
+from spatialfed.runtime.virtual import FlopCost, run_virtual
+
+
+def test_profiles():
+    np.testing.assert_array_equal(profile_slowdowns("balanced", 3), [1, 1, 1])
+    np.testing.assert_allclose(profile_slowdowns("straggler", 4), [1, 1, 1, 62 / 3])
+    np.testing.assert_allclose(profile_slowdowns("graded", 3), [1, 62 / 32.5, 62 / 3])
+    np.testing.assert_array_equal(profile_slowdowns("graded", 1), [1])
+    np.testing.assert_array_equal(resolve_slowdowns([1, 2.5], 2), [1, 2.5])
+    assert extra_wait(2.0, 3.0) == 4.0
+    assert NetworkDelay(0.1, 1e3).seconds(500) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("arg, message", [("slow", "unknown heterogeneity profile"), ([1, 2], "2 slowdown factors"),
+                                          ([1, 0.5, 1], "≥ 1")])
+def test_profile_errors(arg, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_slowdowns(arg, 3)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return simulate(J=3, n=60, side=5, residual="pp")
+
+
+def test_flop_clock_is_reproducible_and_scales_with_the_slowest_worker(data):
+    models, knots, kernel = data
+    cfg = FitConfig(mode="sync", max_iter=4)
+    balanced = run_virtual(models, knots, kernel, cfg)
+    again = run_virtual(models, knots, kernel, cfg)
+    slowed = run_virtual(models, knots, kernel, cfg, slowdowns="straggler")
+    times = np.array([row["time_s"] for row in balanced.trace])
+    assert times.tolist() == [row["time_s"] for row in again.trace]
+    np.testing.assert_allclose([row["time_s"] for row in slowed.trace], times * 62 / 3, rtol=1e-12)
+    task = Augmented(balanced.params, 0, "mu_sigma")
+    assert FlopCost().seconds(models[0], task, measured_s=9.9) == pytest.approx(models[0].n * models[0].m ** 2 / 1e9)
+
+
+def test_network_latency_adds_two_messages_per_synchronous_step(data):
+    models, knots, kernel = data
+    cfg = FitConfig(mode="sync", max_iter=2)
+    base = run_virtual(models, knots, kernel, cfg)
+    delayed = run_virtual(models, knots, kernel, cfg, network=NetworkDelay(latency_s=0.5))
+    # moments + variogram + (t = 0, 1, 2) × 3 steps = 11 synchronous rounds, each two messages
+    delays = [d["time_s"] - b["time_s"] for d, b in zip(delayed.trace, base.trace)]
+    assert delays[0] == pytest.approx(2 * 0.5 * 2)  # φ₀ after moments and variogram
+    assert delays[-1] == pytest.approx(2 * 0.5 * 11)
+
+
+def test_async_with_a_straggler_reaches_the_lowrank_maximiser():
+    models, knots, kernel = simulate(residual="pp")
+    u0 = np.log([TRUTH["delta"], TRUTH["sigma2"], TRUTH["beta"]])
+    gamma_hat, theta_hat, ll_hat = LowRankReference(models, knots, kernel, "pp").maximise(u0)
+    server = run_virtual(models, knots, kernel, FitConfig(mode="async", agg_threshold=2, max_iter=500),
+                         slowdowns="straggler")
+    assert server.converged
+    assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat)
+    assert max(row["max_staleness"] for row in server.trace) > 10  # the fast workers never waited for the straggler
