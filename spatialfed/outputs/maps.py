@@ -90,13 +90,18 @@ def write_grid_gpkg(path, frame: gpd.GeoDataFrame) -> Path:
     return write_atomic(path, lambda tmp: frame.to_file(tmp, driver="GPKG", layer="prediction"))
 
 
+def _crs_unit(crs) -> str:
+    """Short name of the CRS's linear unit ("m", "ft", …); "" for planar units without a CRS."""
+    crs = geometry.parse_crs(crs)
+    unit = crs.axis_info[0].unit_name if crs is not None and crs.axis_info else ""
+    return {"metre": "m", "meter": "m", "kilometre": "km", "foot": "ft", "US survey foot": "ft"}.get(unit, unit)
+
+
 def _axis_labels(crs, extent: float) -> tuple[str, str, float]:
     """Axis labels and the tick scale: kilometres for metre CRSs spanning more than 20 km."""
-    crs = geometry.parse_crs(crs)
-    if crs is None:
+    unit = _crs_unit(crs)
+    if not unit:
         return "x", "y", 1.0
-    unit = crs.axis_info[0].unit_name if crs.axis_info else ""
-    unit = {"metre": "m", "meter": "m", "kilometre": "km"}.get(unit, unit)
     scale = 1000.0 if unit == "m" and extent > 20_000 else 1.0
     unit = "km" if scale == 1000.0 else unit
     return f"Easting ({unit})", f"Northing ({unit})", scale
@@ -198,8 +203,9 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     paths = {"mean": write_geotiff(out / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
              "sd": write_geotiff(out / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
              "gpkg": write_grid_gpkg(out / GRID_GPKG, grid_frame(grid, pred))}
-    title = title if title is not None else f"{predictor} prediction, {int(grid.mask.sum())} cells of " \
-                                            f"{grid.resolution:g} ({geometry.crs_string(info.crs) or 'planar'})"
+    if title is None:
+        title = f"{predictor} prediction on {int(grid.mask.sum())} cells of {grid.resolution:g} " \
+                f"{_crs_unit(info.crs)} ({geometry.crs_string(info.crs) or 'planar units'})"
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
     paths["png"] = map_figure(out / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
                               overlays=overlays, overlay_label=overlay_label, units=units, title=title)

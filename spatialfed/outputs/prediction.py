@@ -312,11 +312,10 @@ def design_matrix(frame: pd.DataFrame, names: list[str], source: str) -> np.ndar
 
 
 def read_points(path, crs) -> pd.DataFrame:
-    """A table of points with x, y columns in the store's CRS: CSV (x, y assumed in the store's CRS) or any vector
-    file with point geometries (GeoPackage, GeoParquet…; its CRS must equal the store's)."""
+    """Points with x, y columns: a CSV (x, y taken in the store's CRS) or a point vector file in the store's CRS."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"prediction locations file {path} does not exist")
+        raise DataError(f"points file {path} does not exist")
     if path.suffix.lower() in (".csv", ".txt"):
         frame = pd.read_csv(path)
         missing = [c for c in ("x", "y") if c not in frame.columns]
