@@ -43,7 +43,7 @@ def register_predict(subparsers) -> None:
         description="Federated kriging from a fitted model: the low-rank part from the server's state, the residual "
                     "part by the worker holding the nearest observation. Writes x, y, mean, sd (sd of a new "
                     "observation) [, observed], sd_latent, owner, outside_domain; with the test group also "
-                    "metrics.json (RMSE, MAE, CRPS, 95%% coverage) beside PRED.csv.")
+                    "metrics.json (RMSE, MAE, CRPS, 95 percent coverage) beside PRED.csv.")
     _common(p)
     p.add_argument("--locations", default=None, metavar="FILE.csv",
                    help="CSV with columns x, y (store CRS) and the fitted covariates ('intercept' is added), or a "
