@@ -54,7 +54,7 @@ def fit_independence(store, nu: float, start: dict, knots, out_dir):
         params={"gamma": res.x[:p], "delta": delta, "sigma2": sigma2, "beta": beta}, loglik=-res.fun,
         knots=knots, iterations=int(res.nit), wall_time_s=time.perf_counter() - tic, converged=bool(res.success),
         extra={"covariate_names": info.covariate_names, "store": str(info.path),
-               "note": "centralized L-BFGS fit of Eq. (3) (pipelines/baselines.py)"})
+               "note": "centralized L-BFGS fit of Eq. (3) (pipelines/common.py)"})
     return write_results(out_dir, result)
 
 
@@ -64,6 +64,38 @@ def small_png(source, target) -> None:
 
     with Image.open(source) as im:
         im.convert("RGB").quantize(256, dither=Image.Dither.NONE).save(target, optimize=True)
+
+
+def fit_and_score(store, out, client, *, domain, knots: int, nu: float, mode: str, fit_options=None):
+    """Federated low-rank fit and independence baseline written into out/, each COMPARED method scored at the store's
+    test group (heldout_<predictor>.csv, metrics.json); returns (estimator, frames, scores)."""
+    out = Path(out)
+    domain.to_geoseries().to_file(out / "domain.gpkg")
+    gp = FederatedGP(mode=mode, residual="full", knots=knots, nu=nu, domain=domain, client=client,
+                     progress=False, **(fit_options or {})).fit(store)
+    gp.save(out / "fit_lowrank")
+    fit_independence(store, nu, gp.params_, gp.knots_, out / "fit_independent")
+    frames, scores = {}, {}
+    for label, (fit, predictor) in COMPARED.items():
+        frames[label], scores[label] = predict(out / fit, store, domain=out / "domain.gpkg", predictor=predictor,
+                                               client=client)
+        write_prediction(frames[label], out / f"heldout_{predictor}.csv")
+    write_json(out / "metrics.json", scores)
+    return gp, frames, scores
+
+
+def fit_line(gp) -> str:
+    """One report line describing a federated low-rank fit."""
+    p, nu = gp.params_, gp.nu
+    return (f"federated low-rank fit ({gp.mode}, {gp.residual} residual, m = {len(gp.knots_)} knots, ν = {nu}): "
+            f"γ = {np.round(p['gamma'], 4).tolist()}, δ = {p['delta']:.4g} (noise sd {p['delta'] ** -0.5:.4g}), "
+            f"σ² = {p['sigma2']:.4g}, β = {p['beta']:.4g} (effective range {Matern(nu).range_from_beta(p['beta']):.4g}),"
+            f" {gp.n_iter_} iterations, {'converged' if gp.converged_ else 'not converged'}, loglik {gp.loglik_:.4f}")
+
+
+def cluster(n_workers: int, dask_workers: int | None):
+    """An embedded Dask cluster with min(J, cores) worker processes unless told otherwise."""
+    return make_cluster(None, n_workers=dask_workers or min(n_workers, default_n_workers()))
 
 
 def run_pipeline(name: str, store, out, *, domain, map_inputs: dict, knots: int, nu: float, mode: str,
@@ -76,44 +108,34 @@ def run_pipeline(name: str, store, out, *, domain, map_inputs: dict, knots: int,
     out = Path(out)
     tic = time.perf_counter()
     info = open_store(store)
-    domain.to_geoseries().to_file(out / "domain.gpkg")
-    n = dask_workers or min(info.n_workers, default_n_workers())
-    with make_cluster(None, n_workers=n) as handle:
-        client = handle.client
-        gp = FederatedGP(mode=mode, residual="full", knots=knots, nu=nu, domain=domain, client=client,
-                         progress=False, **(fit_options or {})).fit(store)
-        gp.save(out / "fit_lowrank")
-        fit_independence(store, nu, gp.params_, gp.knots_, out / "fit_independent")
-        frames, scores = {}, {}
-        for label, (fit, predictor) in COMPARED.items():
-            frames[label], scores[label] = predict(out / fit, store, domain=out / "domain.gpkg",
-                                                   predictor=predictor, client=client)
-            write_prediction(frames[label], out / f"heldout_{predictor}.csv")
+    with cluster(info.n_workers, dask_workers) as handle:
+        gp, frames, scores = fit_and_score(store, out, handle.client, domain=domain, knots=knots, nu=nu, mode=mode,
+                                           fit_options=fit_options)
         maps = {predictor: make_map(out / fit, store, out / f"map_{predictor}", domain=out / "domain.gpkg",
-                                    predictor=predictor, client=client,
+                                    predictor=predictor, client=handle.client,
                                     **{**map_inputs, "title": f"{map_inputs['title']} — {label}"})
                 for label, (fit, predictor) in list(COMPARED.items())[:2]}
-    write_json(out / "metrics.json", scores)
     heldout = heldout_figure(out / "heldout.png", frames, map_inputs["units"],
                              f"{name}: {scores[next(iter(scores))]['n']} held-out sites")
-    p = gp.params_
     report = "\n".join([
         f"# {name}", "", description, "",
         f"- store: {info.n_workers} workers ({info.partition}), sizes {info.sizes}, CRS {info.crs}, "
         f"covariates {info.covariate_names}",
-        f"- federated low-rank fit ({mode}, full residual, m = {len(gp.knots_)} knots, ν = {nu}): "
-        f"γ = {np.round(p['gamma'], 4).tolist()}, δ = {p['delta']:.4g} (noise sd {p['delta'] ** -0.5:.4g}), "
-        f"σ² = {p['sigma2']:.4g}, β = {p['beta']:.4g} (effective range {Matern(nu).range_from_beta(p['beta']):.4g}), "
-        f"{gp.n_iter_} iterations, {'converged' if gp.converged_ else 'not converged'}, loglik {gp.loglik_:.4f}",
+        f"- {fit_line(gp)}",
         "", "Held-out scores (sd is that of a new observation; CRPS for the Gaussian predictive):", "",
         metrics.table(scores), "",
         f"Figures: {', '.join(str(m['png'].relative_to(out)) for m in maps.values())}, {heldout.name}. "
         f"Run time {time.perf_counter() - tic:.0f} s.", ""])
     (out / "report.md").write_text(report)
     if publish is not None:
-        publish.mkdir(parents=True, exist_ok=True)
         slug = name.lower().replace(" ", "_")
         figures = {f"{slug}_map_{predictor}.png": m["png"] for predictor, m in maps.items()}
-        for target, source in {**figures, f"{slug}_heldout.png": heldout}.items():
-            small_png(source, publish / target)
+        publish_figures(publish, {**figures, f"{slug}_heldout.png": heldout})
     return report
+
+
+def publish_figures(directory: Path, figures: dict) -> None:
+    """Write each figure (target name -> source path) into the docs directory as a small PNG."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for target, source in figures.items():
+        small_png(source, directory / target)

@@ -235,8 +235,9 @@ def heldout_figure(path, frames: dict, units: str = "", title: str = "") -> Path
     unit_txt = f" ({units})" if units else ""
     for ax, (name, f) in zip(axes[0], frames.items()):
         s = metrics.scores(f["observed"], f["mean"], f["sd"])
-        ax.errorbar(f["observed"], f["mean"], yerr=1.96 * f["sd"], fmt="o", ms=3.5, color="#2c7fb8",
-                    ecolor="#a6bddb", elinewidth=1, capsize=0)
+        bars = ax.errorbar(f["observed"], f["mean"], yerr=1.96 * f["sd"], fmt="o", ms=3.5, color="#2c7fb8",
+                           ecolor="#a6bddb", elinewidth=1 if len(f) <= 60 else 0.5, capsize=0)
+        bars[-1][0].set_alpha(1.0 if len(f) <= 60 else 0.5)
         ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", lw=0.8, ls="--")
         ax.set(title=f"{name}\nRMSE {s['rmse']:.3f}, CRPS {s['crps']:.3f}, cover {s['coverage95']:.0%}",
                xlabel=f"observed{unit_txt}", aspect="equal", xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad))
