@@ -58,7 +58,7 @@ class FederatedGP:
     scheduler : address of a running Dask scheduler (tcp://host:port); None starts an embedded LocalCluster.
     seed : seed of the knot jitter.
     client : an existing ``distributed.Client`` to run on (not closed by the estimator).
-    n_dask_workers : processes of the embedded LocalCluster (default: the usable cores).
+    n_dask_workers : processes of the embedded LocalCluster (default: min(J, usable cores)).
     jobqueue : dict for ``cluster.jobqueue_cluster`` (``{"kind": "slurm", "cores": 4, "memory": "8GB", ...}``).
     domain : a ``spatialfed.data.geometry.Domain`` or a vector file (GeoPackage, GeoJSON, shapefile) for the knots,
         reprojected to the store's CRS if needed; default [0,1]² for simulated stores, else the
@@ -170,7 +170,7 @@ class FederatedGP:
         handle = None
         try:
             if self.runtime == "dask":
-                handle = self._cluster()
+                handle = self._cluster(J)
                 client = handle.client
                 self.dashboard_link_ = handle.dashboard_link
                 say.line(f"spatialfed fit: {J} federated workers on {len(handle.worker_addresses())} Dask worker(s); "
@@ -225,12 +225,13 @@ class FederatedGP:
         say.summary(self)
         return self
 
-    def _cluster(self):
-        from spatialfed.runtime.cluster import ClusterHandle, make_cluster
+    def _cluster(self, n_partitions: int):
+        from spatialfed.runtime.cluster import ClusterHandle, default_n_workers, make_cluster
 
         if self.client is not None:
             return _Borrowed(self.client)
-        handle = make_cluster(self.scheduler, n_workers=self.n_dask_workers, jobqueue=self.jobqueue,
+        n = self.n_dask_workers or min(n_partitions, default_n_workers())  # no idle processes when J < cores
+        handle = make_cluster(self.scheduler, n_workers=n, jobqueue=self.jobqueue,
                               timeout=self.scheduler_timeout)
         assert isinstance(handle, ClusterHandle)
         return handle

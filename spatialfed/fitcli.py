@@ -50,7 +50,8 @@ def register_fit(subparsers) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="address of a running Dask scheduler (tcp://host:8786); default: an embedded LocalCluster")
     p.add_argument("--dask-workers", type=int, default=None, metavar="N",
-                   help="worker processes of the embedded LocalCluster (default: number of cores)")
+                   help="worker processes of the embedded LocalCluster (default: min(J, number of cores)); "
+                        "use J to give every federated worker its own process")
     jq = p.add_argument_group("batch system (dask-jobqueue)")
     jq.add_argument("--jobqueue", choices=["slurm", "pbs", "sge"], default=None,
                     help="start Dask workers as batch jobs instead of an embedded cluster")

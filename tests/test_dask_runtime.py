@@ -264,3 +264,17 @@ def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, refe
     assert killed and server.done and info.reassigned >= 1
     assert victim not in info.assignment
     assert abs(server.loglik - reference["loglik"]) < 1e-3
+
+
+def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
+    store = _small_store(tmp_path / "emb.zarr", 40)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=2).fit(store)
+    err = capsys.readouterr().err
+    assert re.search(r"2 federated workers on 2 Dask worker\(s\); dashboard: http://127\.0\.0\.1:\d+/status", err)
+    assert gp.loglik_ is not None and len(set(gp.assignment_)) == 2
+    import socket
+
+    for address in gp.assignment_:  # the embedded cluster is shut down after the fit
+        host, port = address.replace("tcp://", "").rsplit(":", 1)
+        with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=1):
+            pass
