@@ -5,7 +5,8 @@ in `prediction.predict_at`) and writes into the output directory:
 - `mean.tif`, `sd.tif`: single-band float32 GeoTIFFs in the store's CRS (NaN outside the domain);
 - `grid.gpkg`: the cells as polygons with columns mean, sd, sd_latent, owner (layer "prediction"), for GIS users;
 - `map.png`: mean and sd side by side with the domain outline, observation sites, optional overlays (e.g. a river)
-  and colour bars with units.
+  and colour bars with units;
+- `map.json`: predictor, number of cells, resolution, CRS and the ranges of mean and sd.
 Covariates other than the intercept come from a table of points (`covariates`; nearest point within one cell).
 """
 
@@ -22,6 +23,7 @@ from scipy.spatial import cKDTree
 from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError
+from spatialfed.outputs import metrics
 from spatialfed.outputs.prediction import (INTERCEPT, check_same_crs, check_store, default_domain, default_predictor,
                                            design_matrix, load_domain, load_model, open_workers, predict_at,
                                            read_points, write_atomic, write_json)
@@ -125,18 +127,16 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
                title: str = "") -> Path:
     """PNG with the predicted mean and sd side by side, domain outline, sites, the owners' areas, overlays and
     labelled colour bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     xmin, ymin, xmax, ymax = domain.geometry.bounds
     pad = 0.03 * max(xmax - xmin, ymax - ymin)
     aspect = (ymax - ymin + 2 * pad) / (xmax - xmin + 2 * pad)
-    fig, axes = plt.subplots(1, 2, figsize=(12, float(np.clip(4.6 * aspect + 1.3, 3.5, 9.5))), layout="constrained")
+    fig = Figure(figsize=(12, float(np.clip(4.6 * aspect + 1.3, 3.5, 9.5))), layout="constrained")
+    axes = fig.subplots(1, 2)
     h = grid.resolution / 2
     extent = (grid.x[0] - h, grid.x[-1] + h, grid.y[-1] - h, grid.y[0] + h)
     xlabel, ylabel, scale = _axis_labels(grid.crs, max(xmax - xmin, ymax - ymin))
@@ -168,9 +168,7 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=9, facecolor="0.85")
     if title:
         fig.suptitle(title)
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
@@ -220,15 +218,10 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
 def heldout_figure(path, frames: dict, units: str = "", title: str = "") -> Path:
     """Observed vs predicted at held-out points with 95% intervals, one panel per method (frames: name -> table with
     observed, mean, sd)."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from spatialfed.outputs import metrics
-
-    fig, axes = plt.subplots(1, len(frames), figsize=(4.2 * len(frames), 4.4), layout="constrained", squeeze=False,
-                             sharex=True, sharey=True)
+    fig = Figure(figsize=(4.2 * len(frames), 4.4), layout="constrained")
+    axes = fig.subplots(1, len(frames), squeeze=False, sharex=True, sharey=True)
     every = pd.concat([f[["observed", "mean"]] for f in frames.values()]).to_numpy()
     lo, hi = every.min(), every.max()
     pad = 0.08 * (hi - lo)
@@ -244,6 +237,4 @@ def heldout_figure(path, frames: dict, units: str = "", title: str = "") -> Path
     axes[0][0].set_ylabel(f"predicted mean ± 1.96 sd{unit_txt}")
     if title:
         fig.suptitle(title)
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
