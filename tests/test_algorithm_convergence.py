@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_algorithm_reference import TRUTH, LowRankReference, simulate
+from test_algorithm_reference import TRUTH, LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.runtime.virtual import run_virtual
@@ -31,3 +31,14 @@ def test_sync_from_poor_start_reaches_lowrank_maximiser(residual):
                          start=poor_start(theta_hat))
     assert server.converged and server.iterations <= 15
     assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat)
+
+
+def test_paper_block_hessian_also_reaches_the_maximiser_more_slowly():
+    models, knots, kernel = simulate(residual="pp")
+    u_truth = np.log([TRUTH["delta"], TRUTH["sigma2"], TRUTH["beta"]])
+    gamma_hat, theta_hat, ll_hat = LowRankReference(models, knots, kernel, "pp").maximise(u_truth)
+    profile = run_virtual(models, knots, kernel, FitConfig(mode="sync", tol=1e-6), start=poor_start(theta_hat))
+    block = run_virtual(models, knots, kernel, FitConfig(mode="sync", hessian="block", tol=1e-6, max_iter=200),
+                        start=poor_start(theta_hat))
+    assert block.converged and block.iterations > profile.iterations
+    assert_at_maximiser(block, gamma_hat, theta_hat, ll_hat)

@@ -1,6 +1,7 @@
 """Test data and the centralized maximiser of ℓ_LR that the federated fits are checked against.
 
-Other test_algorithm_* / test_virtual_* modules import `simulate` and `LowRankReference` from here.
+Other test_algorithm_* / test_virtual_* modules import `simulate`, `LowRankReference` and the autouse fixture
+`single_blas_thread` from here.
 Data follow the paper's Section 6 design: covariates ~ N(0, 1) without an intercept (see docs/algorithm.md for why
 an intercept slows the block algorithm), an exactly simulated Matérn field plus noise, a regular knot grid.
 """
@@ -13,6 +14,14 @@ from scipy.spatial.distance import cdist
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.reference import lowrank_loglik
+from spatialfed.runtime.cluster import limit_blas_threads
+
+@pytest.fixture(autouse=True, scope="module")
+def single_blas_thread():
+    """Small dense problems: extra BLAS threads only add overhead (and stall on a busy machine)."""
+    with limit_blas_threads(1):
+        yield
+
 
 TRUTH = dict(gamma=np.array([1.0, 2.0, -1.0]), delta=4.0, sigma2=1.0, beta=0.1)
 

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 from test_algorithm_convergence import assert_at_maximiser
-from test_algorithm_reference import TRUTH, LowRankReference, simulate
+from test_algorithm_reference import TRUTH, LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented
 from spatialfed.runtime.heterogeneity import NetworkDelay, extra_wait, profile_slowdowns, resolve_slowdowns
-from spatialfed.runtime.virtual import FlopCost, run_virtual
+from spatialfed.runtime.virtual import FlopCost, MeasuredCost, run_virtual
 
 
 def test_profiles():
@@ -66,3 +66,11 @@ def test_async_with_a_straggler_reaches_the_lowrank_maximiser():
     assert server.converged
     assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat)
     assert max(row["max_staleness"] for row in server.trace) > 10  # the fast workers never waited for the straggler
+
+
+def test_measured_cost_clock_advances_with_real_compute(data):
+    models, knots, kernel = data
+    server = run_virtual(models, knots, kernel, FitConfig(mode="async", agg_threshold=2, max_iter=3),
+                         slowdowns="graded", cost=MeasuredCost())
+    times = [row["time_s"] for row in server.trace]
+    assert server.done and times[0] > 0 and times == sorted(times)
