@@ -24,9 +24,9 @@ from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError
 from spatialfed.outputs import metrics
-from spatialfed.outputs.prediction import (INTERCEPT, check_same_crs, check_store, default_domain, default_predictor,
-                                           design_matrix, load_domain, load_model, open_workers, predict_at,
-                                           read_points, write_atomic, write_json)
+from spatialfed.outputs.prediction import (INTERCEPT, check_predictor, check_same_crs, check_store, default_domain,
+                                           default_predictor, design_matrix, load_domain, load_model, open_workers,
+                                           predict_at, read_points, write_atomic, write_json)
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG = "mean.tif", "sd.tif", "grid.gpkg", "map.png"
 
@@ -186,6 +186,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     info = open_store(store)
     check_store(model, info)
     predictor = predictor or default_predictor(model)
+    check_predictor(predictor, worker, info.n_workers)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} exists and is not a directory; give a directory for the map files")

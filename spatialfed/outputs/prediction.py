@@ -237,22 +237,28 @@ def ols_prediction(workers, X0) -> dict:
             "owner": np.full(len(X0), -1)}
 
 
+def check_predictor(predictor: str, worker: int | None, n_workers: int) -> None:
+    """Raise ValueError for an unknown predictor, or `personal` without a valid worker index."""
+    if predictor not in PREDICTORS:
+        raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
+    if predictor == "personal" and (worker is None or not 0 <= int(worker) < n_workers):
+        raise ValueError(f"personalised prediction needs a worker index 0..{n_workers - 1} (--worker J), "
+                         f"got {worker!r}")
+
+
 def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
                chunk: int = CHUNK) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
 
     Locations go to the workers `chunk` at a time, which bounds the n₀ × n_j cross-covariances a worker builds.
     """
-    if predictor not in PREDICTORS:
-        raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
+    check_predictor(predictor, worker, workers.n_workers)
     locs0, X0 = np.asarray(locs0, dtype=float).reshape(-1, 2), np.atleast_2d(np.asarray(X0, dtype=float))
     p = model.params.gamma.size
     if len(locs0) == 0:
         raise DataError("there are no prediction locations")
     if X0.shape != (len(locs0), p):
         raise DataError(f"prediction covariates must have shape ({len(locs0)}, {p}) to match the fit, got {X0.shape}")
-    if predictor == "personal" and (worker is None or not 0 <= int(worker) < workers.n_workers):
-        raise ValueError(f"personalised prediction needs a worker index 0..{workers.n_workers - 1}, got {worker!r}")
     if predictor == "ols":
         return ols_prediction(workers, X0)
     parts = [_predict_block(workers, model, locs0[i:i + chunk], X0[i:i + chunk], predictor, worker)
@@ -427,6 +433,7 @@ def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, work
         raise DataError(f"store {info.path} has no test group; give prediction locations with --locations FILE.csv")
     targets = heldout_targets(info) if locations is None else table_targets(locations, info)
     predictor = predictor or default_predictor(model)
+    check_predictor(predictor, worker, info.n_workers)
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
         dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
