@@ -251,10 +251,14 @@ class LocalModel:
         raise ValueError(f"unknown sub-step {step!r}; expected one of {STEPS + ('value',)}")
 
     def mu_sigma(self, params: Params) -> dict:
-        """A_j = B_jᵀR_j⁻¹B_j and b_j = B_jᵀR_j⁻¹(z_j − X_jγ) for Eq. (8)."""
+        """A_j = B_jᵀR_j⁻¹B_j and b_j = B_jᵀR_j⁻¹(z_j − X_jγ) for Eq. (8), and W_j = B_jᵀR_j⁻¹X_j (m × p).
+
+        W_j lets the server take the exact joint (μ, γ) step given θ (docs/algorithm.md): with an intercept in X,
+        the intercept and Bμ both carry the mean and alternating μ- and γ-updates crawl.
+        """
         fz = self._factorised(params)
         r0h = fz.zh - fz.Xh @ params.gamma
-        return {"A": fz.Bh.T @ fz.Bh, "b": fz.Bh.T @ r0h}
+        return {"A": fz.Bh.T @ fz.Bh, "b": fz.Bh.T @ r0h, "BtRX": fz.Bh.T @ fz.Xh}
 
     def gamma_step(self, params: Params) -> dict:
         """X_jᵀR_j⁻¹X_j and X_jᵀR_j⁻¹(z_j − B_jμ) for Eq. (9)."""
