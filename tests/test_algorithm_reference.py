@@ -2,8 +2,8 @@
 
 Other test_algorithm_* / test_virtual_* modules import `simulate`, `LowRankReference` and the autouse fixture
 `single_blas_thread` from here.
-Data follow the paper's Section 6 design: covariates ~ N(0, 1) without an intercept (see docs/algorithm.md for why
-an intercept slows the block algorithm), an exactly simulated Matérn field plus noise, a regular knot grid.
+Data follow the paper's Section 6 design: covariates ~ N(0, 1) without an intercept (`intercept=True` for the joint
+(μ, γ) step, docs/algorithm.md), an exactly simulated Matérn field plus noise, a regular knot grid.
 """
 
 import numpy as np
@@ -26,18 +26,21 @@ def single_blas_thread():
 TRUTH = dict(gamma=np.array([1.0, 2.0, -1.0]), delta=4.0, sigma2=1.0, beta=0.1)
 
 
-def simulate(J=4, n=150, side=7, residual="full", nu=0.5, seed=0, intercept=False):
-    """J LocalModels on n uniform points each, knots on a side×side grid; returns (models, knots, kernel)."""
+def simulate(J=4, n=150, side=7, residual="full", nu=0.5, seed=0, intercept=False, gamma=TRUTH["gamma"]):
+    """J LocalModels on n uniform points each, knots on a side×side grid; returns (models, knots, kernel).
+
+    X ~ N(0, 1) with one column per entry of `gamma`; `intercept=True` makes the first column 1.
+    """
     rng = np.random.default_rng(seed)
     N, kernel = J * n, Matern(nu)
     locs = rng.uniform(size=(N, 2))
     g = (np.arange(side) + 0.5) / side
     knots = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
     C = kernel.cross(locs, locs, TRUTH["sigma2"], TRUTH["beta"]) + np.eye(N) / TRUTH["delta"]
-    X = rng.standard_normal((N, 3))
+    X = rng.standard_normal((N, len(gamma)))
     if intercept:
         X[:, 0] = 1.0
-    z = X @ TRUTH["gamma"] + np.linalg.cholesky(C) @ rng.standard_normal(N)
+    z = X @ np.asarray(gamma) + np.linalg.cholesky(C) @ rng.standard_normal(N)
     blocks = np.split(np.arange(N), J)
     models = [LocalModel(locs[b], z[b], X[b], knots, kernel, residual) for b in blocks]
     return models, knots, kernel

@@ -98,7 +98,8 @@ def test_agg_threshold_J_is_the_synchronous_algorithm(data):
 def test_sync_trajectory_equals_direct_block_iteration(data):
     """Section 3.1 written out centrally: per iteration μ,Σ → γ → Newton on u with the profile Hessian."""
     models, knots, kernel = data
-    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=4, tol=1e-12), start=START)
+    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", mean_step="block", max_iter=4, tol=1e-12),
+                         start=START)
     phi = init.initial_params(START["gamma"], START["delta"], START["sigma2"], START["beta"], knots, kernel)
     rows = [row for row in server.trace if row["step"] == "theta"]
     for row in rows:
@@ -157,3 +158,20 @@ def test_variogram_rule_recovers_an_exact_semivariogram():
     sum_sq = count * (tau2 + sigma2 * (1 - kernel.correlation(h, beta)))
     fitted = init.fit_variogram(sum_sq, count, edges, kernel, s2=tau2 + sigma2)
     np.testing.assert_allclose(fitted, (tau2, sigma2, beta), rtol=1e-3)
+
+
+def test_trace_loglik_estimate_and_exact_final_row(data):
+    """Synchronously every f_j is fresh, so a theta row's estimate is ℓ_LR at the (γ, θ) that step started from."""
+    models, knots, kernel = data
+    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=3))
+    parts = [(lm.locs, lm.z, lm.X) for lm in models]
+    rows = server.trace
+    thetas = [i for i, row in enumerate(rows) if row["step"] == "theta"]
+    assert len(thetas) == 4
+    for i in thetas:
+        start = rows[i - 1]  # the gamma row: (γ, θ) the Newton step started from
+        expected = lowrank_loglik(parts, knots, kernel, "pp", start["gamma"], start["delta"], start["sigma2"],
+                                  start["beta"])
+        assert rows[i]["loglik"] == pytest.approx(expected, abs=1e-8)
+    assert all(row["loglik"] is None for row in rows if row["step"] in ("init", "mu_sigma", "gamma"))
+    assert rows[-1]["step"] == "final" and rows[-1]["loglik"] == server.loglik

@@ -51,10 +51,11 @@ def test_network_latency_adds_two_messages_per_synchronous_step(data):
     cfg = FitConfig(mode="sync", max_iter=2)
     base = run_virtual(models, knots, kernel, cfg)
     delayed = run_virtual(models, knots, kernel, cfg, network=NetworkDelay(latency_s=0.5))
-    # moments + variogram + (t = 0, 1, 2) × 3 steps = 11 synchronous rounds, each two messages
+    # moments + variogram + (t = 0, 1, 2) × 3 steps = 11 synchronous rounds, each two messages; + final pass and value
     delays = [d["time_s"] - b["time_s"] for d, b in zip(delayed.trace, base.trace)]
     assert delays[0] == pytest.approx(2 * 0.5 * 2)  # φ₀ after moments and variogram
-    assert delays[-1] == pytest.approx(2 * 0.5 * 11)
+    assert delays[-2] == pytest.approx(2 * 0.5 * 11)  # the last theta step
+    assert delayed.trace[-1]["step"] == "final" and delays[-1] == pytest.approx(2 * 0.5 * 13)
 
 
 def test_async_with_a_straggler_reaches_the_lowrank_maximiser():

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 
 MODES = ("sync", "async")
 HESSIANS = ("profile", "block")
+MEAN_STEPS = ("joint", "block")
 STRATEGIES = ("correction", "adaptive_weights", "moving_average")
 
 
@@ -25,6 +26,7 @@ class FitConfig:
     omega: float = 0.7
     t_M: int = 8
     hessian: str = "profile"
+    mean_step: str = "joint"
     step_bound: float = 1.0
     eig_floor: float = 1e-6
     max_iter: int = 50
@@ -37,6 +39,8 @@ class FitConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
+        if self.mean_step not in MEAN_STEPS:
+            raise ValueError(f"mean_step must be one of {MEAN_STEPS}, got {self.mean_step!r}")
         if self.agg_threshold is not None and (int(self.agg_threshold) != self.agg_threshold or self.agg_threshold < 1):
             raise ValueError(f"agg_threshold must be an integer in 1..J, got {self.agg_threshold!r}")
         if self.alpha is not None and not 0 < self.alpha <= 1:

@@ -21,7 +21,9 @@ ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP,)
 
 @dataclass(frozen=True)
 class Augmented:
-    """p = (φ, t, step) of Eq. (11); `extra` carries what the init summaries need instead of φ."""
+    """p = (φ, t, step) of Eq. (11); `extra` carries what the init summaries need instead of φ, or under
+    `mean_step="joint"` the further sub-steps whose quantities the worker adds at the same φ ({"with": ("gamma",)}).
+    """
 
     params: Params | None
     t: int
@@ -51,4 +53,6 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
         xi = lm.variogram(p.extra["gamma"], p.extra["edges"])
     else:
         xi = lm.quantity(p.step, p.params)
+        for step in p.extra.get("with", ()):
+            xi = {**xi, **lm.quantity(step, p.params)}
     return Quantity(xi=xi, t=p.t, step=p.step, worker=worker)

@@ -58,6 +58,7 @@ class FederatedServer:
         self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
         self._history = {step: deque(maxlen=self.config.t_M) for step in STEPS}  # published blocks, newest first
         self._grad_norm = 0.0  # ‖g^{t−1}‖ of Eq. (18)
+        self._loglik_estimate: float | None = None  # −(J Σ_j w_j f_j + h) − (N/2) log 2π of the last theta step
         self._step = 0  # index of the current step in STEPS
         self._end_of_last_iteration: Params | None = None
         self._small_changes = 0
@@ -157,27 +158,56 @@ class FederatedServer:
             w = staleness_weights(self.t, t_js, self._grad_norm, cfg.a, cfg.T_c)
         else:
             w = uniform_weights(self.n_workers)
-        block = {"mu_sigma": self._update_mu_sigma, "gamma": self._update_gamma, "theta": self._update_theta}[step](
+        block = {"mu_sigma": self._update_mean, "gamma": self._update_gamma, "theta": self._update_theta}[step](
             entries, w
         )
         if cfg.moving_average:
             block = self._moving_average(step, block)
         self._history[step].appendleft(block)
         self.params = self.params.with_u(block["u"]) if step == "theta" else self.params.replace(**block)
-        self._record(step, now, max(self.t - tj for tj in t_js))
+        self._record(step, now, max(self.t - tj for tj in t_js), self._loglik_estimate if step == "theta" else None)
         if step == "theta":
             self._end_iteration()
         if self.phase == "loop":
             self._step = (self._step + 1) % len(STEPS)
-            self._publish(Augmented(self.params, self.t, STEPS[self._step]))
+            self._publish(self._task(STEPS[self._step]))
+
+    def _task(self, step: str) -> Augmented:
+        """p = (φ, t, step); under mean_step="joint" the mu_sigma task also asks for the gamma quantity at φ."""
+        joint = step == "mu_sigma" and self.config.mean_step == "joint"
+        return Augmented(self.params, self.t, step, {"with": ("gamma",)} if joint else {})
+
+    def _update_mean(self, entries, w) -> dict:
+        """The mu_sigma block: (μ, Σ) given γ (Eq. 8, mean_step="block") or (μ, Σ, γ) given θ ("joint")."""
+        if self.config.mean_step == "joint":
+            return self._update_mu_sigma_gamma(entries, w)
+        return self._update_mu_sigma(entries, w)
 
     def _update_mu_sigma(self, entries, w) -> dict:
         """Σ⁺ = (Σ_j A_j + K⁻¹)⁻¹, μ⁺ = Σ⁺ Σ_j b_j (Eq. 8 with sums)."""
         agg = aggregate([q.xi for q, _ in entries], w)
-        phi = self.params
-        K = blocks.knot_covariance(self.knots, self.kernel, phi.sigma2, phi.beta)
-        mu, Sigma = blocks.update_mu_sigma(agg["A"], agg["b"], K)
+        mu, Sigma = blocks.update_mu_sigma(agg["A"], agg["b"], self._K())
         return {"mu": mu, "Sigma": Sigma}
+
+    def _update_mu_sigma_gamma(self, entries, w) -> dict:
+        """Exact joint (μ, Σ, γ) given θ (docs/algorithm.md): with W = Σ_j B_jᵀR_j⁻¹X_j, μ̄ = Σ⁺ Σ_j B_jᵀR_j⁻¹z_j,
+        γ⁺ = (Σ_j X_jᵀR_j⁻¹X_j − WᵀΣ⁺W)⁻¹ (Σ_j X_jᵀR_j⁻¹z_j − Wᵀμ̄) (GLS given θ) and μ⁺ = μ̄ − Σ⁺Wγ⁺.
+
+        B_jᵀR_j⁻¹z_j = b_j + W_jγ_j and X_jᵀR_j⁻¹z_j = X_jᵀR_j⁻¹(z_j − B_jμ_j) + W_jᵀμ_j at the (γ_j, μ_j) worker j
+        computed at, so each worker's contribution depends on its θ_j only.
+        """
+        stats = [{"A": q.xi["A"], "W": q.xi["BtRX"], "XtRX": q.xi["XtRX"],
+                  "Bz": q.xi["b"] + q.xi["BtRX"] @ at.gamma, "Xz": q.xi["XtRr"] + q.xi["BtRX"].T @ at.mu}
+                 for q, at in entries]
+        agg = aggregate(stats, w)
+        mu_bar, Sigma = blocks.update_mu_sigma(agg["A"], agg["Bz"], self._K())
+        W = agg["W"]
+        gamma = blocks.update_gamma(agg["XtRX"] - W.T @ Sigma @ W, agg["Xz"] - W.T @ mu_bar)
+        return {"mu": mu_bar - Sigma @ W @ gamma, "Sigma": Sigma, "gamma": gamma}
+
+    def _K(self) -> np.ndarray:
+        """K = C_θ(S*, S*) at the current θ."""
+        return blocks.knot_covariance(self.knots, self.kernel, self.params.sigma2, self.params.beta)
 
     def _update_gamma(self, entries, w) -> dict:
         """γ⁺ = (Σ_j X_jᵀR_j⁻¹X_j)⁻¹ Σ_j X_jᵀR_j⁻¹(z_j − B_jμ) (Eq. 9)."""
@@ -194,6 +224,7 @@ class FederatedServer:
         self._grad_norm = float(np.linalg.norm(sum(wj * xi["grad"] for wj, xi in zip(w, xis))))
         agg = aggregate(xis, w)
         h = blocks.h_terms(phi.mu, phi.Sigma, self.knots, self.kernel, phi.sigma2, phi.beta)
+        self._loglik_estimate = blocks.loglik_from_f(agg["f"] + h["f"], self.n_obs)
         total = {key: agg[key] + h[key] for key in ("grad", "hess", "d2_du_dmu", "d2_du_dSigma")}
         H = total["hess"]
         if cfg.hessian == "profile":
@@ -236,7 +267,7 @@ class FederatedServer:
         self.converged = reason == "tol"
         self._P = [[] for _ in range(self.n_workers)]
         self._obsolete = set(self._in_flight)
-        self._begin_synchronous("final", Augmented(self.params, self.t, "mu_sigma"))
+        self._begin_synchronous("final", self._task("mu_sigma"))
 
     # --- synchronous passes: φ₀ summaries and the final evaluation -------------------------------------
     def _begin_synchronous(self, phase: str, p: Augmented) -> None:
@@ -273,29 +304,30 @@ class FederatedServer:
         self.params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
                                           self.knots, self.kernel)
         self._record("init", now, 0)
-        self._begin_synchronous("loop", Augmented(self.params, 0, STEPS[0]))
+        self._begin_synchronous("loop", self._task(STEPS[0]))
 
     def _after_final(self, xis, now) -> None:
-        """μ*, Σ* at the final (γ, δ, θ) from fresh quantities of all workers (Eq. 8)."""
-        agg = aggregate(xis, uniform_weights(self.n_workers))
-        phi = self.params
-        K = blocks.knot_covariance(self.knots, self.kernel, phi.sigma2, phi.beta)
-        mu, Sigma = blocks.update_mu_sigma(agg["A"], agg["b"], K)
-        self.params = phi.replace(mu=mu, Sigma=Sigma)
+        """μ*, Σ* at the final (γ, δ, θ) (Eq. 8), or μ*, Σ*, γ* at the final θ under mean_step="joint", from fresh
+        quantities of all workers."""
+        entries = [(Quantity(xi, self.t, "mu_sigma", j), self.params) for j, xi in enumerate(xis)]
+        self.params = self.params.replace(**self._update_mean(entries, uniform_weights(self.n_workers)))
         self._begin_synchronous(FINAL_STEP, Augmented(self.params, self.t, FINAL_STEP))
 
     def _after_value(self, xis, now) -> None:
-        """ℓ_LR = −(Σ_j f_j + h) − (N/2) log 2π at (μ*, Σ*) (SPEC §1)."""
+        """ℓ_LR = −(Σ_j f_j + h) − (N/2) log 2π at (μ*, Σ*) (SPEC §1); recorded as the trace's "final" row."""
         phi = self.params
         h = blocks.h_terms(phi.mu, phi.Sigma, self.knots, self.kernel, phi.sigma2, phi.beta)
         self.loglik = blocks.loglik_from_f(sum(xi["f"] for xi in xis) + h["f"], self.n_obs)
+        self._record("final", now, 0, self.loglik)
         self.phase = "done"
 
-    def _record(self, step: str, now: float, max_staleness: int) -> None:
+    def _record(self, step: str, now: float, max_staleness: int, loglik: float | None = None) -> None:
+        """One trace row; `loglik` on theta rows is the estimate from the aggregated f_j, on the final row ℓ_LR
+        (whose iter is the last completed iteration)."""
         phi = self.params
-        self.trace.append({"iter": self.t, "time_s": float(now), "step": step, "delta": phi.delta,
+        self.trace.append({"iter": self.iterations if step == "final" else self.t, "time_s": float(now), "step": step, "delta": phi.delta,
                            "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma.tolist(),
-                           "max_staleness": int(max_staleness)})
+                           "max_staleness": int(max_staleness), "loglik": loglik})
 
 
 def _check_start(start: Mapping | None) -> dict:

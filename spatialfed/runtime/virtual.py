@@ -59,7 +59,7 @@ def message_bytes(message) -> int:
     if isinstance(message, Augmented):
         phi = message.params
         arrays = [] if phi is None else [phi.mu, phi.Sigma, phi.gamma, phi.u]
-        arrays += list(message.extra.values())
+        arrays += [v for v in message.extra.values() if isinstance(v, np.ndarray)]
     else:
         arrays = list(message.xi.values())
     return int(sum(np.asarray(a, dtype=float).nbytes for a in arrays))
