@@ -1,4 +1,4 @@
-"""Result files of a fit (SPEC §6): ``fit.json``, ``model.zarr`` and ``trace.csv``, written atomically, and their readers.
+"""Result files of a fit (SPEC §6): ``fit.json``, ``model.zarr``, ``trace.csv``, written atomically; and readers.
 
 ``fit.json`` carries exactly the keys of SPEC §6::
 

@@ -101,7 +101,7 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
 
 
 def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.0) -> ClusterHandle:
-    """Connect to a running scheduler at ``address``; raise SchedulerUnreachableError naming it if it does not answer."""
+    """Connect to a running scheduler at ``address``; SchedulerUnreachableError names it if it does not answer."""
     from distributed import Client
 
     addr = str(address).strip()
@@ -122,7 +122,8 @@ def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.
         except (OSError, TimeoutError) as exc:
             client.close()
             raise SchedulerUnreachableError(
-                f"the Dask scheduler at {addr} has no workers (waited {wait_for_workers:g} s); start `dask worker {addr}`"
+                f"the Dask scheduler at {addr} has no workers (waited {wait_for_workers:g} s); "
+                f"start `dask worker {addr}`"
             ) from exc
     return ClusterHandle(client=client, cluster=None, owns_cluster=False)
 
