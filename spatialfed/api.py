@@ -72,10 +72,11 @@ class FederatedGP:
     Attributes (after ``fit``)
     --------------------------
     params_ ({"gamma", "delta", "sigma2", "beta"}), loglik_ (ℓ_LR at params_, or ℓ_ind for "independent"),
-    mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall seconds since the
-    fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_, n_iter_, wall_time_s_
-    (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_, n_workers_, slowdowns_,
-    config_ (the resolved FitConfig), dashboard_link_, assignment_ (Dask worker of each federated worker), result_.
+    mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall
+    seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
+    n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
+    n_workers_, slowdowns_, config_ (the resolved FitConfig), dashboard_link_, assignment_ (Dask worker of each
+    federated worker), result_.
     """
 
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
