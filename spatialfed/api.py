@@ -403,7 +403,8 @@ class _Progress:
                 continue
             text = (f"iter {row['iter']:>3}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  "
                     f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "
-                    f"max staleness {row['max_staleness']}")
+                    f"max staleness {row['max_staleness']}"
+                    + (f"  loglik≈{row['loglik']:.8g}" if row.get("loglik") is not None else ""))
             if self.tty:
                 print("\r\033[K" + text, end="", file=self.stream, flush=True)
                 self.pending_cr = True

@@ -19,7 +19,8 @@ def make_result(m=9, p=3, n_trace=4, loglik=-123.5):
     rng = np.random.default_rng(0)
     A = rng.standard_normal((m, m))
     trace = [{"iter": i, "time_s": 0.1 * i, "step": "theta", "delta": 0.25 + i, "sigma2": np.float64(1.1),
-              "beta": 0.1, "gamma": np.arange(p) * 1.0 + i, "max_staleness": np.int64(i % 2)} for i in range(n_trace)]
+              "beta": 0.1, "gamma": np.arange(p) * 1.0 + i, "max_staleness": np.int64(i % 2),
+              "loglik": -10.5 if i % 2 else None} for i in range(n_trace)]
     return FitResult(method="lowrank", mode="async", residual="full", nu=0.5, n_workers=4, n_obs=600,
                      params={"gamma": np.array([1.0, -2.0, 0.5])[:p], "delta": np.float64(0.25), "sigma2": 1.2,
                              "beta": 0.1},
@@ -54,7 +55,8 @@ def test_round_trip_model_zarr_and_trace_csv(tmp_path):
     assert rows[2]["gamma"] == [2.0, 3.0, 4.0] and rows[2]["delta"] == 2.25 and rows[3]["max_staleness"] == 1
     header = (out / "trace.csv").read_text().splitlines()[0].split(",")
     assert header == ["iter", "time_s", "step", "delta", "sigma2", "beta", "gamma_0", "gamma_1", "gamma_2",
-                      "max_staleness"]
+                      "max_staleness", "loglik"]
+    assert rows[1]["loglik"] == -10.5 and np.isnan(rows[0]["loglik"])
     import zarr
 
     g = zarr.open_group(str(out / "model.zarr"), mode="r")

@@ -8,7 +8,8 @@
      "trace": [{"iter", "time_s", "step", "delta", "sigma2", "beta", "gamma": [..], "max_staleness"}, ..]}
 
 ``model.zarr`` holds arrays ``mu`` (m), ``Sigma`` (m×m), ``knots`` (m×2), ``gamma`` (p) and, as attributes, the
-parameters and fit settings. ``trace.csv`` is the trace as a table (``gamma`` expanded to ``gamma_0 .. gamma_{p-1}``).
+parameters and fit settings. ``trace.csv`` is the trace as a table (``gamma`` expanded to ``gamma_0 .. gamma_{p-1}``)
+with one more column, ``loglik``, where the server recorded one (theta rows: estimate; final row: exact ℓ).
 
 Writes go to a temporary directory beside the target and are moved into place at the end, ``fit.json`` last, so a
 reader never sees a half-written result: a directory with ``fit.json`` in it is complete.
@@ -135,16 +136,19 @@ def _attr_safe(obj):
 
 
 def _write_trace_csv(path: Path, trace: list, p: int) -> None:
-    cols = ["iter", "time_s", "step", "delta", "sigma2", "beta"] + [f"gamma_{i}" for i in range(p)] + ["max_staleness"]
+    """The trace as a table: SPEC's trace keys with gamma spread over gamma_0..gamma_{p-1}, then `loglik` (the
+    server's ℓ estimate on theta rows and the exact ℓ on the final row; empty elsewhere)."""
+    cols = ["iter", "time_s", "step", "delta", "sigma2", "beta"] + [f"gamma_{i}" for i in range(p)]
+    cols += ["max_staleness", "loglik"]
+    fmt = lambda v: "" if v is None else repr(v)  # noqa: E731
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(cols)
-        for r in trace:
-            r = _trace_row_json(r)
+        for raw in trace:
+            r = _trace_row_json(raw)
             g = list(r["gamma"]) + [None] * (p - len(r["gamma"]))
-            fmt = lambda v: "" if v is None else repr(v)  # noqa: E731
             vals = [r["iter"], fmt(r["time_s"]), r["step"], fmt(r["delta"]), fmt(r["sigma2"]), fmt(r["beta"])]
-            vals += [fmt(v) for v in g[:p]] + [r["max_staleness"]]
+            vals += [fmt(v) for v in g[:p]] + [r["max_staleness"], fmt(_num(raw.get("loglik")))]
             w.writerow(vals)
 
 
@@ -190,7 +194,7 @@ def write_results(out_dir, result: FitResult) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         (tmp / FIT_JSON).write_text(text + "\n")
-        _write_trace_csv(tmp / TRACE_CSV, doc["trace"], len(doc["params"]["gamma"]))
+        _write_trace_csv(tmp / TRACE_CSV, result.trace, len(doc["params"]["gamma"]))
         _write_model_zarr(tmp / MODEL_ZARR, result)
         if not out.exists():
             try:
@@ -260,6 +264,7 @@ def load_trace_csv(out_dir) -> list[dict]:
                 "iter": int(r["iter"]), "time_s": float(r["time_s"]), "step": r["step"],
                 "delta": _f(r["delta"]), "sigma2": _f(r["sigma2"]), "beta": _f(r["beta"]),
                 "gamma": gam, "max_staleness": int(r["max_staleness"]),
+                "loglik": _f(r.get("loglik") or ""),
             })
     return rows
 
