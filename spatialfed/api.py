@@ -31,11 +31,13 @@ MODES = ("sync", "async")
 RESIDUALS = ("full", "mpp", "pp")
 RUNTIMES = ("dask", "simulated")
 PROFILES = ("balanced", "straggler", "graded")
+#: async strategy presets: "paper" (Remark 8 defaults), and FitConfig.<name>() for the others
+PRESETS = ("paper", "tuned", "basic")
 
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
-    "strategies", "progress", "scheduler_timeout",
+    "strategies", "progress", "scheduler_timeout", "preset",
 )
 
 
@@ -68,6 +70,9 @@ class FederatedGP:
     strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
     progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
     scheduler_timeout : seconds to wait for the scheduler at ``scheduler`` before giving up.
+    preset : async settings: "paper" (the paper's strategies and Remark 8 defaults), "tuned"
+        (``FitConfig.tuned()``: see docs/algorithm.md) or "basic" (every strategy off, the ablation baseline);
+        ``strategies`` entries override the preset.
 
     Attributes (after ``fit``)
     --------------------------
@@ -82,7 +87,7 @@ class FederatedGP:
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True, scheduler_timeout=5.0):
+                 strategies=None, progress=True, scheduler_timeout=5.0, preset="paper"):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -105,6 +110,7 @@ class FederatedGP:
         self.strategies = strategies
         self.progress = progress
         self.scheduler_timeout = scheduler_timeout
+        self.preset = preset
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -155,8 +161,15 @@ class FederatedGP:
             if self.mode == "sync" and A != J:
                 raise ValueError(f"mode='sync' aggregates all J = {J} workers; agg_threshold={A} needs mode='async'")
         extra = dict(self.strategies or {})
-        return FitConfig(mode=self.mode, agg_threshold=A, max_iter=self.max_iter, tol=self.tol,
-                         time_budget=self.time_budget, **extra).resolved(J)
+        settings = dict(agg_threshold=A, max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, **extra)
+        preset = self.preset
+        if preset == "paper" or self.mode == "sync":  # sync: every quantity is fresh, the async presets do not apply
+            return FitConfig(mode=self.mode, **settings).resolved(J)
+        factory = getattr(FitConfig, preset, None) if preset in PRESETS else None
+        if factory is None:
+            available = ["paper"] + [name for name in PRESETS[1:] if hasattr(FitConfig, name)]
+            raise ValueError(f"preset must be one of {available}, got {preset!r}")
+        return factory(**settings).resolved(J)
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
         from spatialfed.runtime.heterogeneity import resolve_slowdowns

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spatialfed.api import METHODS, MODES, PROFILES, RESIDUALS, RUNTIMES
+from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
 
 
 def float_list(text: str) -> list[float]:
@@ -38,6 +38,9 @@ def register_fit(subparsers) -> None:
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",
                    help="async: aggregate once A new quantities of the current step arrived (1..J; default "
                         "ceil(0.2·J))")
+    p.add_argument("--preset", choices=PRESETS, default="paper",
+                   help="async strategy settings: paper (gradient correction, staleness weights, moving average with "
+                        "Remark 8's defaults), tuned (see docs/algorithm.md) or basic (all off); default paper")
     p.add_argument("--max-iter", type=int, default=50, help="maximum iterations (default 50)")
     p.add_argument("--tol", type=float, default=1e-5, help="relative parameter change to stop at (default 1e-5)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="stop after this long")
@@ -88,7 +91,7 @@ def run_fit(args) -> None:
         agg_threshold=args.agg_threshold, max_iter=args.max_iter, tol=args.tol, runtime=args.runtime,
         profile=args.profile, slowdown=args.slowdown, scheduler=args.scheduler, seed=args.seed,
         n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
-        progress=not args.quiet,
+        progress=not args.quiet, preset=args.preset,
     )
     gp.fit(args.store)
     out = gp.save(args.out)

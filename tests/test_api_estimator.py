@@ -223,3 +223,20 @@ def test_knots_inside_a_domain_file(projected_store, tmp_path):
     with pytest.raises(DataError, match="outside the domain"):
         FederatedGP(knots=np.array([[180_100.0, 330_100.0]]), runtime="simulated", domain=tmp_path / "dom.gpkg",
                     progress=False).fit(path)
+
+
+@pytest.mark.parametrize("preset", ["paper", "basic", "tuned"])
+def test_async_presets(store, preset):
+    from spatialfed.algorithm.config import FitConfig
+
+    if not hasattr(FitConfig, preset) and preset != "paper":
+        pytest.skip(f"FitConfig.{preset} not available")
+    gp = FederatedGP(mode="async", knots=9, agg_threshold=2, runtime="simulated", max_iter=2, preset=preset,
+                     strategies={"omega": 0.5}, progress=False).fit(store)
+    assert gp.config_.omega == 0.5  # strategies override the preset
+    assert gp.config_.moving_average == (preset == "paper")
+
+
+def test_unknown_preset(store):
+    with pytest.raises(ValueError, match="preset must be one of"):
+        FederatedGP(mode="async", runtime="simulated", preset="fastest", progress=False).fit(store)
