@@ -59,12 +59,13 @@ def say(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-def fit(store, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None, strategies=None):
+def fit(store, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None, strategies=None,
+        preset="paper"):
     from spatialfed.api import FederatedGP
 
     gp = FederatedGP(mode=mode, residual="full", knots=M, nu=NU, agg_threshold=AGG if mode == "async" else None,
                      max_iter=max_iter, tol=tol, runtime=runtime, profile=profile, client=client, seed=0,
-                     time_budget=time_budget, strategies=strategies, progress=False)
+                     time_budget=time_budget, strategies=strategies, preset=preset, progress=False)
     tic = time.perf_counter()
     gp.fit(store)
     say(f"  {runtime:9s} {profile:8s} {mode:5s}: {gp.n_iter_} iterations ({gp.stop_reason_}), "
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dask-workers", type=int, default=J,
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preset", default="paper", help="async strategy preset: paper (default), tuned or basic")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir")
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
                     sync_s = time_to_target(sync_gp.trace_, ref)
                     budget = None if sync_s is None else 20 * sync_s  # async gets 20× the sync time at most
                     async_gp = fit(store, runtime, "async", profile, client, max_iter=args.max_iter,
-                                   time_budget=budget, strategies=args.async_options)
+                                   time_budget=budget, strategies=args.async_options, preset=args.preset)
                     async_s = time_to_target(async_gp.trace_, ref)
                     ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
                     results.append({"profile": profile, "runtime": runtime, "sync_s": sync_s, "async_s": async_s,
