@@ -31,6 +31,8 @@ def test_each_strategy_switches_off_alone_and_basic_has_none():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(mode="fast"), "mode must be one of"),
     (dict(hessian="bfgs"), "hessian must be one of"),
+    (dict(mean_step="gls"), "mean_step must be one of"),
+    (dict(alpha_rule="adaptive"), "alpha_rule must be one of"),
     (dict(agg_threshold=0), "agg_threshold must be an integer in 1..J"),
     (dict(alpha=1.5), "alpha"),
     (dict(omega=1.0), "omega"),
@@ -49,3 +51,11 @@ def test_threshold_checked_against_J():
     with pytest.raises(ValueError, match="mode='sync' aggregates all J=4"):
         FitConfig(mode="sync", agg_threshold=2).resolved(4)
     assert FitConfig(mode="sync", agg_threshold=4).resolved(4).agg_threshold == 4
+
+
+def test_joint_mean_step_is_the_default_and_tuned_names_its_settings():
+    assert FitConfig().mean_step == "joint" and FitConfig(mean_step="block").mean_step == "block"
+    tuned = FitConfig.tuned(agg_threshold=2).resolved(10)
+    assert (tuned.mode, tuned.agg_threshold, tuned.alpha, tuned.alpha_rule) == ("async", 2, 1.0, "staleness")
+    assert tuned.correction and not (tuned.adaptive_weights or tuned.moving_average)
+    assert FitConfig.tuned(moving_average=True).resolved(10).moving_average

@@ -79,3 +79,9 @@ def test_moving_average_weights_and_values():
     newest_first = [np.array([4.0, 1.0]), np.array([2.0, 1.0]), np.array([0.0, 1.0])]
     expected = (np.array([4.0, 1.0]) + 0.7 * np.array([2.0, 1.0]) + 0.49 * np.array([0.0, 1.0])) / (1 + 0.7 + 0.49)
     np.testing.assert_allclose(st.moving_average(newest_first, 0.7), expected)
+
+
+def test_staleness_step_size_scales_with_mean_staleness():
+    assert st.staleness_step_size(1.0, st.uniform_weights(4), [0, 0, 0, 0]) == 1.0
+    assert st.staleness_step_size(1.0, st.uniform_weights(4), [0, 0, 2, 6]) == pytest.approx(1 / 3)
+    assert st.staleness_step_size(0.5, np.array([0.5, 0.5]), [1, 3]) == pytest.approx(0.5 / 3)

@@ -8,7 +8,7 @@ from test_algorithm_reference import TRUTH, LowRankReference, simulate, single_b
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented
 from spatialfed.runtime.heterogeneity import NetworkDelay, extra_wait, profile_slowdowns, resolve_slowdowns
-from spatialfed.runtime.virtual import FlopCost, MeasuredCost, run_virtual
+from spatialfed.runtime.virtual import FlopCost, MeasuredCost, run_virtual, settle_time
 
 
 def test_profiles():
@@ -75,3 +75,56 @@ def test_measured_cost_clock_advances_with_real_compute(data):
                          slowdowns="graded", cost=MeasuredCost())
     times = [row["time_s"] for row in server.trace]
     assert server.done and times[0] > 0 and times == sorted(times)
+
+
+def test_simultaneous_arrivals_are_one_batch_so_tuned_async_is_sync_when_balanced(data):
+    """Equal workers finish together; with every quantity fresh, τ̄ = 0 gives α = 1: the synchronous trajectory."""
+    models, knots, kernel = data
+    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=5))
+    tuned = run_virtual(models, knots, kernel, FitConfig.tuned(agg_threshold=1, max_iter=5))
+    assert tuned.trace == sync.trace and tuned.loglik == sync.loglik
+
+
+def test_settle_time():
+    ref = {"delta": 1.0, "sigma2": 2.0, "beta": 0.1, "gamma": [1.0, -2.0]}
+    rows = [{**ref, "time_s": 0.0, "beta": 0.2}, {**ref, "time_s": 1.0}, {**ref, "time_s": 2.0, "gamma": [1.01, -2.0]},
+            {**ref, "time_s": 3.0, "gamma": [1.0005, -2.0]}, {**ref, "time_s": 4.0}]
+    assert settle_time(rows, ref) == 3.0
+    assert settle_time(rows[:3], ref) is None
+
+
+@pytest.fixture(scope="module")
+def ten_workers():
+    """J = 10 × 100 points, full residual: the benchmark's design at a test's size."""
+    models, knots, kernel = simulate(J=10, n=100, residual="full")
+    reference = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10))
+    phi = reference.params
+    return (models, knots, kernel), {"delta": phi.delta, "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma}
+
+
+def settle_ratio(data, reference, config, profile):
+    """Time until async settles within 1e-3 of the converged estimate, over the same for sync (the benchmark)."""
+    models, knots, kernel = data
+    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10), slowdowns=profile)
+    fit = run_virtual(models, knots, kernel, config, slowdowns=profile)
+    settled = settle_time(fit.trace, reference)
+    return fit, None if settled is None else settled / settle_time(sync.trace, reference)
+
+
+def test_tuned_async_beats_sync_when_graded_and_ties_when_balanced(ten_workers):
+    data, reference = ten_workers
+    tuned = FitConfig.tuned(agg_threshold=2, max_iter=300, tol=1e-10)
+    assert settle_ratio(data, reference, tuned, "balanced")[1] == 1.0
+    assert settle_ratio(data, reference, tuned, "graded")[1] < 1.0
+
+
+def test_strategies_stabilise_what_diverges_without_them(ten_workers):
+    """Full Newton steps (α = 1) on stale quantities diverge; with every strategy on (α_t = 1/(1 + τ̄_t)) they settle."""
+    data, reference = ten_workers
+    none, none_ratio = settle_ratio(data, reference, FitConfig.basic(agg_threshold=2, alpha=1.0, max_iter=150),
+                                    "graded")
+    every = FitConfig(mode="async", agg_threshold=2, alpha=1.0, alpha_rule="staleness", T_c=0, omega=0.5, t_M=2,
+                      max_iter=300, tol=1e-10)
+    stable, stable_ratio = settle_ratio(data, reference, every, "graded")
+    assert none_ratio is None and stable_ratio is not None
+    assert none.loglik < stable.loglik - 10

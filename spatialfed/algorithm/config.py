@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 MODES = ("sync", "async")
 HESSIANS = ("profile", "block")
 MEAN_STEPS = ("joint", "block")
+ALPHA_RULES = ("fixed", "staleness")
 STRATEGIES = ("correction", "adaptive_weights", "moving_average")
 
 
@@ -18,6 +19,7 @@ class FitConfig:
     mode: str = "sync"
     agg_threshold: int | None = None
     alpha: float | None = None
+    alpha_rule: str = "fixed"
     correction: bool | None = None
     adaptive_weights: bool | None = None
     moving_average: bool | None = None
@@ -39,6 +41,8 @@ class FitConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
+        if self.alpha_rule not in ALPHA_RULES:
+            raise ValueError(f"alpha_rule must be one of {ALPHA_RULES}, got {self.alpha_rule!r}")
         if self.mean_step not in MEAN_STEPS:
             raise ValueError(f"mean_step must be one of {MEAN_STEPS}, got {self.mean_step!r}")
         if self.agg_threshold is not None and (int(self.agg_threshold) != self.agg_threshold or self.agg_threshold < 1):
@@ -62,6 +66,14 @@ class FitConfig:
     def basic(cls, **changes) -> "FitConfig":
         """Asynchronous aggregation with every strategy off: the 'none' arm of the ablation (Fig. 5)."""
         return cls(**{"mode": "async", **dict.fromkeys(STRATEGIES, False), **changes})
+
+    @classmethod
+    def tuned(cls, **changes) -> "FitConfig":
+        """Asynchronous settings tuned for the profile Hessian (docs/algorithm.md, "Tuning"): gradient correction
+        (Eq. 15) on, uniform weights, no moving average, α_t = 1/(1 + τ̄_t) with τ̄_t the mean staleness of the theta
+        quantities aggregated."""
+        return cls(**{"mode": "async", "correction": True, "adaptive_weights": False, "moving_average": False,
+                      "alpha": 1.0, "alpha_rule": "staleness", **changes})
 
     def resolved(self, n_workers: int) -> "FitConfig":
         """Copy with concrete agg_threshold, alpha (0.5·A/J async, 1 sync) and strategy flags for J workers."""

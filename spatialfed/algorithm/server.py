@@ -13,7 +13,7 @@ that estimate) → "done".
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from spatialfed.algorithm.strategies import (
     aggregate,
     corrected_gradient,
     moving_average,
+    staleness_step_size,
     staleness_weights,
     uniform_weights,
 )
@@ -108,21 +109,25 @@ class FederatedServer:
         tasks = [(j, self.next_task(j)) for j in range(self.n_workers) if not self.busy(j)]
         return [(j, p) for j, p in tasks if p is not None]
 
-    def receive(self, q: Quantity, now: float) -> None:
-        """Quantity q arrived from worker q.worker at `now` seconds since the fit started."""
-        j = q.worker
-        p = self._in_flight.pop(j, None)
-        if p is None:
-            raise RuntimeError(f"worker {j} sent a quantity without a task in flight")
-        if (q.t, q.step) != (p.t, p.step):
-            raise RuntimeError(f"worker {j} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
-        if j in self._obsolete:
-            self._obsolete.discard(j)
-            return
+    def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
+        """Quantities that arrived at `now` seconds since the fit started: one, or a batch that all enter ℚ before
+        the server checks Num.step (Algorithm 3's receiving thread fills ℚ while the aggregation loop waits)."""
+        for q in [qs] if isinstance(qs, Quantity) else qs:
+            j = q.worker
+            p = self._in_flight.pop(j, None)
+            if p is None:
+                raise RuntimeError(f"worker {j} sent a quantity without a task in flight")
+            if (q.t, q.step) != (p.t, p.step):
+                raise RuntimeError(f"worker {j} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+            if j in self._obsolete:
+                self._obsolete.discard(j)
+            elif self.phase == "loop":
+                self._Q[(j, q.step)] = (q, p.params)
+                self._num[q.step] += 1
+            else:
+                self._receive_synchronous(q, now)
         if self.phase == "loop":
-            self._receive_loop(q, p.params, now)
-        else:
-            self._receive_synchronous(q, now)
+            self._aggregate_ready(now)
 
     # --- Algorithm 3: buffers, counters, aggregation ---------------------------------------------------
     def _publish(self, p: Augmented) -> None:
@@ -139,9 +144,8 @@ class FederatedServer:
         """Agg_threshold; Algorithm 1's pass (t = 0) waits for all J workers."""
         return self.n_workers if self.t == 0 else self.config.agg_threshold
 
-    def _receive_loop(self, q: Quantity, at: Params, now: float) -> None:
-        self._Q[(q.worker, q.step)] = (q, at)
-        self._num[q.step] += 1
+    def _aggregate_ready(self, now: float) -> None:
+        """Aggregate while the current step has Num.step ≥ Agg_threshold, then check the time budget."""
         while self.phase == "loop" and self._num[STEPS[self._step]] >= self._threshold:
             self._aggregate(now)
         budget = self.config.time_budget
@@ -229,7 +233,10 @@ class FederatedServer:
         H = total["hess"]
         if cfg.hessian == "profile":
             H = blocks.profile_hessian(H, total["d2_du_dmu"], total["d2_du_dSigma"], phi.Sigma)
-        u = blocks.newton_step(phi.u, total["grad"], H, alpha=cfg.alpha, bound=cfg.step_bound, floor=cfg.eig_floor)
+        alpha = cfg.alpha
+        if cfg.alpha_rule == "staleness":
+            alpha = staleness_step_size(cfg.alpha, w, [self.t - q.t for q, _ in entries])
+        u = blocks.newton_step(phi.u, total["grad"], H, alpha=alpha, bound=cfg.step_bound, floor=cfg.eig_floor)
         return {"u": u}
 
     def _moving_average(self, step: str, block: dict) -> dict:

@@ -1,4 +1,5 @@
-"""The three asynchronous strategies of Section 4 (SPEC §4): adaptive weights, gradient correction, moving average.
+"""The three asynchronous strategies of Section 4 (SPEC §4): adaptive weights, gradient correction, moving average;
+and the staleness-scaled step size of Section 5.
 
 Each is a small pure function; the server decides when to apply them.
 """
@@ -24,6 +25,11 @@ def staleness_weights(t: int, t_js: Sequence[int], grad_norm: float, a: float, T
         return uniform_weights(t_js.size)
     raw = (t - t_js + 1.0 + max(np.sqrt(t), grad_norm)) ** (-a)
     return raw / raw.sum()
+
+
+def staleness_step_size(alpha: float, weights: np.ndarray, staleness: Sequence[int]) -> float:
+    """α_t = α / (1 + τ̄_t), τ̄_t = Σ_j w_j τ_j: the (τ̄ + 1)⁻¹ scaling of Section 5 (no factor in the maximum staleness)."""
+    return alpha / (1.0 + float(np.dot(weights, staleness)))
 
 
 def corrected_gradient(xi: Mapping, at: Params, rec: Params) -> np.ndarray:

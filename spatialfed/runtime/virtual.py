@@ -5,9 +5,9 @@ Each worker holds at most one task. When worker j takes p, its quantity L_j(p) i
 
     now + network(p) + s_j · cost(p) + network(q),
 
-s_j the worker's slowdown. Events are processed in time order (ties by submission order), so with the
-deterministic `FlopCost` a run is reproducible to the bit and immune to machine noise; `MeasuredCost` uses the
-measured compute time instead.
+s_j the worker's slowdown. Events are processed in time order; quantities finishing at the same instant reach the
+server as one batch (all enter ℚ before it checks Num.step). With the deterministic `FlopCost` a run is reproducible
+to the bit and immune to machine noise; `MeasuredCost` uses the measured compute time instead.
 """
 
 from __future__ import annotations
@@ -83,5 +83,23 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
             finish = now + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
             heapq.heappush(events, (finish, next(order), q))
         now, _, q = heapq.heappop(events)
-        server.receive(q, now)
+        arrived = [q]
+        while events and events[0][0] == now:  # simultaneous arrivals reach the server together
+            arrived.append(heapq.heappop(events)[2])
+        server.receive(arrived, now)
     return server
+
+
+def settle_time(trace, reference, rtol: float = 1e-3) -> float | None:
+    """Earliest trace time from which every later row has δ, σ², β and each γ_k within rtol (relative) of
+    `reference` (a mapping with those keys); None when the last row is outside."""
+    def within(row) -> bool:
+        got = np.r_[row["delta"], row["sigma2"], row["beta"], row["gamma"]]
+        ref = np.r_[reference["delta"], reference["sigma2"], reference["beta"], reference["gamma"]]
+        return bool(np.all(np.abs(got - ref) <= rtol * np.abs(ref)))
+
+    ok = [within(row) for row in trace]
+    if not ok or not ok[-1]:
+        return None
+    first_good = max((i for i, flag in enumerate(ok) if not flag), default=-1) + 1
+    return float(trace[first_good]["time_s"])
