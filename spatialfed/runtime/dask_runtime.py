@@ -10,9 +10,10 @@ Where the data live
 How the loop runs
     Each federated worker has at most one task in flight. `server.dispatch()` yields (j, p) decisions which become
     ``client.submit(evaluate_task, spec_j, p, s_j, workers=[address_j], key="theta-w3-t12-1a2b3c", pure=False)``;
-    `distributed.as_completed` hands each finished quantity to ``server.receive(q, now)`` and the new decisions are
-    submitted at once. Keys start with the sub-step, so the dashboard's task stream colours tasks by sub-step and
-    its hover shows the worker and iteration. Everything runs inside the span ``spatialfed-fit``.
+    `distributed.as_completed` hands finished quantities to ``server.receive(qs, now)`` (those that finished together
+    as one batch) and the new decisions are submitted at once. Keys start with the sub-step, so the dashboard's task
+    stream colours tasks by sub-step and its hover shows the worker and iteration. Everything runs inside the span
+    ``spatialfed-fit``.
 
 Heterogeneity emulation
     A federated worker with slowdown s_j that computed a task in c seconds sleeps (s_j − 1)·c before returning
@@ -274,25 +275,31 @@ def run_dask(
             for j in range(J):
                 submit(j, None)
             # the event loop: at most one task in flight per federated worker
-            for fut in ac:
-                with lock:
-                    _, j, p = inflight.pop(fut.key)
-                step = "load" if p is None else p.step
-                if fut.status == "cancelled":
-                    reassign(j)
-                    submit(j, p)
-                    continue
-                if fut.status != "finished":
-                    raise _task_error(j, step, assignment[j], fut)
-                result = fut.result()
-                if on_result is not None:
-                    on_result(j, p, result)
-                if p is None:
-                    sizes[j] = int(result["n"])
-                    loaded.add(j)
-                else:
+            # quantities that finished together are delivered together (Algorithm 3's receiving thread fills ℚ
+            # while the aggregation waits): as_completed.batches() yields everything completed since the last batch
+            for batch in ac.batches():
+                arrived = []
+                for fut in batch:
+                    with lock:
+                        _, j, p = inflight.pop(fut.key)
+                    step = "load" if p is None else p.step
+                    if fut.status == "cancelled":
+                        reassign(j)
+                        submit(j, p)
+                        continue
+                    if fut.status != "finished":
+                        raise _task_error(j, step, assignment[j], fut)
+                    result = fut.result()
+                    if on_result is not None:
+                        on_result(j, p, result)
+                    if p is None:
+                        sizes[j] = int(result["n"])
+                        loaded.add(j)
+                    else:
+                        arrived.append(result)
+                if arrived:
                     now = time.perf_counter() - t0
-                    server.receive(result, now)
+                    server.receive(arrived, now)
                     if on_event is not None:
                         on_event(server, now)
                     if server.done:
