@@ -4,6 +4,15 @@ import numpy as np
 import pytest
 
 from spatialfed.model.matern import Matern
+from spatialfed.runtime.cluster import limit_blas_threads
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_blas_thread():
+    """Hold numpy's and scipy's OpenBLAS to one thread: the tests' matrices are small, and two thread pools
+    spinning against each other on a 2-core machine made the suite several times slower."""
+    with limit_blas_threads(1):
+        yield
 
 
 def grid_knots(side: int, lo: float = 0.1, hi: float = 0.9) -> np.ndarray:
