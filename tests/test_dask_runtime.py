@@ -200,7 +200,7 @@ def test_client_never_holds_raw_data(cluster, store, monkeypatch):
     held = {}
 
     def peek(server, now):
-        if not held:
+        if not held and server.phase == "loop":  # every worker has answered the φ₀ passes: all partitions loaded
             held.update(cluster.client.run(registry_keys))
 
     results = []
@@ -243,6 +243,28 @@ def test_fit_cli_on_a_running_scheduler(cluster, store, parts, tmp_path, capsys)
     assert fit.method == "lowrank" and fit.residual == "full" and fit.converged
     assert fit.loglik == pytest.approx(loglik_at(fit.params, parts, fit.knots), rel=1e-9)
     assert (out / "trace.csv").exists() and (out / "model.zarr").is_dir()
+
+
+def test_slowdown_emulation_waits_s_minus_one_times_the_cpu_time(store):
+    """evaluate_task run here (not on the cluster): c CPU seconds of compute, then (s − 1)·c of sleep."""
+    import time
+
+    from spatialfed.algorithm.protocol import Augmented
+    from spatialfed.model.params import Params
+
+    spec = dask_runtime.PartitionSpec("slowdown-test", str(store), 0, knots49(), NU, "full")
+    phi = Params(np.zeros(M), 0.1 * np.eye(M), np.zeros(5), 0.25, 1.0, 0.1)
+    try:
+        dask_runtime.evaluate_task(spec, Augmented(phi, 0, "theta"), 1.0)  # load and factorise once
+        with limit_blas_threads(1):
+            tic, cpu = time.perf_counter(), time.thread_time()
+            q = dask_runtime.evaluate_task(spec, Augmented(phi.replace(delta=0.3), 1, "theta"), 4.0)
+            wall, cpu = time.perf_counter() - tic, time.thread_time() - cpu
+        assert q.step == "theta" and q.t == 1 and q.worker == 0
+        assert wall >= 3.9 * cpu > 0
+    finally:
+        dask_runtime.release_partitions("slowdown-test")
+    assert dask_runtime._REGISTRY == {}
 
 
 def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, reference):

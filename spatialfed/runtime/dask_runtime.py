@@ -16,7 +16,7 @@ How the loop runs
     ``spatialfed-fit``.
 
 Heterogeneity emulation
-    A federated worker with slowdown s_j that computed a task in c seconds sleeps (s_j − 1)·c before returning
+    A federated worker with slowdown s_j that computed a task for c CPU seconds sleeps (s_j − 1)·c before returning
     (`heterogeneity.extra_wait`), as if it ran on a machine s_j times slower.
 """
 
@@ -90,11 +90,14 @@ def load_task(spec: PartitionSpec) -> dict:
 
 
 def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0) -> Quantity:
-    """L_j(p) (protocol.evaluate) on the partition held in this process, then the emulated slowdown wait."""
+    """L_j(p) (protocol.evaluate) on the partition held in this process, then the emulated slowdown wait.
+
+    The wait is (s_j − 1)·c with c the task's CPU time (`time.thread_time`; BLAS is single-threaded on the workers),
+    so a slowed worker emulates a machine s_j times slower even when the host's cores are shared and busy."""
     lm = _local_model(spec)
-    tic = time.perf_counter()
+    tic = time.thread_time()  # CPU seconds of this task: unlike wall time, not inflated by other processes' load
     q = evaluate(lm, p, spec.worker)
-    wait = extra_wait(time.perf_counter() - tic, slowdown)
+    wait = extra_wait(time.thread_time() - tic, slowdown)
     if wait > 0:
         time.sleep(wait)
     return q
