@@ -1,0 +1,230 @@
+"""Figures 5–12 of the paper (Section 6.2): asynchronous against synchronous fitting of the low-rank model.
+
+    python pipelines/async_vs_sync.py --figure 5|6|7|8|9|10|11|12 [--quick|--full] [--out DIR]
+                                      [--runtime virtual|dask] [--preset tuned|paper|basic]
+
+(`fig5_ablation.py` … `fig12_partitions.py` are the same with the figure fixed.) Each panel simulates one SPEC §7
+data set (full local covariance, ν = 0.5, β = 0.1 unless the figure varies them), computes the reference estimate
+(a synchronous fit run to tol 1e-10) and runs the synchronous and the asynchronous algorithm with the workers slowed
+by 62 / cores (the paper's cores per worker). The default runtime is the virtual clock (`FlopCost`: reproducible,
+independent of this machine's load); `--runtime dask` runs real fits on an embedded Dask cluster with the slowdowns
+emulated (wall-clock seconds; on a 2-core machine the workers share cores, so wall times mix in contention).
+
+Convergence is the maximum relative error of (δ, σ², β, γ₁..γ₅) against the reference over time; "settle time" is
+the time from which it stays ≤ 1e-3. Writes trace.csv (one row per theta aggregation), summary.csv (settle time,
+iterations, final error per panel and mode; rmse.csv for Figure 9) and fig<N>_*.png.
+
+Figure 5 (strategy ablation) runs, for Agg_threshold 2, 4 and 8 under the graded profile, the asynchronous algorithm
+with no strategy, each strategy alone and all three, every arm with the same fixed step size α (`--alpha`, default 1:
+the synchronous step) so that only the strategies differ.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+
+import experiments as ex  # noqa: E402
+
+NAMES = {5: "fig5_ablation", 6: "fig6_imbalance", 7: "fig7_unequal_sizes", 8: "fig8_worker_counts",
+         9: "fig9_prediction", 10: "fig10_local_sizes", 11: "fig11_kernels", 12: "fig12_partitions"}
+TITLES = {5: "Figure 5: asynchronous strategies (graded cores 62→3)",
+          6: "Figure 6: async vs sync under core imbalance",
+          7: "Figure 7: async vs sync with unequal local sizes (graded cores)",
+          8: "Figure 8: async vs sync across worker counts (graded cores)",
+          9: "Figure 9: prediction RMSE at held-out points over time",
+          10: "Figure 10: async vs sync across local sample sizes (graded cores)",
+          11: "Figure 11: async vs sync across kernels (graded cores)",
+          12: "Figure 12: async vs sync across partition schemes (graded cores)"}
+QUICK = {"J": 10, "n": 200, "m": 100, "max_iter": 120, "tol": 1e-6, "imbalance": (62, 31, 12, 3),
+         "sizes_range": (100, 300), "Js": (5, 10, 20), "ns": (150, 200, 300), "agg": (2, 4, 8), "m_pred": 100,
+         "test_size": 100, "area_J": 9}
+FULL = {"J": 10, "n": 5000, "m": 100, "max_iter": 300, "tol": 1e-7, "imbalance": (62, 31, 12, 3),
+        "sizes_range": (2500, 7500), "Js": (5, 20, 40), "ns": (6000, 8000, 10000), "agg": (2, 4, 8), "m_pred": 500,
+        "test_size": 100, "area_J": 9}
+KERNELS = [(0.5, 0.1), (0.5, 0.3), (0.5, 0.7), (1.5, 0.1), (1.5, 0.3), (1.5, 0.7)]   # (ν, effective range)
+
+
+def panels_for(figure: int, c: dict, preset: str, alpha: float, seed: int, profile: str = "graded"):
+    """[(panel id, label, task)] for one figure; validates the configuration."""
+    J, n = ex.positive_int(c["J"], "J"), ex.positive_int(c["n"], "n_j")
+    m = ex.check_knots(c["m"], J * n)
+    common = dict(fn="convergence_run", experiment=NAMES[figure], m=m, max_iter=ex.positive_int(c["max_iter"],
+                  "max_iter"), tol=c["tol"], preset=preset, seed=seed)
+    graded = ex.profile_cores(profile, J)
+    out = []
+    if figure == 5:
+        for A in c["agg"]:
+            A = ex.positive_int(A, "Agg_threshold")
+            if A > J:
+                raise ex.ConfigError(f"Agg_threshold {A} exceeds the number of workers J = {J}")
+            out.append((f"A={A}", f"Agg_threshold = {A}", dict(common, panel=f"A={A}", J=J, n=n, cores=graded,
+                                                             agg_threshold=A, arms=ex.ABLATION_ARMS, alpha=alpha,
+                                                             cost=J * n**3)))
+    elif figure in (6, 9):
+        for low in c["imbalance"]:
+            cores = ex.graded_cores(J, float(low))
+            ex.slowdowns_from_cores(cores)
+            label = "balanced (62 cores each)" if low == ex.MAX_CORES else f"cores 62→{low:g}"
+            task = dict(common, panel=f"min{low:g}", J=J, n=n, cores=cores, cost=J * n**3)
+            if figure == 9:
+                task.update(m=ex.check_knots(c["m_pred"], J * n), test_size=ex.positive_int(c["test_size"],
+                                                                                           "test size"))
+            out.append((f"min{low:g}", label, task))
+    elif figure == 7:
+        lo, hi = (ex.positive_int(v, "local size") for v in c["sizes_range"])
+        desc = np.linspace(hi, lo, J).round().astype(int)         # graded cores are descending: worker 0 fastest
+        rng = np.random.default_rng(seed + 7)
+        layouts = {"aligned": desc, "unaligned": rng.permutation(desc), "inverse": desc[::-1]}
+        for name, sizes in layouts.items():
+            out.append((name, f"{name}: more cores ↔ {'more' if name == 'aligned' else 'fewer' if name == 'inverse' else 'random'} data",
+                        dict(common, panel=name, sizes=[int(s) for s in sizes], cores=graded,
+                             m=ex.check_knots(c["m"], int(sizes.sum())), cost=float(np.sum(sizes.astype(float)**3)))))
+    elif figure == 8:
+        for Jp in c["Js"]:
+            Jp = ex.positive_int(Jp, "J")
+            out.append((f"J={Jp}", f"J = {Jp} workers", dict(common, panel=f"J={Jp}", J=Jp, n=n,
+                                                            m=ex.check_knots(c["m"], Jp * n),
+                                                            cores=ex.profile_cores(profile, Jp), cost=Jp * n**3)))
+    elif figure == 10:
+        for nj in c["ns"]:
+            nj = ex.positive_int(nj, "n_j")
+            out.append((f"n={nj}", f"n_j = {nj}", dict(common, panel=f"n={nj}", J=J, n=nj, cores=graded,
+                                                      cost=J * nj**3)))
+    elif figure == 11:
+        for nu, rng_ in KERNELS:
+            beta = ex.beta_for_range(nu, rng_)
+            out.append((f"nu={nu},r={rng_}", f"ν = {nu}, β = {beta:.3f} (range {rng_})",
+                        dict(common, panel=f"nu={nu},r={rng_}", J=J, n=n, nu=nu, beta=beta, cores=graded,
+                             cost=J * n**3)))
+    elif figure == 12:
+        for scheme in ex.PARTITIONS:
+            Jp = ex.positive_int(c["area_J"], "J for the area partition") if scheme == "area" else J
+            out.append((scheme, f"{scheme} partition (J = {Jp})",
+                        dict(common, panel=scheme, J=Jp, n=n, partition=scheme, cores=ex.profile_cores(profile, Jp),
+                             m=ex.check_knots(c["m"], Jp * n), cost=Jp * n**3)))
+    else:
+        raise ex.ConfigError(f"unknown figure {figure}; choose one of {sorted(NAMES)}")
+    return out
+
+
+def run_dask(tasks, preset, workers):
+    """The same panels on an embedded Dask cluster (FederatedGP, runtime='dask', slowdowns emulated)."""
+    import tempfile
+
+    from spatialfed.api import FederatedGP
+    from spatialfed.data.geometry import jittered_unit_grid
+    from spatialfed.data.simulate import simulate_store
+    from spatialfed.data.store import load_worker
+    from spatialfed.model.matern import Matern
+    from spatialfed.runtime.cluster import make_cluster
+    from spatialfed.algorithm.config import FitConfig
+    from spatialfed.runtime.virtual import run_virtual
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, make_cluster(None, n_workers=workers) as handle:
+        for task in tasks:
+            if task.get("arms") or task.get("test_size"):
+                raise ex.ConfigError("--runtime dask covers the async-vs-sync convergence figures (6–8, 10–12); "
+                                     "Figures 5 and 9 need the virtual clock")
+            store = Path(tmp) / f"{task['panel']}.zarr".replace("=", "_").replace(",", "_")
+            kw = dict(nu=task.get("nu", 0.5), beta=task.get("beta", 0.1), partition=task.get("partition", "random"),
+                      seed=task["seed"])
+            if task.get("sizes") is not None:
+                info = simulate_store(store, sizes=task["sizes"], **kw)
+            else:
+                info = simulate_store(store, task["J"], task["n"], **kw)
+            J, kernel = info.n_workers, Matern(kw["nu"])
+            knots = jittered_unit_grid(task["m"], seed=task["seed"] + 10_000)
+            parts = [load_worker(info.path, j) for j in range(J)]
+            ref = run_virtual(ex._parts_models(parts, knots, kernel), knots, kernel,
+                              FitConfig(mode="sync", max_iter=100, tol=1e-10)).params
+            ref = {"gamma": ref.gamma, "delta": ref.delta, "sigma2": ref.sigma2, "beta": ref.beta}
+            slow = ex.slowdowns_from_cores(task["cores"]).tolist()
+            base = {"experiment": task["experiment"], "panel": task["panel"], "J": J, "m": task["m"]}
+            for mode in ("sync", "async"):
+                gp = FederatedGP(mode=mode, residual="full", knots=knots, nu=kw["nu"], max_iter=task["max_iter"],
+                                 tol=task["tol"], runtime="dask", slowdown=slow, client=handle.client, seed=0,
+                                 preset=preset, progress=False).fit(str(store))
+                tr = [r for r in gp.trace_ if r["step"] in ("init", "theta", "final")]
+                times = np.array([r["time_s"] for r in tr])
+                errs = np.array([ex.max_rel_error(r, ref) for r in tr])
+                rows += [{**base, "kind": "trace", "mode": mode, "time_s": t, "error": e} for t, e in zip(times, errs)]
+                rows.append({**base, "kind": "summary", "mode": mode, "settle_s": ex.settle(times, errs, 1e-3),
+                             "iterations": gp.n_iter_, "final_error": float(errs[-1]), "end_s": float(times[-1]),
+                             "stop_reason": gp.stop_reason_, "slowdowns": " ".join(f"{v:.3g}" for v in slow)})
+                ex.say(f"dask {task['panel']} {mode}: {gp.n_iter_} iterations, {times[-1]:.1f} s")
+    return rows
+
+
+def run(figure: int, c: dict, out: Path, workers: int, preset: str = "tuned", alpha: float = 1.0, seed: int = 0,
+        runtime: str = "virtual", publish=None, profile: str = "graded"):
+    """Run one figure into out/; returns (trace, summary) DataFrames."""
+    import pandas as pd
+
+    panels = panels_for(figure, c, preset, alpha, seed, profile)
+    tasks = [t for _, _, t in panels]
+    ex.say(f"{NAMES[figure]}: {len(tasks)} panels on {workers} worker(s), runtime {runtime}")
+    rows = run_dask(tasks, preset, workers) if runtime == "dask" else ex.run_tasks(tasks, workers, NAMES[figure])
+    df = pd.DataFrame(rows)
+    trace = df[df.kind == "trace"].dropna(axis=1, how="all")
+    summary = df[df.kind == "summary"].dropna(axis=1, how="all")
+    trace.to_csv(out / "trace.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    ids = [p for p, _, _ in panels]
+    labels = {p: lab for p, lab, _ in panels}
+    cores = {p: t["cores"] for p, _, t in panels}
+    clock = "wall" if runtime == "dask" else "virtual"
+    title = f"{TITLES[figure]} — {clock} clock"
+    if figure == 5:
+        modes = list(ex.ABLATION_ARMS)
+        colors = dict(zip(modes, ["#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]))
+        fig = ex.convergence_figure(trace, summary, ids, f"{title}, every arm α = {alpha:g}", labels, None,
+                                    modes=modes, colors=colors)
+    elif figure == 9:
+        rm = df[df.kind == "rmse"].dropna(axis=1, how="all")
+        rm.to_csv(out / "rmse.csv", index=False)
+        fig = ex.convergence_figure(rm, summary, ids, title, labels, cores, value="rmse",
+                                    ylabel="prediction RMSE at 100 held-out points")
+    else:
+        fig = ex.convergence_figure(trace, summary, ids, f"{title} ({preset} async preset)", labels,
+                                    None if figure == 11 else cores)
+    ex.save(fig, out / f"{NAMES[figure]}.png", publish)
+    return trace, summary
+
+
+def main(argv=None, figure: int | None = None) -> int:
+    ap = ex.base_parser(__doc__.splitlines()[0], "J = 10, n_j = 200, m = 100 (about 1–3 min on 2 cores)",
+                        "the paper's sizes (n_j = 5000 and more: hours on the virtual clock)",
+                        replicates=False, runtime=True)
+    if figure is None:
+        ap.add_argument("--figure", type=int, choices=sorted(NAMES), required=True)
+    ap.add_argument("--profile", default="graded",
+                    help="cores per worker for Figures 5, 7, 8, 10–12: graded (62→3, default), graded:<min cores>, "
+                         "straggler or balanced (Figures 6 and 9 sweep the imbalance themselves)")
+    ap.add_argument("--alpha", type=float, default=1.0, help="Figure 5: the fixed step size of every arm (default 1)")
+    args = ap.parse_args(argv)
+    fig_no = figure or args.figure
+    args = ex.finish_args(args, NAMES[fig_no])
+    if not 0 < args.alpha <= 1:
+        ex.fail(f"--alpha must be in (0, 1], got {args.alpha}")
+    c = dict(FULL if args.full else QUICK)
+    tic = time.perf_counter()
+    try:
+        _, summary = run(fig_no, c, args.out, args.workers, args.preset, args.alpha, args.seed, args.runtime,
+                         args.publish, args.profile)
+    except ex.ConfigError as e:
+        ex.fail(str(e))
+    cols = [k for k in ("panel", "mode", "settle_s", "iterations", "final_error", "max_error_late", "end_s")
+            if k in summary]
+    print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"done in {time.perf_counter() - tic:.0f} s; outputs in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

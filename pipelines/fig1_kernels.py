@@ -1,0 +1,12 @@
+"""Figure 1 of the paper: low-rank against independence (see lowrank_vs_independent.py).
+
+    python pipelines/fig1_kernels.py [--quick|--full] [--out DIR] [--replicates R] [--workers W]
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lowrank_vs_independent import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(figure=1))
