@@ -261,7 +261,7 @@ def test_slowdown_emulation_waits_s_minus_one_times_the_cpu_time(store):
             q = dask_runtime.evaluate_task(spec, Augmented(phi.replace(delta=0.3), 1, "theta"), 4.0)
             wall, cpu = time.perf_counter() - tic, time.thread_time() - cpu
         assert q.step == "theta" and q.t == 1 and q.worker == 0
-        assert wall >= 3.9 * cpu > 0
+        assert wall >= 3.5 * cpu > 0  # ≥ c + 3c of sleep, c the CPU time (margin for timer granularity)
     finally:
         dask_runtime.release_partitions("slowdown-test")
     assert dask_runtime._REGISTRY == {}
