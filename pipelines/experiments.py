@@ -143,6 +143,7 @@ def base_parser(description: str, quick: str, full: str, replicates: bool = True
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="full", action="store_false", help="small sizes, minutes on 2 cores (default)")
     size.add_argument("--full", dest="full", action="store_true", help="the paper's sizes (hours to days)")
+    ap.set_defaults(full=False)
     ap.add_argument("--out", type=Path, default=None, help="output directory (default out/<experiment>)")
     ap.add_argument("--workers", type=int, default=None,
                     help="Dask worker processes for the replicates (default: cores; 1 = in this process)")
@@ -516,7 +517,7 @@ def boxplot_figure(df, groups: list, group_label: str, title: str, truth: dict):
         ax.set_xlabel(group_label)
         ax.set_ylabel(f"estimate of {PARAM_LABELS[param]}")
         ax.grid(axis="y", alpha=0.3)
-        if param in ("sigma2", "beta"):
+        if param in ("sigma2", "beta", "delta"):
             ax.set_yscale("log")
     from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
