@@ -19,7 +19,7 @@ class FitConfig:
     mode: str = "sync"
     agg_threshold: int | None = None
     alpha: float | None = None
-    alpha_rule: str = "fixed"
+    alpha_rule: str = "fixed"  # "staleness": α_t = α / (1 + mean staleness of the theta quantities)
     correction: bool | None = None
     adaptive_weights: bool | None = None
     moving_average: bool | None = None
@@ -28,7 +28,7 @@ class FitConfig:
     omega: float = 0.7
     t_M: int = 8
     hessian: str = "profile"
-    mean_step: str = "joint"
+    mean_step: str = "joint"  # "joint": (μ, Σ, γ) given θ at the mu_sigma step; "block": Section 3.1's μ,Σ then γ
     step_bound: float = 1.0
     eig_floor: float = 1e-6
     max_iter: int = 50

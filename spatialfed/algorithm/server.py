@@ -2,8 +2,9 @@
 
 The server holds the worker buffers ℙ_j (sub-step-aware FIFO), the server buffer ℚ (latest quantity per worker and
 step), the counters Num.step and the parameter tuple φ. A runtime asks `next_task(j)` when worker j is idle, runs
-`protocol.evaluate` there, and hands the result back with `receive(q, now)`. `agg_threshold = J` with every strategy
-off is the synchronous algorithm of Section 3.1.
+`protocol.evaluate` there, and hands the result back with `receive(q, now)` (or a batch of results that arrived
+together). `agg_threshold = J` with every strategy off is the synchronous algorithm of Section 3.1
+(`mean_step="block"`: μ,Σ → γ → θ; the default `"joint"` updates (μ, Σ, γ) together at the mu_sigma step).
 
 Phases: "moments" → "variogram" (summaries for φ₀, init.py) → "loop" (iteration t = 0 is Algorithm 1's synchronous
 pass, t ≥ 1 are Algorithm 3's iterations) → "final" (synchronous μ*, Σ* at the final (γ, δ, θ)) → "value" (ℓ_LR at
@@ -233,9 +234,8 @@ class FederatedServer:
         H = total["hess"]
         if cfg.hessian == "profile":
             H = blocks.profile_hessian(H, total["d2_du_dmu"], total["d2_du_dSigma"], phi.Sigma)
-        alpha = cfg.alpha
-        if cfg.alpha_rule == "staleness":
-            alpha = staleness_step_size(cfg.alpha, w, [self.t - q.t for q, _ in entries])
+        staleness = [self.t - q.t for q, _ in entries]
+        alpha = staleness_step_size(cfg.alpha, w, staleness) if cfg.alpha_rule == "staleness" else cfg.alpha
         u = blocks.newton_step(phi.u, total["grad"], H, alpha=alpha, bound=cfg.step_bound, floor=cfg.eig_floor)
         return {"u": u}
 
