@@ -77,7 +77,7 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None) -> dict:
     info = simulate_networks(store, seed)
     print(f"simulated {sum(info.sizes)} stations in {info.n_workers} monitoring networks "
           f"({', '.join(f'{name}: {n}' for name, n in zip(NETWORKS, info.sizes))}) -> {store}", file=sys.stderr)
-    gp = FederatedGP(mode="async", residual="full", knots=100, nu=TRUTH["nu"], slowdown=list(SLOWDOWN),
+    gp = FederatedGP(mode="async", preset="tuned", residual="full", knots=100, nu=TRUTH["nu"], slowdown=list(SLOWDOWN),
                      domain=domain_from_bbox(*BBOX, crs=CRS), max_iter=60, seed=seed, n_dask_workers=n_dask_workers)
     gp.fit(store)
     fit_dir = out / "fit"
