@@ -290,10 +290,10 @@ def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, refe
 
 def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
     store = _small_store(tmp_path / "emb.zarr", 40)
-    gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=2).fit(store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=1).fit(store)
     err = capsys.readouterr().err
-    assert re.search(r"2 federated workers on 2 Dask worker\(s\); dashboard: http://127\.0\.0\.1:\d+/status", err)
-    assert gp.loglik_ is not None and len(set(gp.assignment_)) == 2
+    assert re.search(r"2 federated workers on 1 Dask worker\(s\); dashboard: http://127\.0\.0\.1:\d+/status", err)
+    assert gp.loglik_ is not None and len(set(gp.assignment_)) == 1  # both partitions share the one process
     import socket
 
     for address in gp.assignment_:  # the embedded cluster is shut down after the fit
