@@ -513,7 +513,7 @@ def boxplot_figure(df, groups: list, group_label: str, title: str, truth: dict):
             value = t[g] if isinstance(t, dict) else t
             ax.hlines(value, i - 0.45, i + 0.45, colors="red", linewidth=1.5)
         ax.set_xticks(np.arange(len(groups)))
-        ax.set_xticklabels([str(g) for g in groups], rotation=30 if len(groups) > 4 else 0, fontsize=8)
+        ax.set_xticklabels([str(g).replace(", ", "\n") for g in groups], fontsize=8)
         ax.set_xlabel(group_label)
         ax.set_ylabel(f"estimate of {PARAM_LABELS[param]}")
         ax.grid(axis="y", alpha=0.3)
