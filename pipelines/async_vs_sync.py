@@ -169,19 +169,25 @@ def run_dask(tasks, preset, workers):
 
 
 def run(figure: int, c: dict, out: Path, workers: int, preset: str = "tuned", alpha: float = 1.0, seed: int = 0,
-        runtime: str = "virtual", publish=None, profile: str = "graded"):
-    """Run one figure into out/; returns (trace, summary) DataFrames."""
+        runtime: str = "virtual", publish=None, profile: str = "graded", replot: bool = False):
+    """Run one figure into out/ (replot: redraw from out/'s CSV files); returns (trace, summary) DataFrames."""
     import pandas as pd
 
     panels = panels_for(figure, c, preset, alpha, seed, profile)
     tasks = [t for _, _, t in panels]
-    ex.say(f"{NAMES[figure]}: {len(tasks)} panels on {workers} worker(s), runtime {runtime}")
-    rows = run_dask(tasks, preset, workers) if runtime == "dask" else ex.run_tasks(tasks, workers, NAMES[figure])
-    df = pd.DataFrame(rows)
+    if replot:
+        parts = [pd.read_csv(out / f) for f in ("trace.csv", "summary.csv", "rmse.csv") if (out / f).exists()]
+        df = pd.concat(parts, ignore_index=True)
+    else:
+        ex.say(f"{NAMES[figure]}: {len(tasks)} tasks on {workers} worker(s), runtime {runtime}")
+        rows = (run_dask(tasks, preset, workers) if runtime == "dask"
+                else ex.run_tasks(tasks, workers, NAMES[figure]))
+        df = pd.DataFrame(rows)
     trace = df[df.kind == "trace"].dropna(axis=1, how="all")
     summary = df[df.kind == "summary"].dropna(axis=1, how="all")
-    trace.to_csv(out / "trace.csv", index=False)
-    summary.to_csv(out / "summary.csv", index=False)
+    if not replot:
+        trace.to_csv(out / "trace.csv", index=False)
+        summary.to_csv(out / "summary.csv", index=False)
     ids = list(dict.fromkeys(p for p, _, _ in panels))
     labels = {p: lab for p, lab, _ in panels}
     cores = {p: t["cores"] for p, _, t in panels}
@@ -194,7 +200,8 @@ def run(figure: int, c: dict, out: Path, workers: int, preset: str = "tuned", al
                                     modes=modes, colors=colors)
     elif figure == 9:
         rm = df[df.kind == "rmse"].dropna(axis=1, how="all")
-        rm.to_csv(out / "rmse.csv", index=False)
+        if not replot:
+            rm.to_csv(out / "rmse.csv", index=False)
         fig = ex.convergence_figure(rm, summary, ids, title, labels, cores, value="rmse",
                                     ylabel="prediction RMSE at 100 held-out points")
     else:
@@ -213,6 +220,7 @@ def main(argv=None, figure: int | None = None) -> int:
     ap.add_argument("--profile", default="graded",
                     help="cores per worker for Figures 5, 7, 8, 10–12: graded (62→3, default), graded:<min cores>, "
                          "straggler or balanced (Figures 6 and 9 sweep the imbalance themselves)")
+    ap.add_argument("--replot", action="store_true", help="redraw the figure from the CSV files in --out")
     ap.add_argument("--alpha", type=float, default=1.0, help="Figure 5: the fixed step size of every arm (default 1)")
     args = ap.parse_args(argv)
     fig_no = figure or args.figure
@@ -223,7 +231,7 @@ def main(argv=None, figure: int | None = None) -> int:
     tic = time.perf_counter()
     try:
         _, summary = run(fig_no, c, args.out, args.workers, args.preset, args.alpha, args.seed, args.runtime,
-                         args.publish, args.profile)
+                         args.publish, args.profile, args.replot)
     except ex.ConfigError as e:
         ex.fail(str(e))
     cols = [k for k in ("panel", "mode", "settle_s", "iterations", "final_error", "max_error_late", "end_s")

@@ -220,7 +220,7 @@ def run_tasks(tasks: list[dict], workers: int = 1, label: str = "tasks") -> list
         os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
         os.environ["PYTHONPATH"] = env["PYTHONPATH"]
         with LocalCluster(n_workers=min(workers, len(tasks)), threads_per_worker=1, processes=True,
-                          host="127.0.0.1", dashboard_address=None,
+                          host="127.0.0.1", dashboard_address=":0",
                           memory_limit=0) as cluster, Client(cluster) as client:
             order = sorted(range(len(tasks)), key=lambda i: -float(tasks[i].get("cost", 0.0)))
             futures = client.map(_call, [tasks[i] for i in order], pure=False)
@@ -556,6 +556,9 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
             ax.set_ylabel("cores", fontsize=8)
             ax.set_title((labels or {}).get(panel, panel), fontsize=10)
             ax.tick_params(labelsize=7)
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax = grid[-1, c]
         for k, mode in enumerate(modes):
             d = trace[(trace.panel == panel) & (trace["mode"] == mode)].sort_values("time_s")
