@@ -9,6 +9,7 @@ from spatialfed.demo import register_demo
 from spatialfed.errors import SpatialFedError
 from spatialfed.fitcli import register_fit
 from spatialfed.outputs.predictcli import register_map, register_predict
+from spatialfed.runtime.jobscriptcli import register_cluster_script
 
 
 def int_list(text: str) -> list[int]:
@@ -117,7 +118,8 @@ def run_ingest(args) -> None:
     _print_store(info)
 
 
-REGISTRATIONS = [register_simulate, register_ingest, register_fit, register_predict, register_map, register_demo]
+REGISTRATIONS = [register_simulate, register_ingest, register_fit, register_predict, register_map, register_demo,
+                 register_cluster_script]
 
 
 def build_parser() -> argparse.ArgumentParser:

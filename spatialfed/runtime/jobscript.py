@@ -1,0 +1,144 @@
+"""Batch job scripts for the dask-jobqueue runtime: what `spatialfed fit --jobqueue KIND` would submit, without
+submitting anything or starting a scheduler.
+
+``job_script("slurm", cores=4, memory="8GB", walltime="02:00:00", queue="short", account="proj42")`` returns the
+script text. It is built by the dask-jobqueue ``Job`` class of the batch system — the same object a
+``SLURMCluster``/``PBSCluster``/``SGECluster`` builds for its own ``cluster.job_script()`` (its "dummy job") — from
+the keyword arguments that ``jobqueue_kwargs`` assembles with the conventions of ``cluster.jobqueue_cluster``:
+one Dask worker process per job by default, ``cores`` threads, BLAS/OpenMP held to one thread
+(``cluster.SINGLE_THREAD_ENV`` exported in the prologue), ``account`` charged as ``-A`` (SLURM, PBS) or as the
+project ``-P`` (SGE). Since no scheduler runs, the worker command names the placeholder address
+``tcp://<insert-scheduler-address-here>:8786`` unless ``scheduler_address`` is given; `spatialfed fit` fills in the
+real address of the scheduler it starts.
+
+Settings can also come from a YAML file (``load_config``): a flat mapping of the same keys (``cores``, ``memory``,
+``walltime``, ``queue``, ``account``, ``processes``, ``jobs``, ``job_extra_directives``, ``job_script_prologue``,
+``interface``, ``local_directory``, ``log_directory``, ...; ``-`` and ``_`` are interchangeable), optionally with a
+section per batch system (``slurm: {queue: short}``) that overrides the flat keys for that system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from spatialfed.runtime.cluster import JOBQUEUE_KINDS, SINGLE_THREAD_ENV
+
+PLACEHOLDER_ADDRESS = "tcp://<insert-scheduler-address-here>:8786"
+
+#: settings with a spatialfed default (the defaults of `spatialfed fit --jobqueue`)
+DEFAULTS = {"cores": 1, "memory": "4GB", "walltime": "01:00:00", "queue": None, "account": None, "processes": 1,
+            "jobs": 1}
+#: keys that describe the submission, not one job's script
+SUBMISSION_KEYS = ("jobs",)
+
+
+def check_kind(kind: str) -> str:
+    """Lower-cased batch system name; ValueError naming the supported ones otherwise."""
+    name = str(kind).strip().lower()
+    if name not in JOBQUEUE_KINDS:
+        raise ValueError(f"unknown batch system {kind!r}; spatialfed supports {', '.join(JOBQUEUE_KINDS)} "
+                         "(dask-jobqueue's SLURMCluster, PBSCluster, SGECluster)")
+    return name
+
+
+def _normalise_keys(mapping: Mapping, where: str) -> dict:
+    out = {}
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where}: setting names must be strings, got {key!r}")
+        out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def load_config(path, kind: str | None = None) -> dict:
+    """Settings from a YAML file: flat keys, overridden by the section named after `kind` (e.g. ``slurm:``)."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read job configuration {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"job configuration {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"job configuration {path} must be a mapping of settings (cores: 4, memory: 8GB, ...), "
+                         f"got {type(data).__name__}")
+    data = dict(data)
+    if isinstance(data.get("jobqueue"), Mapping):  # dask-jobqueue's own layout: jobqueue: {slurm: {...}}
+        data = {**{k: v for k, v in data.items() if k != "jobqueue"}, **data["jobqueue"]}
+    sections = {name: data.pop(name) for name in JOBQUEUE_KINDS if name in data}
+    flat = _normalise_keys(data, str(path))
+    if kind is not None:
+        section = sections.get(check_kind(kind)) or {}
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{path}: section {kind!r} must be a mapping of settings")
+        flat.update(_normalise_keys(section, f"{path} [{kind}]"))
+    return flat
+
+
+def resolve_options(kind: str, config=None, **options) -> dict:
+    """DEFAULTS < YAML `config` (path or mapping) < explicit `options` (None values do not override)."""
+    kind = check_kind(kind)
+    if config is None:
+        from_file = {}
+    elif isinstance(config, Mapping):
+        from_file = _normalise_keys(config, "config")
+    else:
+        from_file = load_config(config, kind)
+    given = {k: v for k, v in _normalise_keys(options, "options").items() if v is not None}
+    return {**DEFAULTS, **from_file, **given}
+
+
+def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", queue=None, account=None,
+                    processes=1, interface=None, job_extra_directives=None, job_script_prologue=None,
+                    **job_kwargs) -> dict:
+    """Keyword arguments of the dask-jobqueue cluster / job class for `kind`, spatialfed's conventions
+    (those of ``cluster.jobqueue_cluster``): BLAS single-threaded in the prologue, account → ``-A`` / SGE ``-P``."""
+    kind = check_kind(kind)
+    cores, processes = int(cores), int(processes)
+    if cores < 1 or processes < 1 or processes > cores:
+        raise ValueError(f"need cores >= processes >= 1, got cores={cores}, processes={processes}")
+    prologue = [f"export {k}={v}" for k, v in SINGLE_THREAD_ENV.items()] + list(job_script_prologue or [])
+    kw = dict(cores=cores, processes=processes, memory=str(memory), walltime=str(walltime), queue=queue,
+              job_script_prologue=prologue, **job_kwargs)
+    if job_extra_directives:
+        if isinstance(job_extra_directives, str):
+            job_extra_directives = [job_extra_directives]
+        kw["job_extra_directives"] = [str(d) for d in job_extra_directives]
+    if account is not None:
+        kw["account" if kind in ("slurm", "pbs") else "project"] = str(account)
+    if interface is not None:
+        kw["interface"] = interface
+    return kw
+
+
+def job_class(kind: str):
+    """The dask-jobqueue Job class of a batch system (SLURMJob, PBSJob, SGEJob)."""
+    import dask_jobqueue
+
+    cluster_cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster,
+                   "sge": dask_jobqueue.SGECluster}[check_kind(kind)]
+    return cluster_cls.job_cls
+
+
+def job_script(kind: str, *, config=None, scheduler_address: str | None = None, **options) -> str:
+    """The batch script of one Dask-worker job for `kind` ("slurm" | "pbs" | "sge"); nothing is submitted or started.
+
+    `options`: cores, memory, walltime, queue, account, processes, job_extra_directives, job_script_prologue,
+    interface and any other dask-jobqueue job keyword; `config`: a YAML file (or mapping) of the same settings,
+    overridden by explicit options. `jobs` is accepted and ignored here (it is how many such scripts are submitted).
+    """
+    kind = check_kind(kind)
+    settings = resolve_options(kind, config, **options)
+    for key in SUBMISSION_KEYS:
+        settings.pop(key, None)
+    kw = jobqueue_kwargs(kind, **settings)
+    cls = job_class(kind)
+    try:
+        job = cls(scheduler_address or PLACEHOLDER_ADDRESS, name="dummy-name", **kw)
+    except TypeError as exc:  # an unknown keyword, most likely from the YAML file
+        raise ValueError(f"invalid {kind} job setting: {exc}") from exc
+    return job.job_script()
