@@ -37,7 +37,7 @@ PRESETS = ("paper", "tuned", "basic")
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
-    "strategies", "progress", "scheduler_timeout", "preset",
+    "strategies", "progress", "scheduler_timeout", "preset", "live",
 )
 
 
@@ -73,6 +73,8 @@ class FederatedGP:
     preset : async settings: "paper" (the paper's strategies and Remark 8 defaults), "tuned"
         (``FitConfig.tuned()``: see docs/algorithm.md) or "basic" (every strategy off, the ablation baseline);
         ``strategies`` entries override the preset.
+    live : serve a live Bokeh page (parameters, log-likelihood, arrivals, staleness) on 127.0.0.1 during a Dask fit;
+        its address is printed. Every fit keeps the same plots; ``save`` writes them as ``report.html``.
 
     Attributes (after ``fit``)
     --------------------------
@@ -87,7 +89,7 @@ class FederatedGP:
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True, scheduler_timeout=5.0, preset="paper"):
+                 strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -111,6 +113,7 @@ class FederatedGP:
         self.progress = progress
         self.scheduler_timeout = scheduler_timeout
         self.preset = preset
+        self.live = live
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -188,6 +191,15 @@ class FederatedGP:
         config = self._config(J)
         slowdowns = self._slowdowns(J)
         say = _Progress(self.progress)
+        from spatialfed.outputs.monitor import FitMonitor
+
+        monitor = FitMonitor(J, live=bool(self.live) and self.runtime == "dask")
+        if monitor.url:
+            say.line(f"live monitor: {monitor.url}")
+
+        def on_event(server, now):
+            say.event(server, now)
+            monitor.on_event(server, now)
 
         handle = None
         try:
@@ -208,21 +220,23 @@ class FederatedGP:
                 from spatialfed.runtime.dask_runtime import run_dask
 
                 server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config, slowdowns,
-                                            self.start, on_event=say.event)
+                                            self.start, on_event=on_event, on_result=monitor.on_result)
                 self.assignment_ = run_info.assignment
                 self.n_tasks_ = run_info.n_tasks
                 fit_seconds = run_info.wall_time_s
             else:
                 run_tic = time.perf_counter()
                 server = self._run_simulated(info, knots, config, slowdowns)
-                say.event(server, None)  # the virtual run's trace (virtual seconds), after the fact
+                on_event(server, 0.0)  # the virtual run's trace (virtual seconds), after the fact
                 self.assignment_ = None
                 self.n_tasks_ = None
                 fit_seconds = time.perf_counter() - run_tic
         finally:
             say.finish()
+            monitor.close()
             if handle is not None:
                 handle.close()
+        self.monitor_ = monitor
 
         phi = server.params
         self.store_ = str(info.path)
@@ -363,10 +377,12 @@ class FederatedGP:
         )
 
     def save(self, out_dir) -> Path:
-        """Write fit.json, model.zarr and trace.csv (SPEC §6) into out_dir, atomically; returns the directory."""
+        """Write fit.json, model.zarr, trace.csv (SPEC §6) atomically, and the monitoring report.html; returns the dir."""
         from spatialfed.outputs.results import write_results
 
-        return write_results(out_dir, self.result_)
+        out = write_results(out_dir, self.result_)
+        self.monitor_.write_report(Path(out) / "report.html", title=f"spatialfed fit report: {self.store_}")
+        return out
 
 
 class _Borrowed:

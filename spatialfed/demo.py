@@ -86,8 +86,8 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None) -> dict:
                     covariates=write_covariate_table(out / "covariates.csv"), units="log NO₂ (log µg/m³)",
                     title="Simulated NO₂ over five monitoring networks — federated low-rank GP",
                     n_dask_workers=n_dask_workers)
-    return {"store": store, "fit": fit_dir / "fit.json", "map": maps["png"], "mean": maps["mean"], "sd": maps["sd"],
-            "wall_time_s": time.perf_counter() - tic}
+    return {"store": store, "fit": fit_dir / "fit.json", "report": fit_dir / "report.html", "map": maps["png"],
+            "mean": maps["mean"], "sd": maps["sd"], "wall_time_s": time.perf_counter() - tic}
 
 
 def write_covariate_table(path: Path) -> Path:

@@ -71,6 +71,8 @@ def register_fit(subparsers) -> None:
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
     p.add_argument("--seed", type=int, default=0, help="seed of the knot jitter (default 0)")
+    p.add_argument("--live", action="store_true",
+                   help="serve a live monitoring page on 127.0.0.1 while the fit runs (its address is printed)")
     p.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     p.set_defaults(handler=run_fit)
 
@@ -91,7 +93,7 @@ def run_fit(args) -> None:
         agg_threshold=args.agg_threshold, max_iter=args.max_iter, tol=args.tol, runtime=args.runtime,
         profile=args.profile, slowdown=args.slowdown, scheduler=args.scheduler, seed=args.seed,
         n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
-        progress=not args.quiet, preset=args.preset,
+        progress=not args.quiet, preset=args.preset, live=args.live,
     )
     gp.fit(args.store)
     out = gp.save(args.out)
