@@ -566,7 +566,7 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
                 continue
             y = np.maximum(d[value].to_numpy(), 1e-8) if value == "error" else d[value].to_numpy()
             ax.plot(d["time_s"], y, label=mode, color=cmap.get(mode, COLORS.get(mode, palette[k % len(palette)])),
-                    linewidth=1.4, drawstyle="steps-post" if value == "error" else "default")
+                    linewidth=1.4, drawstyle="steps-post")
             s = summary[(summary.panel == panel) & (summary["mode"] == mode)]
             if value == "error" and len(s) and s["settle_s"].notna().all():
                 ax.axvline(float(s["settle_s"].iloc[0]), color=cmap.get(mode, COLORS.get(mode, palette[k])),
