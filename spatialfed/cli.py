@@ -6,21 +6,11 @@ import argparse
 import sys
 
 from spatialfed.demo import register_demo
+from spatialfed.cliargs import int_list
 from spatialfed.errors import SpatialFedError
 from spatialfed.fitcli import register_fit
 from spatialfed.outputs.predictcli import register_map, register_predict
 from spatialfed.runtime.jobscriptcli import register_cluster_script
-
-
-def int_list(text: str) -> list[int]:
-    """Parse '100,200,300' into [100, 200, 300] for argparse."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 100,200, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
 
 
 def name_list(text: str) -> list[str]:

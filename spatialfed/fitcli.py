@@ -6,17 +6,7 @@ import argparse
 import sys
 
 from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
-
-
-def float_list(text: str) -> list[float]:
-    """Parse '1,1,3.5' into [1.0, 1.0, 3.5] for argparse."""
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1,4, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
+from spatialfed.cliargs import float_list
 
 
 def register_fit(subparsers) -> None:
