@@ -541,8 +541,11 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
 
     n = len(panels)
     top = panel_cores is not None
-    fig = Figure(figsize=(3.6 * n + 0.6, 6.2 if top else 4.0))
-    grid = fig.subplots(2 if top else 1, n, squeeze=False, gridspec_kw={"height_ratios": [1, 2.4]} if top else None)
+    wrap = not top and n > 4          # many panels without core bars: two rows
+    ncols = math.ceil(n / 2) if wrap else n
+    fig = Figure(figsize=(3.8 * ncols + 0.6, 6.2 if top else (7.2 if wrap else 4.0)))
+    grid = fig.subplots(2 if top or wrap else 1, ncols, squeeze=False,
+                        gridspec_kw={"height_ratios": [1, 2.4]} if top else None)
     modes = modes or list(dict.fromkeys(trace["mode"]))
     cmap = colors or {}
     palette = ["#444444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -559,7 +562,7 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
             from matplotlib.ticker import MaxNLocator
 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax = grid[-1, c]
+        ax = grid[c // ncols, c % ncols] if wrap else grid[-1, c]
         for k, mode in enumerate(modes):
             d = trace[(trace.panel == panel) & (trace["mode"] == mode)].sort_values("time_s")
             if d.empty:
@@ -575,7 +578,7 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
             ax.set_yscale("log")
             ax.axhline(1e-3, color="grey", linewidth=0.8, linestyle="--")
         ax.set_xlabel("virtual time (s)" if "wall" not in title else "wall time (s)")
-        if c == 0:
+        if c % ncols == 0:
             ax.set_ylabel(ylabel or "max relative parameter error\nvs converged estimate")
         if not top:
             ax.set_title((labels or {}).get(panel, panel), fontsize=10)
