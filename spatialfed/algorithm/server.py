@@ -13,6 +13,7 @@ that estimate) → "done".
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -34,6 +35,19 @@ from spatialfed.model import blocks
 from spatialfed.model.params import Params
 
 START_KEYS = ("gamma", "delta", "sigma2", "beta")
+
+#: version of the snapshot dict (FederatedServer.snapshot); bump when its keys change meaning
+SNAPSHOT_FORMAT = 1
+
+#: snapshot key -> server attribute, for the state that is copied as is (snapshot() and restore() share this table)
+_SNAPSHOT_STATE = {
+    "n_workers": "n_workers", "knots": "knots", "kernel": "kernel", "start": "start",
+    "phase": "phase", "t": "t", "step_index": "_step", "iterations": "iterations", "params": "params",
+    "loglik": "loglik", "n_obs": "n_obs", "converged": "converged", "stop_reason": "stop_reason", "trace": "trace",
+    "Q": "_Q", "counters": "_num", "collected": "_collected", "grad_norm": "_grad_norm",
+    "loglik_estimate": "_loglik_estimate", "end_of_last_iteration": "_end_of_last_iteration",
+    "small_changes": "_small_changes", "ols_gamma": "_ols_gamma", "s2": "_s2", "time_s": "_last_now",
+}
 
 
 def relative_change(old: Params, new: Params) -> float:
@@ -74,6 +88,7 @@ class FederatedServer:
         self.stop_reason: str | None = None
         self.trace: list[dict] = []
         self.phase = "moments"
+        self._last_now = 0.0  # the runtime's clock at the last receive (kept in snapshots)
         self._publish(Augmented(None, 0, "moments"))
 
     # --- the runtime's side ----------------------------------------------------------------------------
@@ -113,6 +128,7 @@ class FederatedServer:
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
         """Quantities that arrived at `now` seconds since the fit started: one, or a batch that all enter ℚ before
         the server checks Num.step (Algorithm 3's receiving thread fills ℚ while the aggregation loop waits)."""
+        self._last_now = float(now)
         for q in [qs] if isinstance(qs, Quantity) else qs:
             j = q.worker
             p = self._in_flight.pop(j, None)
@@ -129,6 +145,54 @@ class FederatedServer:
                 self._receive_synchronous(q, now)
         if self.phase == "loop":
             self._aggregate_ready(now)
+
+    # --- checkpoint and resume (docs/recovery.md) ----------------------------------------------------
+    def snapshot(self) -> dict:
+        """Everything needed to continue this fit, as a plain dict of picklable values (a deep copy).
+
+        Keys: "format"; "config" (the resolved FitConfig as a dict); "n_workers", "knots", "kernel", "start";
+        the parameters "params", their published history per step "history" (newest first, for Eq. 19) and
+        "end_of_last_iteration"; "buffers" (ℙ_j, front first, with every task that was in flight put back at the
+        front: it is to be re-sent), "resend" ({j: p} of those tasks); "Q" (ℚ: (j, step) -> (q, φ it was computed
+        at)), "counters" (Num.step), "collected" (a synchronous pass's quantities so far); "phase", "t",
+        "step_index", "iterations", "small_changes", "grad_norm", "loglik_estimate", "converged", "stop_reason",
+        "loglik", "n_obs", "ols_gamma", "s2"; "trace"; "time_s" (the runtime clock at the last receive: a resumed
+        runtime continues its clock from there so time budgets and trace times carry on). Tasks made obsolete by
+        the final pass are dropped, not re-sent.
+        """
+        resend = {j: p for j, p in sorted(self._in_flight.items()) if j not in self._obsolete}
+        state = {key: getattr(self, attr) for key, attr in _SNAPSHOT_STATE.items()}
+        state.update(
+            format=SNAPSHOT_FORMAT,
+            config=self.config.as_dict(),
+            buffers=[([resend[j]] if j in resend else []) + list(self._P[j]) for j in range(self.n_workers)],
+            resend=resend,
+            history={step: list(values) for step, values in self._history.items()},
+        )
+        return copy.deepcopy(state)
+
+    @classmethod
+    def restore(cls, snapshot: Mapping) -> "FederatedServer":
+        """A server continuing from `snapshot` (FederatedServer.snapshot): no task in flight; the tasks that were in
+        flight wait at the front of their worker's buffer, so the runtime's next dispatch() re-sends them."""
+        snap = copy.deepcopy(dict(snapshot))
+        version = snap.get("format")
+        if version != SNAPSHOT_FORMAT:
+            raise ValueError(f"snapshot format {version!r} is not supported (this version reads {SNAPSHOT_FORMAT})")
+        missing = sorted((set(_SNAPSHOT_STATE) | {"config", "buffers", "history"}) - set(snap))
+        if missing:
+            raise ValueError(f"snapshot is missing {missing}")
+        server = cls.__new__(cls)
+        for key, attr in _SNAPSHOT_STATE.items():
+            setattr(server, attr, snap[key])
+        server.config = FitConfig(**snap["config"])
+        if len(snap["buffers"]) != server.n_workers:
+            raise ValueError(f"snapshot has {len(snap['buffers'])} worker buffers for n_workers={server.n_workers}")
+        server._P = [list(buffer) for buffer in snap["buffers"]]
+        server._in_flight = {}
+        server._obsolete = set()
+        server._history = {step: deque(snap["history"].get(step, []), maxlen=server.config.t_M) for step in STEPS}
+        return server
 
     # --- Algorithm 3: buffers, counters, aggregation ---------------------------------------------------
     def _publish(self, p: Augmented) -> None:
