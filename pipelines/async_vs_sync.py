@@ -1,6 +1,6 @@
 """Figures 5–12 of the paper (Section 6.2): asynchronous against synchronous fitting of the low-rank model.
 
-    python pipelines/async_vs_sync.py --figure 5|6|7|8|9|10|11|12 [--quick|--full] [--out DIR]
+    python pipelines/async_vs_sync.py --figure 5|6|7|8|9|10|11|12 [--quick|--full] [--out DIR] [--replot]
                                       [--runtime virtual|dask] [--preset tuned|paper|basic]
 
 (`fig5_ablation.py` … `fig12_partitions.py` are the same with the figure fixed.) Each panel simulates one SPEC §7
@@ -10,8 +10,8 @@ by 62 / cores (the paper's cores per worker). The default runtime is the virtual
 independent of this machine's load); `--runtime dask` runs real fits on an embedded Dask cluster with the slowdowns
 emulated (wall-clock seconds; on a 2-core machine the workers share cores, so wall times mix in contention).
 
-Convergence is the maximum relative error of (δ, σ², β, γ₁..γ₅) against the reference over time; "settle time" is
-the time from which it stays ≤ 1e-3. Writes trace.csv (one row per theta aggregation), summary.csv (settle time,
+Convergence is the maximum relative error of (δ, σ², β, γ₁..γ₅) against the reference over time; "settle time"
+is the time from which it stays ≤ 1e-3. Writes trace.csv (one row per theta aggregation), summary.csv (settle time,
 iterations, final error per panel and mode; rmse.csv for Figure 9) and fig<N>_*.png.
 
 Figure 5 (strategy ablation) runs, for Agg_threshold 2, 4 and 8 under the graded profile, the asynchronous algorithm
@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np  # noqa: E402
-
-import experiments as ex  # noqa: E402
+import experiments as ex
+import numpy as np
 
 NAMES = {5: "fig5_ablation", 6: "fig6_imbalance", 7: "fig7_unequal_sizes", 8: "fig8_worker_counts",
          9: "fig9_prediction", 10: "fig10_local_sizes", 11: "fig11_kernels", 12: "fig12_partitions"}
@@ -55,8 +54,8 @@ def panels_for(figure: int, c: dict, preset: str, alpha: float, seed: int, profi
     m = ex.check_knots(c["m"], J * n)
     max_iter = ex.positive_int(c["max_iter"] if figure != 5 else c.get("max_iter_ablation", c["max_iter"]),
                                "max_iter")
-    common = dict(fn="convergence_run", experiment=NAMES[figure], m=m, max_iter=max_iter, tol=c["tol"],
-                  preset=preset, seed=seed)
+    common = {"fn": "convergence_run", "experiment": NAMES[figure], "m": m, "max_iter": max_iter, "tol": c["tol"],
+                  "preset": preset, "seed": seed}
     graded = ex.profile_cores(profile, J)
     out = []
     if figure == 5:
@@ -84,7 +83,8 @@ def panels_for(figure: int, c: dict, preset: str, alpha: float, seed: int, profi
         rng = np.random.default_rng(seed + 7)
         layouts = {"aligned": desc, "unaligned": rng.permutation(desc), "inverse": desc[::-1]}
         for name, sizes in layouts.items():
-            out.append((name, f"{name}: more cores ↔ {'more' if name == 'aligned' else 'fewer' if name == 'inverse' else 'random'} data",
+            more = {"aligned": "more", "inverse": "fewer"}.get(name, "random")
+            out.append((name, f"{name}: more cores ↔ {more} data",
                         dict(common, panel=name, sizes=[int(s) for s in sizes], cores=graded,
                              m=ex.check_knots(c["m"], int(sizes.sum())), cost=float(np.sum(sizes.astype(float)**3)))))
     elif figure == 8:
@@ -121,13 +121,13 @@ def run_dask(tasks, preset, workers):
     """The same panels on an embedded Dask cluster (FederatedGP, runtime='dask', slowdowns emulated)."""
     import tempfile
 
+    from spatialfed.algorithm.config import FitConfig
     from spatialfed.api import FederatedGP
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.simulate import simulate_store
     from spatialfed.data.store import load_worker
     from spatialfed.model.matern import Matern
     from spatialfed.runtime.cluster import make_cluster
-    from spatialfed.algorithm.config import FitConfig
     from spatialfed.runtime.virtual import run_virtual
 
     rows = []
@@ -139,8 +139,9 @@ def run_dask(tasks, preset, workers):
                 raise ex.ConfigError("--runtime dask covers the async-vs-sync convergence figures (6–8, 10–12); "
                                      "Figures 5 and 9 need the virtual clock")
             store = Path(tmp) / f"{task['panel']}.zarr".replace("=", "_").replace(",", "_")
-            kw = dict(nu=task.get("nu", 0.5), beta=task.get("beta", 0.1), partition=task.get("partition", "random"),
-                      seed=task["seed"])
+            kw = {"nu": task.get("nu", 0.5), "beta": task.get("beta", 0.1),
+                  "partition": task.get("partition", "random"),
+                      "seed": task["seed"]}
             if task.get("sizes") is not None:
                 info = simulate_store(store, sizes=task["sizes"], **kw)
             else:

@@ -386,9 +386,9 @@ def run_with_snapshots(models, knots, kernel, config, slowdowns, on_theta=None, 
         while events and events[0][0] == now:
             arrived.append(heapq.heappop(events)[2])
         server.receive(arrived, now)
-        if on_theta is not None and len(server.trace) > seen:
-            if any(r["step"] == "theta" for r in server.trace[seen:]) and server.phase == "loop":
-                on_theta(server, now)
+        fresh = server.trace[seen:]
+        if on_theta is not None and server.phase == "loop" and any(r["step"] == "theta" for r in fresh):
+            on_theta(server, now)
         seen = len(server.trace)
     return server
 
@@ -437,10 +437,10 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
     base = {"experiment": experiment, "panel": panel, "J": J, "m": m, "nu": nu, "beta_true": beta,
             "partition": partition, "agg_threshold": A, "seed": seed}
     rows = []
+    t_locs, t_z, t_X = sim.test if test_size else (None, None, None)
     for mode, cfg in runs.items():
         snaps = []
         if test_size:
-            t_locs, t_z, t_X = sim.test
 
             def on_theta(server, now, snaps=snaps):
                 pred = federated_predict(models, t_locs, t_X, server.params, knots, kernel, "full")
@@ -519,8 +519,8 @@ def boxplot_figure(df, groups: list, group_label: str, title: str, truth: dict):
         ax.grid(axis="y", alpha=0.3)
         if param in ("sigma2", "beta", "delta"):
             ax.set_yscale("log")
-    from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=COLORS["low-rank"], alpha=0.6, label="low-rank (full local covariance)"),
                Patch(facecolor=COLORS["independence"], alpha=0.6, label="independence"),

@@ -1,12 +1,12 @@
 """Figure 12 of the paper (see async_vs_sync.py for what it runs and writes).
 
-    python pipelines/fig12_partitions.py [--quick|--full] [--out DIR] [--runtime virtual|dask] [--preset tuned|paper|basic]
+    python pipelines/fig12_partitions.py [--quick|--full] [--out DIR] [--runtime virtual|dask] [--preset P] [--replot]
 """
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_vs_sync import main  # noqa: E402
+from async_vs_sync import main
 
 if __name__ == "__main__":
     sys.exit(main(figure=12))

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lowrank_vs_independent import main  # noqa: E402
+from lowrank_vs_independent import main
 
 if __name__ == "__main__":
     sys.exit(main(figure=1))

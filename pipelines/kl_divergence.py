@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np  # noqa: E402
-
-import experiments as ex  # noqa: E402
+import experiments as ex
+import numpy as np
 
 QUICK = {"J": 10, "n": 100, "ms": (10, 20, 50, 100, 200), "nu": 2.5, "range": 0.3, "replicates": 10}
 FULL = {"J": 10, "n": 100, "ms": (10, 20, 50, 100, 200), "nu": 2.5, "range": 0.3, "replicates": 100}
@@ -36,7 +35,8 @@ def tasks_for(c: dict, seed: int = 0, nugget: float = ex.KL_NUGGET) -> list[dict
     beta = ex.beta_for_range(nu, ex.positive_float(c["range"], "effective range"))
     if not nugget >= 0:
         raise ex.ConfigError(f"nugget must be ≥ 0, got {nugget}")
-    return [dict(fn="kl_replicate", ms=ms, nu=nu, beta=beta, J=J, n=n, seed=seed + r, nugget=nugget, cost=1.0)
+    return [{"fn": "kl_replicate", "ms": ms, "nu": nu, "beta": beta, "J": J, "n": n, "seed": seed + r,
+             "nugget": nugget, "cost": 1.0}
             for r in range(R)]
 
 

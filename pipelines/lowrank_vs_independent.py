@@ -1,4 +1,4 @@
-"""Figures 1–3 of the paper (Section 6.1): low-rank against independence, Monte Carlo boxplots of σ², β, δ, mean γ.
+"""Figures 1–3 of the paper (Section 6.1): low-rank against independence, boxplots of σ², β, δ and mean γ.
 
     python pipelines/lowrank_vs_independent.py --figure 1|2|3 [--quick|--full] [--out DIR] [--replicates R]
 
@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np  # noqa: E402
-
-import experiments as ex  # noqa: E402
+import experiments as ex
+import numpy as np
 
 RANGES = (0.1, 0.3, 0.7)
 SETTINGS = {
@@ -47,8 +46,9 @@ def groups_and_tasks(figure: int, cfg: dict, seed: int):
                 g = f"ν={nu}, range {rng}"
                 groups.append(g)
                 betas[g] = ex.beta_for_range(nu, rng)
-                tasks += [dict(fn="fit_pair", group=g, nu=nu, beta=betas[g], J=J, n=n, m=m, seed=seed + r,
-                               cost=J * n**3) for r in range(R)]
+                tasks += [{"fn": "fit_pair", "group": g, "nu": nu, "beta": betas[g], "J": J, "n": n, "m": m,
+                           "seed": seed + r,
+                               "cost": J * n**3} for r in range(R)]
     elif figure == 2:
         J, nu = ex.positive_int(cfg["J"], "J"), ex.check_nu(cfg["nu"])
         beta = ex.beta_for_range(nu, cfg["range"])
@@ -58,8 +58,8 @@ def groups_and_tasks(figure: int, cfg: dict, seed: int):
             g = f"n_j={n}, m={m}"
             groups.append(g)
             betas[g] = beta
-            tasks += [dict(fn="fit_pair", group=g, nu=nu, beta=beta, J=J, n=n, m=m, seed=seed + r,
-                           cost=J * n**3) for r in range(R)]
+            tasks += [{"fn": "fit_pair", "group": g, "nu": nu, "beta": beta, "J": J, "n": n, "m": m, "seed": seed + r,
+                           "cost": J * n**3} for r in range(R)]
     else:
         n, nu = ex.positive_int(cfg["n"], "n_j"), ex.check_nu(cfg["nu"])
         beta = ex.beta_for_range(nu, cfg["range"])
@@ -69,8 +69,8 @@ def groups_and_tasks(figure: int, cfg: dict, seed: int):
             g = f"J={J}"
             groups.append(g)
             betas[g] = beta
-            tasks += [dict(fn="fit_pair", group=g, nu=nu, beta=beta, J=J, n=n, m=m, seed=seed + r,
-                           cost=J * n**3 + m**3) for r in range(R)]
+            tasks += [{"fn": "fit_pair", "group": g, "nu": nu, "beta": beta, "J": J, "n": n, "m": m, "seed": seed + r,
+                           "cost": J * n**3 + m**3} for r in range(R)]
     return groups, betas, tasks
 
 

@@ -10,11 +10,10 @@ import pytest
 PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 sys.path.insert(0, str(PIPELINES))
 
-import experiments as ex  # noqa: E402
-import async_vs_sync  # noqa: E402
-import kl_divergence  # noqa: E402
-import lowrank_vs_independent  # noqa: E402
-
+import async_vs_sync
+import experiments as ex
+import kl_divergence
+import lowrank_vs_independent
 
 # ---------------------------------------------------------------- configuration validation
 
@@ -61,7 +60,8 @@ def test_settle_and_error():
 # ---------------------------------------------------------------- task functions on tiny data
 
 def test_fit_pair_fits_both_models():
-    rows = ex.run_tasks([dict(fn="fit_pair", nu=1.5, beta=0.1, J=3, n=40, m=16, seed=1, group="g")], 1)
+    task = {"fn": "fit_pair", "nu": 1.5, "beta": 0.1, "J": 3, "n": 40, "m": 16, "seed": 1, "group": "g"}
+    rows = ex.run_tasks([task], 1)
     assert [r["model"] for r in rows] == ["low-rank", "independence"]
     for r in rows:
         assert r["converged"] and r["sigma2"] > 0 and r["beta"] > 0 and np.isfinite(r["loglik"])
@@ -93,7 +93,7 @@ def test_kl_lowrank_below_independence_and_decreasing_in_m():
 @pytest.mark.slow
 def test_beta_rmse_lowrank_below_independence_in_the_figure2_setting():
     cfg = {"J": 10, "ns": (200,), "nu": 2.5, "range": 0.3, "replicates": 8}   # the paper's smallest n_j
-    _, betas, tasks = lowrank_vs_independent.groups_and_tasks(2, cfg, 0)
+    _, _betas, tasks = lowrank_vs_independent.groups_and_tasks(2, cfg, 0)
     df = lowrank_vs_independent.summarise(__import__("pandas").DataFrame(ex.run_tasks(tasks, 2)))
     rmse = df[df.param == "beta"].set_index("model").rmse
     assert rmse["low-rank"] < rmse["independence"], rmse
