@@ -68,8 +68,9 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(uninterrupted, tmp_pat
     models, server = setup()
     inflight = {}
     i = drive(server, models, inflight, stop=k)
-    path = write_checkpoint(tmp_path / "fit.ckpt", server)
+    path = write_checkpoint(tmp_path / "fit.ckpt", server, meta={"store": "sim.zarr", "residual": "full"})
     snap = read_checkpoint(path)
+    assert snap["meta"] == {"store": "sim.zarr", "residual": "full"}
     assert snap["resend"].keys() == inflight.keys()  # every task in flight is recorded to be re-sent ...
     for j, p in inflight.items():
         front = snap["buffers"][j][0]  # ... at the front of its worker's buffer

@@ -30,6 +30,12 @@ def test_security_requires_tls_for_every_role(tmp_path):
         tls_security(tmp_path / "empty")
     with pytest.raises(TLSConfigError, match="already holds"):
         write_tls_files(tmp_path / "certs")
+    # batch jobs get the certificate files on their worker command line
+    from spatialfed.runtime.jobscript import job_script
+
+    script = job_script("slurm", security=from_files, protocol="tls://")
+    assert "tls://<insert-scheduler-address-here>:8786" in script
+    assert f"--tls-ca-file {tmp_path / 'certs' / 'ca.pem'}" in script and "--tls-key" in script
 
 
 def test_fit_over_tls(store):

@@ -25,10 +25,14 @@ class CheckpointError(SpatialFedError, ValueError):
     """A checkpoint file is missing, truncated or not a spatialfed checkpoint."""
 
 
-def write_checkpoint(path, server) -> Path:
-    """Write `server.snapshot()` to `path` atomically (temp file in the same directory, fsync, os.replace)."""
+def write_checkpoint(path, server, meta: dict | None = None) -> Path:
+    """Write `server.snapshot()` (or a snapshot dict) to `path` atomically (temp file in the same directory, fsync,
+    os.replace). `meta`: the runtime's own settings needed to resume (store path, residual, slowdowns, ...), kept
+    in the snapshot under "meta" (FederatedServer.restore ignores it)."""
     path = Path(path)
     snapshot = server.snapshot() if hasattr(server, "snapshot") else dict(server)
+    if meta is not None:
+        snapshot["meta"] = dict(meta)
     payload = {"magic": MAGIC, "snapshot": snapshot}
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -138,7 +138,10 @@ def job_script(kind: str, *, config=None, scheduler_address: str | None = None, 
     kw = jobqueue_kwargs(kind, **settings)
     cls = job_class(kind)
     try:
-        job = cls(scheduler_address or PLACEHOLDER_ADDRESS, name="dummy-name", **kw)
+        placeholder = PLACEHOLDER_ADDRESS
+        if str(kw.get("protocol") or "").startswith("tls"):
+            placeholder = placeholder.replace("tcp://", "tls://", 1)
+        job = cls(scheduler_address or placeholder, name="dummy-name", **kw)
     except TypeError as exc:  # an unknown keyword, most likely from the YAML file
         raise ValueError(f"invalid {kind} job setting: {exc}") from exc
     return job.job_script()
