@@ -39,10 +39,10 @@ TITLES = {5: "Figure 5: asynchronous strategies (graded cores 62→3)",
           10: "Figure 10: async vs sync across local sample sizes (graded cores)",
           11: "Figure 11: async vs sync across kernels (graded cores)",
           12: "Figure 12: async vs sync across partition schemes (graded cores)"}
-QUICK = {"J": 10, "n": 200, "m": 100, "max_iter": 400, "tol": 1e-6, "imbalance": (62, 31, 12, 3),
+QUICK = {"J": 10, "n": 200, "m": 100, "max_iter": 1500, "tol": 1e-6, "imbalance": (62, 31, 12, 3),
          "sizes_range": (100, 300), "Js": (5, 10, 20), "ns": (150, 200, 300), "agg": (2, 4, 8), "m_pred": 100,
          "test_size": 100, "area_J": 9, "max_iter_ablation": 200}
-FULL = {"J": 10, "n": 5000, "m": 100, "max_iter": 1000, "tol": 1e-7, "imbalance": (62, 31, 12, 3),
+FULL = {"J": 10, "n": 5000, "m": 100, "max_iter": 3000, "tol": 1e-7, "imbalance": (62, 31, 12, 3),
         "sizes_range": (2500, 7500), "Js": (5, 20, 40), "ns": (6000, 8000, 10000), "agg": (2, 4, 8), "m_pred": 500,
         "test_size": 100, "area_J": 9}
 KERNELS = [(0.5, 0.1), (0.5, 0.3), (0.5, 0.7), (1.5, 0.1), (1.5, 0.3), (1.5, 0.7)]   # (ν, effective range)
