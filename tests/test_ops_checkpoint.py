@@ -5,10 +5,14 @@ import pickle
 
 import numpy as np
 import pytest
-
 from conftest import grid_knots, simulate_parts
+
 from spatialfed.algorithm import checkpoint
-from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from spatialfed.algorithm.checkpoint import (
+    CheckpointError,
+    read_checkpoint,
+    write_checkpoint,
+)
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import evaluate
 from spatialfed.algorithm.server import _SNAPSHOT_STATE, FederatedServer
@@ -111,7 +115,7 @@ def test_snapshot_covers_every_attribute():
 def test_restore_rejects_foreign_snapshots():
     with pytest.raises(ValueError, match="format"):
         FederatedServer.restore({"format": 99})
-    models, server = setup()
+    _, server = setup()
     snap = server.snapshot()
     del snap["Q"]
     with pytest.raises(ValueError, match="missing"):

@@ -6,7 +6,7 @@ from spatialfed.cli import main
 from spatialfed.runtime.jobscript import PLACEHOLDER_ADDRESS, job_script, load_config
 
 WORKER_CMD = ("distributed.cli.dask_worker", "dask worker")
-OPTS = dict(cores=4, memory="8GB", walltime="00:30:00", queue="short", account="proj42")
+OPTS = {"cores": 4, "memory": "8GB", "walltime": "00:30:00", "queue": "short", "account": "proj42"}
 
 
 def has_worker_command(script: str) -> bool:

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from conftest import grid_knots
+
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.data.simulate import simulate_store
 from spatialfed.runtime.security import TLSConfigError, tls_security, write_tls_files

@@ -172,7 +172,7 @@ class FederatedServer:
         return copy.deepcopy(state)
 
     @classmethod
-    def restore(cls, snapshot: Mapping) -> "FederatedServer":
+    def restore(cls, snapshot: Mapping) -> FederatedServer:
         """A server continuing from `snapshot` (FederatedServer.snapshot): no task in flight; the tasks that were in
         flight wait at the front of their worker's buffer, so the runtime's next dispatch() re-sends them."""
         snap = copy.deepcopy(dict(snapshot))

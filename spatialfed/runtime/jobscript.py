@@ -45,7 +45,7 @@ def _normalise_keys(mapping: Mapping, where: str) -> dict:
     out = {}
     for key, value in mapping.items():
         if not isinstance(key, str):
-            raise ValueError(f"{where}: setting names must be strings, got {key!r}")
+            raise ValueError(f"{where}: setting names must be strings, got {key!r}")  # noqa: TRY004 (CLI reports ValueError)
         out[key.strip().replace("-", "_")] = value
     return out
 
@@ -64,7 +64,7 @@ def load_config(path, kind: str | None = None) -> dict:
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise ValueError(f"job configuration {path} must be a mapping of settings (cores: 4, memory: 8GB, ...), "
+        raise ValueError(f"job configuration {path} must be a mapping of settings (cores: 4, memory: 8GB, ...), "  # noqa: TRY004
                          f"got {type(data).__name__}")
     data = dict(data)
     if isinstance(data.get("jobqueue"), Mapping):  # dask-jobqueue's own layout: jobqueue: {slurm: {...}}

@@ -42,9 +42,9 @@ def run_cluster_script(args) -> None:
     from spatialfed.runtime.jobscript import check_kind, job_script, resolve_options
 
     kind = check_kind(args.kind)
-    options = dict(cores=args.cores, memory=args.memory, walltime=args.walltime, queue=args.queue,
-                   account=args.account, processes=args.processes, jobs=args.jobs,
-                   job_extra_directives=args.job_extra, interface=args.interface)
+    options = {"cores": args.cores, "memory": args.memory, "walltime": args.walltime, "queue": args.queue,
+               "account": args.account, "processes": args.processes, "jobs": args.jobs,
+               "job_extra_directives": args.job_extra, "interface": args.interface}
     script = job_script(kind, config=args.config, scheduler_address=args.scheduler_address, **options)
     jobs = resolve_options(kind, args.config, **options)["jobs"]
     sys.stdout.write(script if script.endswith("\n") else script + "\n")

@@ -52,7 +52,7 @@ def self_signed_pem(common_name: str = "spatialfed", days: int = 365) -> tuple[s
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(tz=datetime.timezone.utc)
+    now = datetime.datetime.now(tz=datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
