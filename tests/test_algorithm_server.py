@@ -151,7 +151,7 @@ def test_variogram_rule_recovers_an_exact_semivariogram():
     from spatialfed.model.matern import Matern
 
     kernel, knots = Matern(0.5), np.array([[0.0, 0.0], [1.0, 1.0]])
-    edges = init.variogram_edges(knots)
+    edges = init.variogram_edges(init.domain_diameter(knots))
     h = 0.5 * (edges[:-1] + edges[1:])
     count = np.full(h.size, 100.0)
     tau2, sigma2, beta = 0.3, 0.7, 0.12

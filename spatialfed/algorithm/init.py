@@ -3,7 +3,8 @@
 Rule, in order:
 1. γ₀ = OLS from the pooled moments Σ_j X_jᵀX_j, Σ_j X_jᵀz_j; residual variance s² = (Σ zᵀz − γ₀ᵀ Σ Xᵀz) / (N − p).
 2. Empirical semivariogram of the OLS residuals, pooled over workers from pairs *within* each worker, in
-   `N_BINS` equal distance bins on (0, D/2], D the diameter of the knots' bounding box (the knots span the domain).
+   `N_BINS` equal distance bins on (0, D/2], D the diameter of the knots' bounding box (the knots span the domain);
+   with no knots (the independence model, m = 0), the largest diameter of the workers' own bounding boxes.
 3. Weighted least squares (Cressie 1985) of the Matérn semivariogram
    γ(h) = τ² + σ²(1 − ρ(h; β)) over (τ², σ², β): minimise Σ_k N_k (γ̂_k / γ(h_k) − 1)², h_k the bin midpoints,
    N_k the pair counts, in log-parameters from several starting ranges.
@@ -48,9 +49,14 @@ def domain_diameter(knots: np.ndarray) -> float:
     return float(np.hypot(*(knots.max(axis=0) - knots.min(axis=0))))
 
 
-def variogram_edges(knots: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
+def study_diameter(knots: np.ndarray, moments: list[dict]) -> float:
+    """D of step 2: the knots' bounding-box diameter, or without knots the largest worker extent (moments)."""
+    return domain_diameter(knots) if len(knots) else max(float(mo["extent"]) for mo in moments)
+
+
+def variogram_edges(diameter: float, n_bins: int = N_BINS) -> np.ndarray:
     """Equal distance bins on (0, D/2] (step 2)."""
-    return np.linspace(0.0, 0.5 * domain_diameter(knots), n_bins + 1)
+    return np.linspace(0.0, 0.5 * diameter, n_bins + 1)
 
 
 def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kernel, s2: float):

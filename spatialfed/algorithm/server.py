@@ -46,7 +46,8 @@ _SNAPSHOT_STATE = {
     "loglik": "loglik", "n_obs": "n_obs", "converged": "converged", "stop_reason": "stop_reason", "trace": "trace",
     "Q": "_Q", "counters": "_num", "collected": "_collected", "grad_norm": "_grad_norm",
     "loglik_estimate": "_loglik_estimate", "end_of_last_iteration": "_end_of_last_iteration",
-    "small_changes": "_small_changes", "ols_gamma": "_ols_gamma", "s2": "_s2", "time_s": "_last_now",
+    "small_changes": "_small_changes", "ols_gamma": "_ols_gamma", "s2": "_s2", "diameter": "_diameter",
+    "time_s": "_last_now",
 }
 
 
@@ -78,7 +79,7 @@ class FederatedServer:
         self._step = 0  # index of the current step in STEPS
         self._end_of_last_iteration: Params | None = None
         self._small_changes = 0
-        self._ols_gamma = self._s2 = None
+        self._ols_gamma = self._s2 = self._diameter = None
         self.t = 0
         self.iterations = 0
         self.params: Params | None = None
@@ -356,16 +357,17 @@ class FederatedServer:
 
     def _after_moments(self, xis, now) -> None:
         self._ols_gamma, self._s2, self.n_obs = init.pooled_ols(xis)
+        self._diameter = init.study_diameter(self.knots, xis)
         if all(key in self.start for key in ("delta", "sigma2", "beta")):
             self._begin_loop(now)
         else:
-            edges = init.variogram_edges(self.knots)
+            edges = init.variogram_edges(self._diameter)
             self._begin_synchronous("variogram", Augmented(None, 0, "variogram",
                                                            {"gamma": self._ols_gamma, "edges": edges}))
 
     def _after_variogram(self, xis, now) -> None:
         sums = aggregate(xis, uniform_weights(self.n_workers))
-        tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self.knots),
+        tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self._diameter),
                                                 self.kernel, self._s2)
         self._begin_loop(now, {"delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta})
 

@@ -218,8 +218,10 @@ class LocalModel:
 
     # --- initialisation summaries -------------------------------------------------------------------
     def moments(self) -> dict:
-        """X_jᵀX_j, X_jᵀz_j, z_jᵀz_j and n_j: the pooled OLS start of SPEC §4."""
-        return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n}
+        """X_jᵀX_j, X_jᵀz_j, z_jᵀz_j, n_j (the pooled OLS start of SPEC §4) and the diameter of S_j's bounding box."""
+        extent = float(np.hypot(*(self.locs.max(axis=0) - self.locs.min(axis=0))))
+        return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n,
+                "extent": extent}
 
     def variogram(self, gamma, edges) -> dict:
         """Binned Σ ½(e_i − e_k)² and pair counts of OLS residuals e = z − Xγ over pairs within this worker."""
