@@ -37,7 +37,7 @@ PRESETS = ("paper", "tuned", "basic")
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
-    "strategies", "progress", "scheduler_timeout", "preset", "live",
+    "strategies", "progress", "scheduler_timeout", "preset", "live", "tls",
 )
 
 
@@ -75,6 +75,10 @@ class FederatedGP:
         ``strategies`` entries override the preset.
     live : serve a live Bokeh page (parameters, log-likelihood, arrivals, staleness) on 127.0.0.1 during a Dask fit;
         its address is printed. Every fit keeps the same plots; ``save`` writes them as ``report.html``.
+    tls : encrypt and authenticate every Dask connection (``runtime.security.tls_security``): True = a temporary
+        self-signed certificate (embedded LocalCluster, dask-jobqueue), or a directory holding ca.pem/cert.pem/key.pem
+        (a scheduler you started with those files: give ``scheduler="tls://host:port"``). Not with ``client=``
+        (create that client with ``security=`` yourself).
 
     Attributes (after ``fit``)
     --------------------------
@@ -83,13 +87,14 @@ class FederatedGP:
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
     n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
     n_workers_, slowdowns_, config_ (the resolved FitConfig), dashboard_link_, assignment_ (Dask worker of each
-    federated worker), result_.
+    federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), result_.
     """
 
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False):
+                 strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
+                 tls=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -114,6 +119,7 @@ class FederatedGP:
         self.scheduler_timeout = scheduler_timeout
         self.preset = preset
         self.live = live
+        self.tls = tls
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -150,6 +156,12 @@ class FederatedGP:
             raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {self.nu!r}")
         if self.runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
             raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
+        if self.tls is not None and self.tls is not False:
+            if self.runtime != "dask":
+                raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
+            if self.client is not None:
+                raise ValueError("tls=... cannot be applied to an existing client=; create it with "
+                                 "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
 
     def _config(self, n_workers: int):
         from spatialfed.algorithm.config import FitConfig
@@ -207,11 +219,13 @@ class FederatedGP:
                 handle = self._cluster(J)
                 client = handle.client
                 self.dashboard_link_ = handle.dashboard_link
+                self.scheduler_address_ = _scheduler_address(client)
                 say.line(f"spatialfed fit: {J} federated workers on {len(handle.worker_addresses())} Dask worker(s); "
                          f"dashboard: {self.dashboard_link_}")
                 knots, domain = self._knots(info, client=client)
             else:
                 self.dashboard_link_ = None
+                self.scheduler_address_ = None
                 knots, domain = self._knots(info, client=None)
             say.line(f"{self.mode} fit, {self.residual} residual, m = {len(knots)} knots, ν = {self.nu}, "
                      f"Agg_threshold = {config.agg_threshold}, slowdowns = "
@@ -268,9 +282,17 @@ class FederatedGP:
             return _Borrowed(self.client)
         n = self.n_dask_workers or min(n_partitions, default_n_workers())  # no idle processes when J < cores
         handle = make_cluster(self.scheduler, n_workers=n, jobqueue=self.jobqueue,
-                              timeout=self.scheduler_timeout)
+                              timeout=self.scheduler_timeout, security=self._security())
         assert isinstance(handle, ClusterHandle)
         return handle
+
+    def _security(self):
+        """The Security object for `tls` (None: plain TCP)."""
+        if self.tls is None or self.tls is False:
+            return None
+        from spatialfed.runtime.security import tls_security
+
+        return tls_security() if self.tls is True else tls_security(self.tls)
 
     def _knots(self, info, client=None):
         """(knots, domain): the given array checked against the domain, or a jittered grid of m knots over it."""
@@ -449,6 +471,13 @@ class _Progress:
             state = "converged" if gp.converged_ else f"stopped ({gp.stop_reason_})"
             self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; "
                       f"loglik = {gp.loglik_:.6g}")
+
+
+def _scheduler_address(client) -> str | None:
+    try:
+        return str(client.scheduler.address)
+    except Exception:  # pragma: no cover
+        return None
 
 
 def _hex6() -> str:

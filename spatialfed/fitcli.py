@@ -56,6 +56,13 @@ def register_fit(subparsers) -> None:
     jq.add_argument("--scheduler-host", default="127.0.0.1",
                     help="address the jobqueue scheduler binds to (default 127.0.0.1; use one the compute nodes "
                          "can reach on a real cluster)")
+    sec = p.add_argument_group("encryption (TLS)")
+    sec.add_argument("--tls", action="store_true",
+                     help="encrypt and authenticate every Dask connection (client, scheduler, workers) with TLS; "
+                          "without --tls-dir a temporary self-signed certificate is made in memory")
+    sec.add_argument("--tls-dir", default=None, metavar="DIR",
+                     help="directory with ca.pem, cert.pem, key.pem (implies --tls; needed for --scheduler "
+                          "tls://HOST:PORT started with those files)")
     p.add_argument("--domain", default=None, metavar="FILE",
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
@@ -77,12 +84,13 @@ def run_fit(args) -> None:
         jobqueue = {"kind": args.jobqueue, "jobs": args.jobs, "cores": args.cores, "memory": args.memory,
                     "walltime": args.walltime, "queue": args.queue, "account": args.account,
                     "host": args.scheduler_host, "wait_for_workers": 600}
+    tls = args.tls_dir if args.tls_dir else (True if args.tls else None)
     gp = FederatedGP(
         method=args.method, mode=args.mode, residual=args.residual, knots=args.knots, nu=args.nu,
         agg_threshold=args.agg_threshold, max_iter=args.max_iter, tol=args.tol, runtime=args.runtime,
         profile=args.profile, slowdown=args.slowdown, scheduler=args.scheduler, seed=args.seed,
         n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
-        progress=not args.quiet, preset=args.preset, live=args.live,
+        progress=not args.quiet, preset=args.preset, live=args.live, tls=tls,
     )
     gp.fit(args.store)
     out = gp.save(args.out)

@@ -9,6 +9,9 @@ closed together by ``handle.close()`` or a ``with`` block.
 - ``connect(address)``: any running scheduler (``tcp://host:port``); a short timeout and an error naming the address.
 - ``jobqueue_cluster("slurm"|"pbs"|"sge", cores=, memory=, walltime=, queue=, account=, jobs=)``: a dask-jobqueue
   cluster that submits ``jobs`` batch jobs, each one Dask worker process with ``cores`` threads.
+
+Every factory takes ``security=`` (a ``distributed.security.Security``, e.g. ``security.tls_security()``): the
+cluster then listens on ``tls://`` and the client authenticates with the same certificates.
 """
 
 from __future__ import annotations
@@ -75,8 +78,11 @@ def default_n_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_logs: int = 40) -> ClusterHandle:
-    """Start an embedded ``LocalCluster`` on 127.0.0.1 (processes, 1 thread each, BLAS single-threaded)."""
+def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_logs: int = 40,
+                  security=None) -> ClusterHandle:
+    """Start an embedded ``LocalCluster`` on 127.0.0.1 (processes, 1 thread each, BLAS single-threaded).
+
+    ``security``: a ``distributed.security.Security``; the cluster then uses ``protocol="tls"`` throughout."""
     from distributed import Client, LocalCluster
 
     n = default_n_workers() if n_workers is None else int(n_workers)
@@ -91,26 +97,34 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
         memory_limit=memory_limit,
         silence_logs=silence_logs,
         env=dict(SINGLE_THREAD_ENV),
+        **({} if security is None else {"protocol": "tls", "security": security}),
     )
     try:
-        client = Client(cluster)
+        client = Client(cluster, **({} if security is None else {"security": security}))
     except BaseException:
         cluster.close()
         raise
     return ClusterHandle(client=client, cluster=cluster, owns_cluster=True)
 
 
-def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.0) -> ClusterHandle:
-    """Connect to a running scheduler at ``address``; SchedulerUnreachableError names it if it does not answer."""
+def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.0, security=None) -> ClusterHandle:
+    """Connect to a running scheduler at ``address``; SchedulerUnreachableError names it if it does not answer.
+
+    With ``security`` (TLS) the address must be ``tls://host:port`` (a bare ``host:port`` becomes ``tls://``)."""
     from distributed import Client
 
     addr = str(address).strip()
     if not addr:
         raise SchedulerUnreachableError("empty scheduler address; give e.g. tcp://127.0.0.1:8786")
     if "://" not in addr:
-        addr = "tcp://" + addr
+        addr = ("tcp://" if security is None else "tls://") + addr
+    if security is not None and not addr.startswith("tls://"):
+        raise SchedulerUnreachableError(
+            f"TLS was requested but the scheduler address {addr} is not tls://; start the scheduler with TLS "
+            f"(`dask scheduler --tls-ca-file ca.pem --tls-cert cert.pem --tls-key key.pem`) and give "
+            f"tls://{addr.split('://', 1)[1]}, or drop --tls")
     try:
-        client = Client(addr, timeout=timeout)
+        client = Client(addr, timeout=timeout, **({} if security is None else {"security": security}))
     except (OSError, TimeoutError) as exc:
         raise SchedulerUnreachableError(
             f"could not reach a Dask scheduler at {addr} within {timeout:g} s ({type(exc).__name__}: {exc}); "
@@ -140,6 +154,8 @@ def jobqueue_cluster(
     host: str = "127.0.0.1",
     interface: str | None = None,
     wait_for_workers: float | None = None,
+    security=None,
+    shared_temp_directory: str | None = None,
     **job_kwargs,
 ) -> ClusterHandle:
     """A dask-jobqueue cluster (``slurm`` | ``pbs`` | ``sge``) with ``jobs`` batch jobs of one worker process each.
@@ -147,6 +163,8 @@ def jobqueue_cluster(
     The scheduler binds to ``host`` (default 127.0.0.1: only reachable from this machine; on a real batch system pass
     the login node's address or a network ``interface`` the compute nodes can reach). ``job_kwargs`` go to the
     dask-jobqueue cluster class unchanged (e.g. ``job_extra_directives``, ``job_script_prologue``).
+    ``security`` (TLS) and ``shared_temp_directory`` (where dask-jobqueue writes a temporary certificate's files
+    for the jobs: on the shared filesystem, private to you) are passed to the cluster class and the client.
     """
     kind = str(kind).lower()
     if kind not in JOBQUEUE_KINDS:
@@ -166,11 +184,16 @@ def jobqueue_cluster(
         kw["interface"] = interface
     else:
         kw["scheduler_options"] = {"host": host, "dashboard_address": f"{host}:0"}
+    if security is not None:
+        kw["security"] = security
+        kw.setdefault("protocol", "tls://")
+    if shared_temp_directory is not None:
+        kw["shared_temp_directory"] = str(shared_temp_directory)
     cluster = cls(**kw)
     try:
         if jobs:
             cluster.scale(jobs=int(jobs))
-        client = Client(cluster)
+        client = Client(cluster, **({} if security is None else {"security": security}))
         if wait_for_workers:
             client.wait_for_workers(1, timeout=wait_for_workers)
     except BaseException:
@@ -180,14 +203,16 @@ def jobqueue_cluster(
 
 
 def make_cluster(scheduler: str | None = None, *, n_workers: int | None = None, jobqueue: dict | None = None,
-                 timeout: float = 5.0) -> ClusterHandle:
-    """One entry point: ``scheduler`` address > ``jobqueue`` settings (dict with ``kind``) > embedded LocalCluster."""
+                 timeout: float = 5.0, security=None) -> ClusterHandle:
+    """One entry point: ``scheduler`` address > ``jobqueue`` settings (dict with ``kind``) > embedded LocalCluster.
+
+    ``security`` (e.g. ``security.tls_security()``) is passed to whichever factory runs."""
     if scheduler:
-        return connect(scheduler, timeout=timeout)
+        return connect(scheduler, timeout=timeout, security=security)
     if jobqueue:
         jq = dict(jobqueue)
-        return jobqueue_cluster(jq.pop("kind"), **jq)
-    return local_cluster(n_workers)
+        return jobqueue_cluster(jq.pop("kind"), security=security, **jq)
+    return local_cluster(n_workers, security=security)
 
 
 # --------------------------------------------------------------------------------------------------------------
