@@ -5,9 +5,8 @@ model baseline, held-out scores of low-rank vs independence vs pooled OLS (`spat
 low-rank and independence maps (`spatialfed map`'s driver), a held-out figure and report.md; `publish` copies the
 PNGs to docs/.
 
-`fit_independence` maximises the independence-model likelihood ℓ_ind = Σ_j log N(z_j; X_jγ, C_jj + δ⁻¹I) (Eq. 3)
-centrally over (γ, log δ, log σ², log β) with L-BFGS. It is a stand-in for `spatialfed fit --method independent`
-(not available yet): it loads every partition into this process, which is fine for the public data of the pipelines.
+The independence-model baseline (Eq. 3) is fitted federated too, as `FederatedGP(method="independent")`: the same
+server and workers with no knots.
 """
 
 from __future__ import annotations
@@ -16,46 +15,19 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize
 
-from spatialfed.data.store import load_worker, open_store
+from spatialfed.data.store import open_store
 from spatialfed.model.matern import Matern
-from spatialfed.model.reference import independent_loglik
 from spatialfed.api import FederatedGP
 from spatialfed.outputs import metrics
 from spatialfed.outputs.maps import heldout_figure, make_map
 from spatialfed.outputs.prediction import predict, write_json, write_prediction
-from spatialfed.outputs.results import FitResult, write_results
 from spatialfed.runtime.cluster import default_n_workers, make_cluster
 
 #: held-out comparison: label -> (fit directory name, predictor)
 COMPARED = {"low-rank (federated)": ("fit_lowrank", "lowrank"),
             "independence model": ("fit_independent", "independent"),
             "pooled OLS": ("fit_lowrank", "ols")}
-
-
-def fit_independence(store, nu: float, start: dict, knots, out_dir):
-    """Fit Eq. (3) from `start` ({"gamma","delta","sigma2","beta"}) and write fit.json/model.zarr to out_dir."""
-    info = open_store(store)
-    parts = [load_worker(info.path, j) for j in range(info.n_workers)]
-    kernel, p = Matern(nu), len(start["gamma"])
-
-    def negloglik(x):
-        delta, sigma2, beta = np.exp(x[p:])
-        return -independent_loglik(parts, kernel, x[:p], delta, sigma2, beta)
-
-    x0 = np.concatenate([start["gamma"], np.log([start["delta"], start["sigma2"], start["beta"]])])
-    tic = time.perf_counter()
-    res = optimize.minimize(negloglik, x0, method="L-BFGS-B")
-    delta, sigma2, beta = np.exp(res.x[p:])
-    result = FitResult(
-        method="independent", mode="sync", residual="full", nu=nu, n_workers=info.n_workers,
-        n_obs=int(sum(len(z) for _, z, _ in parts)),
-        params={"gamma": res.x[:p], "delta": delta, "sigma2": sigma2, "beta": beta}, loglik=-res.fun,
-        knots=knots, iterations=int(res.nit), wall_time_s=time.perf_counter() - tic, converged=bool(res.success),
-        extra={"covariate_names": info.covariate_names, "store": str(info.path),
-               "note": "centralized L-BFGS fit of Eq. (3) (pipelines/common.py)"})
-    return write_results(out_dir, result)
 
 
 def small_png(source, target) -> None:
@@ -74,7 +46,8 @@ def fit_and_score(store, out, client, *, domain, knots: int, nu: float, mode: st
     gp = FederatedGP(mode=mode, residual="full", knots=knots, nu=nu, domain=domain, client=client,
                      progress=False, **(fit_options or {})).fit(store)
     gp.save(out / "fit_lowrank")
-    fit_independence(store, nu, gp.params_, gp.knots_, out / "fit_independent")
+    FederatedGP(method="independent", mode="sync", nu=nu, domain=domain, client=client, progress=False,
+                max_iter=(fit_options or {}).get("max_iter", 50)).fit(store).save(out / "fit_independent")
     frames, scores = {}, {}
     for label, (fit, predictor) in COMPARED.items():
         frames[label], scores[label] = predict(out / fit, store, domain=out / "domain.gpkg", predictor=predictor,
