@@ -38,7 +38,11 @@ _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
     "strategies", "progress", "scheduler_timeout", "preset", "live", "tls",
+    "checkpoint", "checkpoint_every",
 )
+#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
+_RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
+                     "progress", "scheduler_timeout", "live", "tls", "checkpoint", "checkpoint_every")
 
 
 class FederatedGP:
@@ -79,6 +83,10 @@ class FederatedGP:
         self-signed certificate (embedded LocalCluster, dask-jobqueue), or a directory holding ca.pem/cert.pem/key.pem
         (a scheduler you started with those files: give ``scheduler="tls://host:port"``). Not with ``client=``
         (create that client with ``security=`` yourself).
+    checkpoint : path of a checkpoint file (docs/recovery.md) written atomically during a Dask fit: every
+        ``checkpoint_every`` aggregations (default 10 when only ``checkpoint`` is given), when the fit is interrupted
+        (KeyboardInterrupt, a failed task or lost cluster), and once at the end. ``FederatedGP.resume(path)`` continues.
+    checkpoint_every : aggregation count K between checkpoints.
 
     Attributes (after ``fit``)
     --------------------------
@@ -87,14 +95,15 @@ class FederatedGP:
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
     n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
     n_workers_, slowdowns_, config_ (the resolved FitConfig), dashboard_link_, assignment_ (Dask worker of each
-    federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), result_.
+    federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
+    checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_.
     """
 
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
-                 tls=None):
+                 tls=None, checkpoint=None, checkpoint_every=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -120,6 +129,8 @@ class FederatedGP:
         self.preset = preset
         self.live = live
         self.tls = tls
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -162,6 +173,14 @@ class FederatedGP:
             if self.client is not None:
                 raise ValueError("tls=... cannot be applied to an existing client=; create it with "
                                  "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
+        if self.checkpoint_every is not None:
+            K = self.checkpoint_every
+            if isinstance(K, bool) or not float(K).is_integer() or K < 1:
+                raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
+            if self.checkpoint is None:
+                raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+        if self.checkpoint is not None and self.runtime != "dask":
+            raise ValueError("checkpoints are written by the Dask runtime; runtime='simulated' does not write them")
 
     def _config(self, n_workers: int):
         from spatialfed.algorithm.config import FitConfig
@@ -192,15 +211,55 @@ class FederatedGP:
         return resolve_slowdowns(self.profile if self.slowdown is None else list(self.slowdown), n_workers)
 
     # --- fitting -------------------------------------------------------------------------------------------
-    def fit(self, store, y=None) -> "FederatedGP":
-        """Fit on the partitioned Zarr store at `store` (SPEC §5); returns self."""
+    @classmethod
+    def resume(cls, checkpoint_path, store=None, **overrides) -> "FederatedGP":
+        """Continue the fit saved in `checkpoint_path`; returns the fitted estimator.
+
+        Model and algorithm settings come from the checkpoint's meta (written by ``fit(checkpoint=...)``); `store`
+        replaces the recorded store path (e.g. moved); `overrides` may change only the stopping rules and the cluster
+        settings (``max_iter``, ``tol``, ``time_budget``, ``scheduler``, ``client``, ``n_dask_workers``, ``jobqueue``,
+        ``tls``, ``checkpoint``, ``checkpoint_every``, ``progress``, ...). By default it keeps checkpointing to the
+        same file."""
+        from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
+
+        snap = read_checkpoint(checkpoint_path)
+        meta = snap.get("meta") or {}
+        params = meta.get("params")
+        if params is None:
+            raise CheckpointError(f"{checkpoint_path} has no estimator settings in its meta; it was not written by "
+                                  "FederatedGP.fit(checkpoint=...)")
+        bad = sorted(set(overrides) - set(_RESUME_OVERRIDES))
+        if bad:
+            raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
+                             f"{', '.join(_RESUME_OVERRIDES)}")
+        settings = {k: v for k, v in params.items() if k in _PARAM_NAMES}
+        settings.setdefault("checkpoint", str(checkpoint_path))
+        settings.update(overrides)
+        gp = cls(**settings)
+        return gp.fit(store if store is not None else meta["store"], resume=snap)
+
+    def _meta(self, store_path) -> dict:
+        """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
+        import spatialfed
+
+        params = {k: v for k, v in self.get_params().items() if k != "client"}
+        return {"store": str(Path(store_path).resolve()), "params": params, "version": spatialfed.__version__}
+
+    def fit(self, store, y=None, *, resume=None) -> "FederatedGP":
+        """Fit on the partitioned Zarr store at `store` (SPEC §5); returns self.
+
+        `resume`: a checkpoint path or snapshot dict to continue from (its knots and algorithm state are kept; see
+        ``FederatedGP.resume``, which also restores the settings)."""
         from spatialfed.data.store import open_store
 
         tic = time.perf_counter()
         self._check_settings()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
         J = info.n_workers
-        config = self._config(J)
+        restored = self._restored_server(resume, J)
+        restored_t = None if restored is None else restored.t
+        restored_time = None if restored is None else restored._last_now
+        config = self._config(J) if restored is None else restored.config
         slowdowns = self._slowdowns(J)
         say = _Progress(self.progress)
         from spatialfed.outputs.monitor import FitMonitor
@@ -209,7 +268,10 @@ class FederatedGP:
         if monitor.url:
             say.line(f"live monitor: {monitor.url}")
 
+        ckpt = _Checkpointer(self.checkpoint, self.checkpoint_every, self._meta(info.path))
+
         def on_event(server, now):
+            ckpt.on_event(server)
             say.event(server, now)
             monitor.on_event(server, now)
 
@@ -222,8 +284,13 @@ class FederatedGP:
                 self.scheduler_address_ = _scheduler_address(client)
                 say.line(f"spatialfed fit: {J} federated workers on {len(handle.worker_addresses())} Dask worker(s); "
                          f"dashboard: {self.dashboard_link_}")
-                knots, domain = self._knots(info, client=client)
+                if restored is None:
+                    knots, domain = self._knots(info, client=client)
+                else:  # never re-lay the knots out: mu, Sigma and the stored quantities are in that basis
+                    knots, domain = np.asarray(restored.knots, dtype=float), self._given_domain(info)
             else:
+                if restored is not None:
+                    raise ValueError("resume needs runtime='dask' (the virtual runtime cannot continue a server)")
                 self.dashboard_link_ = None
                 self.scheduler_address_ = None
                 knots, domain = self._knots(info, client=None)
@@ -233,8 +300,24 @@ class FederatedGP:
             if self.runtime == "dask":
                 from spatialfed.runtime.dask_runtime import run_dask
 
-                server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config, slowdowns,
-                                            self.start, on_event=on_event, on_result=monitor.on_result)
+                if restored is not None:
+                    ckpt.last_t = restored.t
+                    ckpt.server = restored
+                else:
+                    from spatialfed.algorithm.server import FederatedServer
+                    from spatialfed.model.matern import Matern
+
+                    # built here so that an interrupted fit can still be checkpointed (run_dask validates it)
+                    ckpt.server = FederatedServer(J, knots, Matern(self.nu), config, self.start)
+                try:
+                    server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config,
+                                                slowdowns, self.start, on_event=on_event, on_result=monitor.on_result,
+                                                server=ckpt.server)
+                except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError):
+                    # between receive calls the server is consistent: save it so the fit can be resumed
+                    ckpt.write(ckpt.server, failing=True)
+                    raise
+                ckpt.write(server)  # the final state (a resume of it returns the same result)
                 self.assignment_ = run_info.assignment
                 self.n_tasks_ = run_info.n_tasks
                 fit_seconds = run_info.wall_time_s
@@ -271,9 +354,32 @@ class FederatedGP:
         self.stop_reason_ = server.stop_reason
         self.n_iter_ = int(server.iterations)
         self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
+        self.checkpoint_writes_ = ckpt.writes
+        self.checkpoint_seconds_ = ckpt.seconds
+        self.resumed_from_ = None if restored is None else {"t": int(restored_t), "time_s": float(restored_time)}
         self.total_time_s_ = time.perf_counter() - tic
         say.summary(self)
         return self
+
+    def _restored_server(self, resume, n_workers: int):
+        """The FederatedServer continuing `resume` (a checkpoint path or snapshot dict), with this estimator's
+        stopping rules (max_iter, tol, time_budget); None when not resuming."""
+        if resume is None:
+            return None
+        import dataclasses
+
+        from spatialfed.algorithm.checkpoint import read_checkpoint
+        from spatialfed.algorithm.server import FederatedServer
+
+        snap = resume if isinstance(resume, dict) else read_checkpoint(resume)
+        server = FederatedServer.restore(snap)
+        if server.n_workers != n_workers:
+            raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
+        if float(server.kernel.nu) != float(self.nu):
+            raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={self.nu}")
+        server.config = dataclasses.replace(server.config, max_iter=self.max_iter, tol=self.tol,
+                                            time_budget=self.time_budget)
+        return server
 
     def _cluster(self, n_partitions: int):
         from spatialfed.runtime.cluster import ClusterHandle, default_n_workers, make_cluster
@@ -405,6 +511,39 @@ class FederatedGP:
         out = write_results(out_dir, self.result_)
         self.monitor_.write_report(Path(out) / "report.html", title=f"spatialfed fit report: {self.store_}")
         return out
+
+
+class _Checkpointer:
+    """Writes checkpoints from the on_event hook every `every` aggregations (server.t), on failure and at the end."""
+
+    def __init__(self, path, every, meta):
+        self.path = None if path is None else Path(path)
+        self.every = None if path is None else int(every or 10)
+        self.meta = meta
+        self.last_t = 0
+        self.server = None
+        self.writes = 0
+        self.seconds = 0.0
+
+    def on_event(self, server) -> None:
+        if self.path is not None and server.phase == "loop" and server.t >= self.last_t + self.every:
+            self.write(server)
+
+    def write(self, server, failing: bool = False) -> None:
+        if self.path is None or server is None:
+            return
+        from spatialfed.algorithm.checkpoint import write_checkpoint
+
+        tic = time.perf_counter()
+        try:
+            write_checkpoint(self.path, server, meta=self.meta)
+        except Exception:
+            if not failing:
+                raise
+            return  # do not hide the original failure
+        self.seconds += time.perf_counter() - tic
+        self.writes += 1
+        self.last_t = server.t
 
 
 class _Borrowed:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
 from spatialfed.cliargs import float_list
+
+CHECKPOINT_NAME = "checkpoint.pkl"
 
 
 def register_fit(subparsers) -> None:
@@ -15,8 +18,11 @@ def register_fit(subparsers) -> None:
         description="Fits the knot-based low-rank spatial GP across the store's workers with the block-wise "
                     "algorithm, synchronously or asynchronously, on Dask (each partition is read and kept on the "
                     "Dask worker that serves it) or on a virtual clock; writes fit.json, model.zarr and trace.csv.")
-    p.add_argument("store", metavar="STORE.zarr", help="partitioned Zarr store (spatialfed simulate / ingest)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory for the result files")
+    p.add_argument("store", metavar="STORE.zarr", nargs="?", default=None,
+                   help="partitioned Zarr store (spatialfed simulate / ingest); with --resume, default: the "
+                        "checkpoint's store")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory for the result files (required unless --resume, whose DIR is the default)")
     p.add_argument("--method", choices=METHODS, default="lowrank", help="model (default lowrank)")
     p.add_argument("--mode", choices=MODES, default="async", help="synchronous or asynchronous (default async)")
     p.add_argument("--residual", choices=RESIDUALS, default="full",
@@ -63,6 +69,14 @@ def register_fit(subparsers) -> None:
     sec.add_argument("--tls-dir", default=None, metavar="DIR",
                      help="directory with ca.pem, cert.pem, key.pem (implies --tls; needed for --scheduler "
                           "tls://HOST:PORT started with those files)")
+    ck = p.add_argument_group("checkpoint and resume (docs/recovery.md)")
+    ck.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                    help="write OUT/checkpoint.pkl atomically every K aggregations, when the fit is interrupted, "
+                         "and at the end (Dask runtime)")
+    ck.add_argument("--resume", default=None, metavar="DIR",
+                    help="continue the fit checkpointed in DIR/checkpoint.pkl (or a checkpoint file): model and "
+                         "algorithm settings come from the checkpoint; --max-iter, --tol, --time-budget and the "
+                         "cluster options given explicitly override it")
     p.add_argument("--domain", default=None, metavar="FILE",
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
@@ -79,11 +93,11 @@ def run_fit(args) -> None:
 
     if args.jobqueue and args.scheduler:
         raise ValueError("give either --scheduler or --jobqueue, not both")
-    jobqueue = None
-    if args.jobqueue:
-        jobqueue = {"kind": args.jobqueue, "jobs": args.jobs, "cores": args.cores, "memory": args.memory,
-                    "walltime": args.walltime, "queue": args.queue, "account": args.account,
-                    "host": args.scheduler_host, "wait_for_workers": 600}
+    if args.resume:
+        return _resume(args)
+    if args.store is None or args.out is None:
+        raise ValueError("spatialfed fit needs STORE.zarr and --out DIR (or --resume DIR)")
+    jobqueue = _jobqueue(args)
     tls = args.tls_dir if args.tls_dir else (True if args.tls else None)
     gp = FederatedGP(
         method=args.method, mode=args.mode, residual=args.residual, knots=args.knots, nu=args.nu,
@@ -91,9 +105,49 @@ def run_fit(args) -> None:
         profile=args.profile, slowdown=args.slowdown, scheduler=args.scheduler, seed=args.seed,
         n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
         progress=not args.quiet, preset=args.preset, live=args.live, tls=tls,
+        checkpoint=None if args.checkpoint_every is None else Path(args.out) / CHECKPOINT_NAME,
+        checkpoint_every=args.checkpoint_every,
     )
     gp.fit(args.store)
-    out = gp.save(args.out)
+    _report(gp, args.out)
+
+
+def _jobqueue(args):
+    if not args.jobqueue:
+        return None
+    return {"kind": args.jobqueue, "jobs": args.jobs, "cores": args.cores, "memory": args.memory,
+            "walltime": args.walltime, "queue": args.queue, "account": args.account,
+            "host": args.scheduler_host, "wait_for_workers": 600}
+
+
+def _resume(args) -> None:
+    """`spatialfed fit --resume DIR`: settings from the checkpoint; options given explicitly override the stopping
+    rules and the cluster settings."""
+    from spatialfed.api import FederatedGP
+
+    path = Path(args.resume)
+    ckpt = path / CHECKPOINT_NAME if path.is_dir() else path
+    out = args.out or (str(path) if path.is_dir() else str(path.parent))
+    defaults = {"max_iter": 50, "tol": 1e-5, "time_budget": None}
+    overrides = {k: getattr(args, k) for k, v in defaults.items() if getattr(args, k) != v}
+    if args.scheduler:
+        overrides["scheduler"] = args.scheduler
+    if args.jobqueue:
+        overrides["jobqueue"] = _jobqueue(args)
+    if args.dask_workers is not None:
+        overrides["n_dask_workers"] = args.dask_workers
+    if args.tls or args.tls_dir:
+        overrides["tls"] = args.tls_dir if args.tls_dir else True
+    if args.checkpoint_every is not None:
+        overrides["checkpoint_every"] = args.checkpoint_every
+    overrides["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)
+    overrides["progress"] = not args.quiet
+    gp = FederatedGP.resume(ckpt, store=args.store, **overrides)
+    _report(gp, out)
+
+
+def _report(gp, out_dir) -> None:
+    out = gp.save(out_dir)
     p = gp.params_
     print(f"wrote {out}: loglik {gp.loglik_:.6g}, δ={p['delta']:.6g} σ²={p['sigma2']:.6g} β={p['beta']:.6g}, "
           f"{gp.n_iter_} iterations, {'converged' if gp.converged_ else 'not converged (' + str(gp.stop_reason_) + ')'}"

@@ -194,6 +194,7 @@ def run_dask(
     addresses: list[str] | None = None,
     poll_s: float = 1.0,
     worker_wait_s: float = 60.0,
+    server: FederatedServer | None = None,
 ) -> tuple[FederatedServer, DaskRunInfo]:
     """Fit on a Dask cluster through `client`; returns the finished FederatedServer and run information.
 
@@ -207,6 +208,11 @@ def run_dask(
     connected; tasks pinned to a worker that left are cancelled and resubmitted (same p) to the live worker with the
     fewest partitions, which loads the partition from the store itself. With no worker left it waits up to
     `worker_wait_s` seconds for one (e.g. a nanny restart) before giving up.
+
+    Resume (docs/recovery.md): `server` is a `FederatedServer.restore(...)`d server to continue instead of a new one
+    (`config` and `start` are then ignored); it must have `n_workers` workers and the same `knots`. Its clock carries
+    on from the snapshot's `time_s`, so time budgets and trace times continue; the partitions are loaded again and
+    the tasks that were in flight when the checkpoint was taken are re-sent first.
     """
     from distributed import as_completed, span
 
@@ -215,7 +221,16 @@ def run_dask(
     J = int(n_workers)
     knots = np.asarray(knots, dtype=float)
     s = resolve_slowdowns(slowdowns, J)
-    server = FederatedServer(J, knots, Matern(nu), config, start)  # validates config against J before any task
+    if server is None:
+        server = FederatedServer(J, knots, Matern(nu), config, start)  # validates config against J before any task
+        offset = 0.0
+    else:
+        if server.n_workers != J:
+            raise ValueError(f"the restored server has {server.n_workers} workers but the store has {J}")
+        if not np.array_equal(np.asarray(server.knots, dtype=float), knots):
+            raise ValueError("the restored server's knots differ from the given knots (resume with the checkpoint's "
+                             "knots: mu, Sigma and the stored quantities are in that basis)")
+        offset = float(server._last_now)
     if addresses is None:
         addresses = list(client.scheduler_info(n_workers=-1)["workers"])
     assignment = assign_partitions(J, addresses)
@@ -275,7 +290,7 @@ def run_dask(
     try:
         with span(SPAN_NAME):
             guard.start()
-            for j in range(J):
+            for j in range(J if not server.done else 0):  # a finished checkpoint needs no task
                 submit(j, None)
             # the event loop: at most one task in flight per federated worker
             # quantities that finished together are delivered together (Algorithm 3's receiving thread fills ℚ
@@ -301,7 +316,7 @@ def run_dask(
                     else:
                         arrived.append(result)
                 if arrived:
-                    now = time.perf_counter() - t0
+                    now = offset + time.perf_counter() - t0
                     server.receive(arrived, now)
                     if on_event is not None:
                         on_event(server, now)
