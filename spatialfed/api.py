@@ -16,6 +16,7 @@ experiments on simulated data, not for private data).
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -24,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from spatialfed.errors import DataError, SpatialFedError
+
+log = logging.getLogger("spatialfed.api")
 
 METHODS = ("lowrank", "independent", "fgpr")
 IMPLEMENTED_METHODS = ("lowrank", "independent")
@@ -302,6 +305,7 @@ class FederatedGP:
 
                 if restored is not None:
                     ckpt.last_t = restored.t
+                    ckpt.seen_now = restored._last_now
                     ckpt.server = restored
                 else:
                     from spatialfed.algorithm.server import FederatedServer
@@ -522,15 +526,23 @@ class _Checkpointer:
         self.meta = meta
         self.last_t = 0
         self.server = None
+        self.seen_now = 0.0  # server._last_now at the last on_event: the server is consistent while they agree
         self.writes = 0
         self.seconds = 0.0
 
     def on_event(self, server) -> None:
+        self.seen_now = server._last_now
         if self.path is not None and server.phase == "loop" and server.t >= self.last_t + self.every:
             self.write(server)
 
     def write(self, server, failing: bool = False) -> None:
         if self.path is None or server is None:
+            return
+        if failing and server._last_now != self.seen_now:
+            # interrupted inside receive (its clock moved but on_event did not run): the state may be half-updated,
+            # so keep the last periodic checkpoint instead
+            log.warning("fit interrupted while the server was updating; %s keeps the checkpoint of iteration %d",
+                        self.path, self.last_t)
             return
         from spatialfed.algorithm.checkpoint import write_checkpoint
 

@@ -142,3 +142,21 @@ def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch):
     main(["fit", "--resume", str(out), "--quiet"])
     fit = json.loads((out / "fit.json").read_text())
     assert fit["iterations"] == 10
+
+
+def test_no_failure_checkpoint_of_a_half_updated_server(tmp_path):
+    from spatialfed.api import _Checkpointer
+
+    class Server:
+        phase, t, _last_now = "loop", 5, 2.0
+
+        def snapshot(self):
+            return {"t": self.t}
+
+    ck = _Checkpointer(tmp_path / "c.pkl", 2, {})
+    server = Server()
+    ck.on_event(server)  # consistent: written (t advanced by 2)
+    assert ck.writes == 1
+    server._last_now, server.t = 3.0, 6  # receive started (clock moved) but did not finish
+    ck.write(server, failing=True)
+    assert ck.writes == 1 and ck.last_t == 5
