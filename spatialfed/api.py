@@ -221,8 +221,8 @@ class FederatedGP:
         Model and algorithm settings come from the checkpoint's meta (written by ``fit(checkpoint=...)``); `store`
         replaces the recorded store path (e.g. moved); `overrides` may change only the stopping rules and the cluster
         settings (``max_iter``, ``tol``, ``time_budget``, ``scheduler``, ``client``, ``n_dask_workers``, ``jobqueue``,
-        ``tls``, ``checkpoint``, ``checkpoint_every``, ``progress``, ...). By default it keeps checkpointing to the
-        same file."""
+        ``tls``, ``checkpoint``, ``checkpoint_every``, ``progress``, ...). By default it keeps checkpointing to
+        `checkpoint_path`."""
         from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
 
         snap = read_checkpoint(checkpoint_path)
@@ -236,7 +236,9 @@ class FederatedGP:
             raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
                              f"{', '.join(_RESUME_OVERRIDES)}")
         settings = {k: v for k, v in params.items() if k in _PARAM_NAMES}
-        settings.setdefault("checkpoint", str(checkpoint_path))
+        settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
+        if overrides.get("client") is not None and "tls" not in overrides:
+            settings["tls"] = None  # a given client carries its own security
         settings.update(overrides)
         gp = cls(**settings)
         return gp.fit(store if store is not None else meta["store"], resume=snap)
