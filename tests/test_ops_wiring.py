@@ -160,3 +160,30 @@ def test_no_failure_checkpoint_of_a_half_updated_server(tmp_path):
     server._last_now, server.t = 3.0, 6  # receive started (clock moved) but did not finish
     ck.write(server, failing=True)
     assert ck.writes == 1 and ck.last_t == 5
+
+
+def test_cli_fit_with_tls_dir(store, tmp_path):
+    import json
+
+    from spatialfed.cli import main
+    from spatialfed.runtime.security import write_tls_files
+
+    certs = write_tls_files(tmp_path / "certs")
+    out = tmp_path / "tls_out"
+    main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "9", "--max-iter", "2",
+          "--dask-workers", "2", "--tls-dir", str(certs), "--quiet"])
+    assert json.loads((out / "fit.json").read_text())["iterations"] == 2
+
+
+def test_run_dask_checks_the_restored_server(store):
+    from conftest import grid_knots
+
+    from spatialfed.algorithm.server import FederatedServer
+    from spatialfed.model.matern import Matern
+    from spatialfed.runtime.dask_runtime import run_dask
+
+    server = FederatedServer(3, grid_knots(3), Matern(0.5))
+    with pytest.raises(ValueError, match="workers"):
+        run_dask(None, store, 2, grid_knots(3), 0.5, "full", server=server)
+    with pytest.raises(ValueError, match="knots"):
+        run_dask(None, store, 3, grid_knots(4), 0.5, "full", server=server)
