@@ -41,3 +41,13 @@ def parts():
 @pytest.fixture
 def knots():
     return grid_knots(4)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A small simulated store: 3 workers × 60 points, no test group."""
+    from spatialfed.data.simulate import simulate_store
+
+    path = tmp_path_factory.mktemp("store") / "sim.zarr"
+    simulate_store(path, 3, 60, test_size=0, seed=4)
+    return path

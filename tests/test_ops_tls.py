@@ -5,15 +5,7 @@ import pytest
 from conftest import grid_knots
 
 from spatialfed.algorithm.config import FitConfig
-from spatialfed.data.simulate import simulate_store
 from spatialfed.runtime.security import TLSConfigError, tls_security, write_tls_files
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tls") / "sim.zarr"
-    simulate_store(path, 3, 60, test_size=0, seed=4)
-    return path
 
 
 def test_security_requires_tls_for_every_role(tmp_path):

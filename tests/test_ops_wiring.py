@@ -3,14 +3,6 @@
 import numpy as np
 import pytest
 
-from spatialfed.data.simulate import simulate_store
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("wiring") / "sim.zarr"
-    simulate_store(path, 3, 60, test_size=0, seed=4)
-    return path
 
 
 # --- TLS -------------------------------------------------------------------------------------------------------
