@@ -451,13 +451,7 @@ class FederatedGP:
     def _default_domain(self, info, client):
         from spatialfed.data import geometry
 
-        if info.crs is None and info.truth is not None:  # simulated data live in the unit square (SPEC §7)
-            return geometry.domain_from_bbox(0.0, 0.0, 1.0, 1.0)
-        bounds = self._worker_bounds(info, client)
-        xmin, ymin = bounds[:, 0].min(), bounds[:, 1].min()
-        xmax, ymax = bounds[:, 2].max(), bounds[:, 3].max()
-        pad_x, pad_y = 1e-9 * max(1.0, abs(xmax - xmin)), 1e-9 * max(1.0, abs(ymax - ymin))
-        return geometry.domain_from_bbox(xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y, crs=info.crs)
+        return geometry.store_domain(info, lambda: self._worker_bounds(info, client))
 
     def _worker_bounds(self, info, client) -> np.ndarray:
         """Each worker's bounding box (4 numbers), computed where the data live when a Dask client is given."""

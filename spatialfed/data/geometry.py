@@ -122,6 +122,18 @@ def domain_from_bbox(xmin: float, ymin: float, xmax: float, ymax: float, crs=Non
     return Domain(shapely.box(xmin, ymin, xmax, ymax), parse_crs(crs))
 
 
+def store_domain(info, worker_bounds) -> Domain:
+    """A store's default domain: [0,1]² for simulated stores (SPEC §7), else the union of the workers' bounding
+    boxes, padded by 10⁻⁹ of its size so that points on the boundary count as inside. `worker_bounds()` returns
+    the (J, 4) boxes; it is only called when needed (each worker reveals just these 4 numbers)."""
+    if info.crs is None and info.truth is not None:
+        return domain_from_bbox(0.0, 0.0, 1.0, 1.0)
+    b = np.asarray(worker_bounds(), dtype=float)
+    (xmin, ymin), (xmax, ymax) = b[:, :2].min(axis=0), b[:, 2:].max(axis=0)
+    pad_x, pad_y = 1e-9 * max(1.0, xmax - xmin), 1e-9 * max(1.0, ymax - ymin)
+    return domain_from_bbox(xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y, crs=info.crs)
+
+
 def domain_from_file(path, crs=None, layer=None) -> Domain:
     """The union of the polygons in a vector file (GeoPackage, shapefile, GeoJSON…), optionally reprojected."""
     try:

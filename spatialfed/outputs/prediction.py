@@ -364,11 +364,9 @@ def heldout_targets(info: StoreInfo) -> Targets:
 
 
 def default_domain(info: StoreInfo, workers) -> geometry.Domain:
-    """The fit's default domain: [0,1]² for simulated stores, else the union of the workers' bounding boxes."""
-    if info.crs is None and info.truth is not None:
-        return geometry.domain_from_bbox(0.0, 0.0, 1.0, 1.0)
-    b = np.array(list(workers.call("bounds", {j: () for j in range(workers.n_workers)}).values()))
-    return geometry.domain_from_bbox(*b[:, :2].min(axis=0), *b[:, 2:].max(axis=0), crs=info.crs)
+    """The fit's default domain (geometry.store_domain), from the bounding boxes the workers report."""
+    return geometry.store_domain(
+        info, lambda: list(workers.call("bounds", {j: () for j in range(workers.n_workers)}).values()))
 
 
 def load_domain(path, info: StoreInfo) -> geometry.Domain:
