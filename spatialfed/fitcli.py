@@ -53,10 +53,13 @@ def register_fit(subparsers) -> None:
     jq = p.add_argument_group("batch system (dask-jobqueue)")
     jq.add_argument("--jobqueue", choices=["slurm", "pbs", "sge"], default=None,
                     help="start Dask workers as batch jobs instead of an embedded cluster")
-    jq.add_argument("--jobs", type=int, default=1, help="batch jobs (one Dask worker each; default 1)")
-    jq.add_argument("--cores", type=int, default=1, help="cores per job (default 1)")
-    jq.add_argument("--memory", default="4GB", help="memory per job (default 4GB)")
-    jq.add_argument("--walltime", default="01:00:00", help="walltime per job (default 01:00:00)")
+    jq.add_argument("--jobqueue-config", default=None, metavar="FILE.yaml",
+                    help="job settings from a YAML file (flat keys or a section per system, as for cluster-script); "
+                         "options given here override it")
+    jq.add_argument("--jobs", type=int, default=None, help="batch jobs (one Dask worker each; default 1)")
+    jq.add_argument("--cores", type=int, default=None, help="cores per job (default 1)")
+    jq.add_argument("--memory", default=None, help="memory per job (default 4GB)")
+    jq.add_argument("--walltime", default=None, help="walltime per job (default 01:00:00)")
     jq.add_argument("--queue", default=None, help="queue / partition")
     jq.add_argument("--account", default=None, help="account / project to charge")
     jq.add_argument("--scheduler-host", default="127.0.0.1",
@@ -115,9 +118,11 @@ def run_fit(args) -> None:
 def _jobqueue(args):
     if not args.jobqueue:
         return None
-    return {"kind": args.jobqueue, "jobs": args.jobs, "cores": args.cores, "memory": args.memory,
-            "walltime": args.walltime, "queue": args.queue, "account": args.account,
-            "host": args.scheduler_host, "wait_for_workers": 600}
+    from spatialfed.runtime.jobscript import resolve_options
+
+    options = resolve_options(args.jobqueue, config=args.jobqueue_config, jobs=args.jobs, cores=args.cores,
+                              memory=args.memory, walltime=args.walltime, queue=args.queue, account=args.account)
+    return {"kind": args.jobqueue, **options, "host": args.scheduler_host, "wait_for_workers": 600}
 
 
 def _resume(args) -> None:

@@ -176,8 +176,8 @@ def jobqueue_cluster(
     kw = dict(
         cores=int(cores), processes=1, memory=memory, walltime=walltime, queue=queue,
         job_script_prologue=[f"export {k}={v}" for k, v in SINGLE_THREAD_ENV.items()],
-        **job_kwargs,
     )
+    kw.update(job_kwargs)  # e.g. processes, job_extra_directives from a YAML job configuration
     if account is not None:
         kw["account" if kind in ("slurm", "pbs") else "project"] = account
     if interface is not None:
