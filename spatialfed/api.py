@@ -41,7 +41,7 @@ _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
     "strategies", "progress", "scheduler_timeout", "preset", "live", "tls",
-    "checkpoint", "checkpoint_every",
+    "checkpoint", "checkpoint_every", "on_worker_error",
 )
 #: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
 _RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
@@ -90,6 +90,9 @@ class FederatedGP:
         ``checkpoint_every`` aggregations (default 10 when only ``checkpoint`` is given), when the fit is interrupted
         (KeyboardInterrupt, a failed task or lost cluster), and once at the end. ``FederatedGP.resume(path)`` continues.
     checkpoint_every : aggregation count K between checkpoints.
+    on_worker_error : "stop" (default: a failing worker computation stops the fit with an error naming the worker,
+        the sub-step and the cause) or "drop" (continue without that worker; recorded in ``dropped_workers_`` and in
+        fit.json as ``dropped_workers``). Dask runtime.
 
     Attributes (after ``fit``)
     --------------------------
@@ -106,7 +109,7 @@ class FederatedGP:
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
-                 tls=None, checkpoint=None, checkpoint_every=None):
+                 tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop"):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -134,6 +137,7 @@ class FederatedGP:
         self.tls = tls
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+        self.on_worker_error = on_worker_error
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -318,7 +322,7 @@ class FederatedGP:
                 try:
                     server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config,
                                                 slowdowns, self.start, on_event=on_event, on_result=monitor.on_result,
-                                                server=ckpt.server)
+                                                server=ckpt.server, on_worker_error=self.on_worker_error)
                 except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError):
                     # between receive calls the server is consistent: save it so the fit can be resumed
                     ckpt.write(ckpt.server, failing=True)
@@ -358,6 +362,7 @@ class FederatedGP:
         self.trace_ = [dict(row) for row in server.trace]
         self.converged_ = bool(server.converged)
         self.stop_reason_ = server.stop_reason
+        self.dropped_workers_ = [dict(d) for d in server.dropped]
         self.n_iter_ = int(server.iterations)
         self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
         self.checkpoint_writes_ = ckpt.writes
@@ -497,7 +502,7 @@ class FederatedGP:
             method=self.method, mode=self.mode, residual=self.residual, nu=float(self.nu),
             n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
-            trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_,
+            trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_, dropped_workers=self.dropped_workers_,
             extra={"store": self.store_, "runtime": self.runtime, "profile": self.profile,
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,

@@ -84,6 +84,9 @@ def register_fit(subparsers) -> None:
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
     p.add_argument("--seed", type=int, default=0, help="seed of the knot jitter (default 0)")
+    p.add_argument("--on-worker-error", choices=["stop", "drop"], default="stop",
+                   help="when a worker's computation fails: stop with an error naming it (default), or drop it and "
+                        "continue with the others (recorded in fit.json as dropped_workers)")
     p.add_argument("--live", action="store_true",
                    help="serve a live monitoring page on 127.0.0.1 while the fit runs (its address is printed)")
     p.add_argument("--quiet", action="store_true", help="no progress display on stderr")
@@ -109,7 +112,7 @@ def run_fit(args) -> None:
         n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
         progress=not args.quiet, preset=args.preset, live=args.live, tls=tls,
         checkpoint=None if args.checkpoint_every is None else Path(args.out) / CHECKPOINT_NAME,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every, on_worker_error=args.on_worker_error,
     )
     gp.fit(args.store)
     _report(gp, args.out)

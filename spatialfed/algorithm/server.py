@@ -30,7 +30,7 @@ from spatialfed.algorithm.strategies import (
     staleness_weights,
     uniform_weights,
 )
-from spatialfed.errors import check_finite, check_positive
+from spatialfed.errors import SpatialFedError, check_finite, check_positive
 from spatialfed.model import blocks
 from spatialfed.model.params import Params
 
@@ -47,7 +47,7 @@ _SNAPSHOT_STATE = {
     "Q": "_Q", "counters": "_num", "collected": "_collected", "grad_norm": "_grad_norm",
     "loglik_estimate": "_loglik_estimate", "end_of_last_iteration": "_end_of_last_iteration",
     "small_changes": "_small_changes", "ols_gamma": "_ols_gamma", "s2": "_s2", "diameter": "_diameter",
-    "time_s": "_last_now",
+    "time_s": "_last_now", "active": "active", "dropped": "dropped", "n_j": "_n_j",
 }
 
 
@@ -70,6 +70,9 @@ class FederatedServer:
         self._P: list[list[Augmented]] = [[] for _ in range(J)]  # ℙ_j, kept on the server
         self._in_flight: dict[int, Augmented] = {}
         self._obsolete: set[int] = set()  # workers whose in-flight task predates the final pass
+        self.active: list[int] = list(range(J))  # workers still taking part (drop_worker removes one)
+        self.dropped: list[dict] = []  # {"worker", "step", "cause", "iter", "time_s"} of each dropped worker
+        self._n_j: dict[int, int] = {}  # n_j from the moments pass, so N follows the active workers
         self._Q: dict[tuple[int, str], tuple[Quantity, Params]] = {}  # ℚ: (j, step) -> (q, φ it was computed at)
         self._num = dict.fromkeys(STEPS, 0)  # Num.step
         self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
@@ -115,7 +118,7 @@ class FederatedServer:
         """Pop the front of ℙ_j for idle worker j (None when ℙ_j is empty); j is busy until its quantity arrives."""
         if self.busy(j):
             raise RuntimeError(f"worker {j} already has a task in flight; call next_task only for idle workers")
-        if self.done or not self._P[j]:
+        if self.done or j not in self.active or not self._P[j]:
             return None
         p = self._P[j].pop(0)
         self._in_flight[j] = p
@@ -123,7 +126,7 @@ class FederatedServer:
 
     def dispatch(self) -> list[tuple[int, Augmented]]:
         """next_task for every idle worker that has work, in worker order."""
-        tasks = [(j, self.next_task(j)) for j in range(self.n_workers) if not self.busy(j)]
+        tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
         return [(j, p) for j, p in tasks if p is not None]
 
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
@@ -195,10 +198,36 @@ class FederatedServer:
         server._history = {step: deque(snap["history"].get(step, []), maxlen=server.config.t_M) for step in STEPS}
         return server
 
+    def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
+        """Continue without worker j (its computation failed): it leaves the aggregates, the thresholds and N.
+
+        The fit then maximises the likelihood of the remaining workers' data; `dropped` records who, where and why.
+        """
+        if j not in self.active:
+            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
+        if len(self.active) == 1:
+            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
+        self.active.remove(j)
+        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
+                             "time_s": float(now)})
+        self._P[j] = []
+        self._in_flight.pop(j, None)
+        self._obsolete.discard(j)
+        self._collected.pop(j, None)
+        for key in [key for key in self._Q if key[0] == j]:
+            del self._Q[key]
+        if self._n_j:
+            self.n_obs = sum(self._n_j[k] for k in self.active)
+        if self.phase == "loop":
+            self._aggregate_ready(now)
+        elif self.phase != "done":
+            self._complete_synchronous(now)
+
     # --- Algorithm 3: buffers, counters, aggregation ---------------------------------------------------
     def _publish(self, p: Augmented) -> None:
         """Send p to every ℙ_j: it replaces the entry with the same step, else it is appended."""
-        for buffer in self._P:
+        for j in self.active:
+            buffer = self._P[j]
             same = [i for i, old in enumerate(buffer) if old.step == p.step]
             if same:
                 buffer[same[0]] = p
@@ -207,8 +236,9 @@ class FederatedServer:
 
     @property
     def _threshold(self) -> int:
-        """Agg_threshold; Algorithm 1's pass (t = 0) waits for all J workers."""
-        return self.n_workers if self.t == 0 else self.config.agg_threshold
+        """Agg_threshold (at most the active workers); Algorithm 1's pass (t = 0) waits for all active workers."""
+        active = len(self.active)
+        return active if self.t == 0 else min(self.config.agg_threshold, active)
 
     def _aggregate_ready(self, now: float) -> None:
         """Aggregate while the current step has Num.step ≥ Agg_threshold, then check the time budget."""
@@ -222,12 +252,12 @@ class FederatedServer:
         """Aggregate the current step (Eq. 17), update its block (Eqs. 8–10), smooth it (Eq. 19) and publish."""
         cfg, step = self.config, STEPS[self._step]
         self._num[step] = 0
-        entries = [self._Q[(j, step)] for j in range(self.n_workers)]
+        entries = [self._Q[(j, step)] for j in self.active]
         t_js = [q.t for q, _ in entries]
         if cfg.adaptive_weights:
             w = staleness_weights(self.t, t_js, self._grad_norm, cfg.a, cfg.T_c)
         else:
-            w = uniform_weights(self.n_workers)
+            w = uniform_weights(len(self.active))
         block = {"mu_sigma": self._update_mean, "gamma": self._update_gamma, "theta": self._update_theta}[step](
             entries, w
         )
@@ -349,13 +379,18 @@ class FederatedServer:
 
     def _receive_synchronous(self, q: Quantity, now: float) -> None:
         self._collected[q.worker] = q.xi
-        if len(self._collected) < self.n_workers:
+        self._complete_synchronous(now)
+
+    def _complete_synchronous(self, now: float) -> None:
+        """Run the phase's next step once every active worker has answered the synchronous pass."""
+        if any(j not in self._collected for j in self.active):
             return
-        xis = [self._collected[j] for j in range(self.n_workers)]
+        xis = [self._collected[j] for j in self.active]
         {"moments": self._after_moments, "variogram": self._after_variogram, "final": self._after_final,
          FINAL_STEP: self._after_value}[self.phase](xis, now)
 
     def _after_moments(self, xis, now) -> None:
+        self._n_j = {j: int(xi["n"]) for j, xi in zip(self.active, xis)}
         self._ols_gamma, self._s2, self.n_obs = init.pooled_ols(xis)
         self._diameter = init.study_diameter(self.knots, xis)
         if all(key in self.start for key in ("delta", "sigma2", "beta")):
@@ -366,7 +401,7 @@ class FederatedServer:
                                                            {"gamma": self._ols_gamma, "edges": edges}))
 
     def _after_variogram(self, xis, now) -> None:
-        sums = aggregate(xis, uniform_weights(self.n_workers))
+        sums = aggregate(xis, uniform_weights(len(xis)))
         tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self._diameter),
                                                 self.kernel, self._s2)
         self._begin_loop(now, {"delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta})
@@ -382,8 +417,8 @@ class FederatedServer:
     def _after_final(self, xis, now) -> None:
         """μ*, Σ* at the final (γ, δ, θ) (Eq. 8), or μ*, Σ*, γ* at the final θ under mean_step="joint", from fresh
         quantities of all workers."""
-        entries = [(Quantity(xi, self.t, "mu_sigma", j), self.params) for j, xi in enumerate(xis)]
-        self.params = self.params.replace(**self._update_mean(entries, uniform_weights(self.n_workers)))
+        entries = [(Quantity(xi, self.t, "mu_sigma", j), self.params) for j, xi in zip(self.active, xis)]
+        self.params = self.params.replace(**self._update_mean(entries, uniform_weights(len(xis))))
         self._begin_synchronous(FINAL_STEP, Augmented(self.params, self.t, FINAL_STEP))
 
     def _after_value(self, xis, now) -> None:

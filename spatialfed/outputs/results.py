@@ -61,6 +61,7 @@ class FitResult:
     mu: np.ndarray | None = None                # (m,)
     Sigma: np.ndarray | None = None             # (m, m)
     extra: dict = field(default_factory=dict)   # settings stored as model.zarr attributes (not in fit.json)
+    dropped_workers: list = field(default_factory=list)  # workers the fit continued without (fit.json, when any)
 
     def to_json(self) -> dict:
         doc = {
@@ -79,6 +80,8 @@ class FitResult:
             "trace": [_trace_row_json(r) for r in self.trace],
         }
         assert tuple(doc) == FIT_KEYS
+        if self.dropped_workers:  # beyond SPEC §6: only present when the fit continued without a failed worker
+            doc["dropped_workers"] = [dict(d) for d in self.dropped_workers]
         return doc
 
 
@@ -249,7 +252,7 @@ def load_fit(out_dir) -> FitResult:
         n_workers=doc["n_workers"], n_obs=doc["n_obs"], params=doc["params"],
         loglik=doc["loglik"], knots=np.asarray(doc["knots"], dtype=float).reshape(-1, 2),
         iterations=doc["iterations"], wall_time_s=doc["wall_time_s"], converged=doc["converged"],
-        trace=doc["trace"], mu=mu, Sigma=Sigma, extra=extra,
+        trace=doc["trace"], mu=mu, Sigma=Sigma, extra=extra, dropped_workers=doc.get("dropped_workers", []),
     )
 
 

@@ -195,14 +195,16 @@ def run_dask(
     poll_s: float = 1.0,
     worker_wait_s: float = 60.0,
     server: FederatedServer | None = None,
+    on_worker_error: str = "stop",
 ) -> tuple[FederatedServer, DaskRunInfo]:
     """Fit on a Dask cluster through `client`; returns the finished FederatedServer and run information.
 
     `store` must be a path every Dask worker can read (the workers open it themselves). `on_event(server, now)` is
     called after each received quantity (progress display); `on_result(j, p, result)` sees every task result as it
     arrives at the client (load summaries with p None; for audits of what leaves the workers). Raises
-    WorkerTaskError naming the federated worker and the sub-step when a task fails; outstanding tasks are cancelled
-    and the partitions released on every exit.
+    WorkerTaskError naming the federated worker and the sub-step when a task fails — or, with
+    ``on_worker_error="drop"``, continues without that worker (`FederatedServer.drop_worker`; recorded in
+    ``server.dropped``); outstanding tasks are cancelled and the partitions released on every exit.
 
     Worker loss: a watchdog thread checks every `poll_s` seconds that the Dask workers holding partitions are still
     connected; tasks pinned to a worker that left are cancelled and resubmitted (same p) to the live worker with the
@@ -218,6 +220,8 @@ def run_dask(
 
     from spatialfed.model.matern import Matern
 
+    if on_worker_error not in ("stop", "drop"):
+        raise ValueError(f"on_worker_error must be 'stop' or 'drop', got {on_worker_error!r}")
     J = int(n_workers)
     knots = np.asarray(knots, dtype=float)
     s = resolve_slowdowns(slowdowns, J)
@@ -306,7 +310,15 @@ def run_dask(
                         submit(j, p)
                         continue
                     if fut.status != "finished":
-                        raise _task_error(j, step, assignment[j], fut)
+                        error = _task_error(j, step, assignment[j], fut)
+                        if on_worker_error != "drop":
+                            raise error
+                        log.warning("%s; continuing without federated worker %d (on_worker_error='drop')", error, j)
+                        server.drop_worker(j, step, str(error), offset + time.perf_counter() - t0)
+                        loaded.discard(j)
+                        if server.done:
+                            break
+                        continue
                     result = fut.result()
                     if on_result is not None:
                         on_result(j, p, result)
