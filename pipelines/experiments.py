@@ -362,35 +362,19 @@ def settle(times, errors, rtol: float):
 
 
 def run_with_snapshots(models, knots, kernel, config, slowdowns, on_theta=None, cost=None):
-    """The virtual-clock loop of `spatialfed.runtime.virtual.run_virtual` (same event order, FlopCost, batched
-    simultaneous arrivals), calling on_theta(server, now) after every theta aggregation — so the server's full φ
+    """`run_virtual`, calling on_theta(server, now) after every theta aggregation — so the server's full φ
     (μ, Σ included) can be used for prediction over time (Figure 9)."""
-    import heapq
-    import itertools
+    from spatialfed.runtime.virtual import run_virtual
 
-    from spatialfed.algorithm.protocol import evaluate
-    from spatialfed.algorithm.server import FederatedServer
-    from spatialfed.runtime.heterogeneity import resolve_slowdowns
-    from spatialfed.runtime.virtual import FlopCost
+    seen = [0]
 
-    cost = cost or FlopCost()
-    s = resolve_slowdowns(slowdowns, len(models))
-    server = FederatedServer(len(models), knots, kernel, config, None)
-    events, order, now, seen = [], itertools.count(), 0.0, 0
-    while not server.done:
-        for j, p in server.dispatch():
-            q = evaluate(models[j], p, j)
-            heapq.heappush(events, (now + s[j] * cost.seconds(models[j], p, 0.0), next(order), q))
-        now, _, q = heapq.heappop(events)
-        arrived = [q]
-        while events and events[0][0] == now:
-            arrived.append(heapq.heappop(events)[2])
-        server.receive(arrived, now)
-        fresh = server.trace[seen:]
+    def on_event(server, now):
+        fresh = server.trace[seen[0]:]
         if on_theta is not None and server.phase == "loop" and any(r["step"] == "theta" for r in fresh):
             on_theta(server, now)
-        seen = len(server.trace)
-    return server
+        seen[0] = len(server.trace)
+
+    return run_virtual(models, knots, kernel, config, slowdowns, cost=cost, on_event=on_event)
 
 
 def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int | None = None,

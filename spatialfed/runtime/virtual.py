@@ -66,8 +66,10 @@ def message_bytes(message) -> int:
 
 
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,
-                network: NetworkDelay | None = None, start=None) -> FederatedServer:
-    """Fit with the FederatedServer on a virtual clock; returns the finished server (trace times are virtual)."""
+                network: NetworkDelay | None = None, start=None, on_event=None) -> FederatedServer:
+    """Fit with the FederatedServer on a virtual clock; returns the finished server (trace times are virtual).
+
+    `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime."""
     cost = cost or FlopCost()
     network = network or NetworkDelay()
     s = resolve_slowdowns(slowdowns, len(models))
@@ -87,6 +89,8 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
         while events and events[0][0] == now:  # simultaneous arrivals reach the server together
             arrived.append(heapq.heappop(events)[2])
         server.receive(arrived, now)
+        if on_event is not None:
+            on_event(server, now)
     return server
 
 
