@@ -66,14 +66,17 @@ def message_bytes(message) -> int:
 
 
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,
-                network: NetworkDelay | None = None, start=None, on_event=None) -> FederatedServer:
+                network: NetworkDelay | None = None, start=None, on_event=None, server=None) -> FederatedServer:
     """Fit with the FederatedServer on a virtual clock; returns the finished server (trace times are virtual).
 
-    `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime."""
+    `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime. `server`: a fresh server
+    to drive instead of FederatedServer(J, knots, kernel, config, start) (any object with dispatch/receive/done, e.g.
+    the FGPR server); config and start are then ignored."""
     cost = cost or FlopCost()
     network = network or NetworkDelay()
     s = resolve_slowdowns(slowdowns, len(models))
-    server = FederatedServer(len(models), knots, kernel, config, start)
+    if server is None:
+        server = FederatedServer(len(models), knots, kernel, config, start)
     events: list[tuple[float, int, Quantity]] = []
     order = itertools.count()
     now = 0.0
