@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spatialfed.algorithm.privacy import GaussianMechanism, task_nonce
 from spatialfed.model.params import Params
 
 #: Sub-steps of one iteration, in their cyclic order (Eq. 12).
@@ -55,4 +56,9 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
         xi = lm.quantity(p.step, p.params)
         for step in p.extra.get("with", ()):
             xi = {**xi, **lm.quantity(step, p.params)}
+    mechanism = p.extra.get("privacy")
+    if mechanism is not None:  # docs/privacy.md: noised here, on the worker; which keys were clipped stays here
+        if not isinstance(mechanism, GaussianMechanism):
+            raise TypeError(f"p.extra['privacy'] must be a GaussianMechanism, got {type(mechanism).__name__}")
+        xi, _ = mechanism.privatize(xi, n=lm.n, worker=worker, t=p.t, step=p.step, nonce=task_nonce(p.params, p.extra))
     return Quantity(xi=xi, t=p.t, step=p.step, worker=worker)
