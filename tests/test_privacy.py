@@ -72,7 +72,7 @@ def test_clip_mapping_names_the_missing_keys():
 def test_clipping_bounds_the_norm_and_reports_the_clipped_keys():
     xi = {"A": 50.0 * np.eye(3), "b": np.full(3, 0.01), "f": -40.0, "n": 10}
     c = 0.5
-    mech = GaussianMechanism(1e-12, c)  # noise negligible: the output is the clipped array
+    mech = GaussianMechanism(1e-12, c, seed=0)  # noise negligible: the output is the clipped array
     out, clipped = mech.privatize(xi, n=10, worker=0, t=1, step="mu_sigma")
     assert set(clipped) == {"A", "f"}
     assert np.linalg.norm(out["A"]) == pytest.approx(c * 10, rel=1e-9)
@@ -92,7 +92,7 @@ def test_noise_has_the_stated_sd():
 
 def test_symmetric_keys_are_the_symmetric_quantities_and_stay_symmetric(lm_and_params):
     lm, params = lm_and_params
-    mech = GaussianMechanism(1.0, 100.0)
+    mech = GaussianMechanism(1.0, 100.0, seed=0)
     for step, xi in all_quantities(lm, params):
         out, _ = mech.privatize(xi, n=lm.n, worker=0, t=1, step=step)
         for key, value in xi.items():
@@ -122,6 +122,14 @@ def test_noise_is_a_function_of_the_task(lm_and_params):
     other_seed = GaussianMechanism(1.0, 10.0, seed=2).privatize(xi, n=lm.n, worker=2, t=4, step="theta",
                                                                  nonce=b"phi")[0]
     assert not np.allclose(other_seed["grad"], same["grad"])
+
+
+def test_unseeded_noise_is_fresh_on_every_call(lm_and_params):
+    lm, params = lm_and_params
+    xi = lm.quantity("gamma", params)
+    mech = GaussianMechanism(1.0, 10.0)  # seed=None: OS entropy, so not even the server can recompute the noise
+    task = {"n": lm.n, "worker": 0, "t": 1, "step": "gamma", "nonce": b"phi"}
+    assert not np.allclose(mech.privatize(xi, **task)[0]["XtRr"], mech.privatize(xi, **task)[0]["XtRr"])
 
 
 def test_task_nonce_separates_different_parameters_and_ignores_the_mechanism(lm_and_params):
@@ -196,7 +204,7 @@ def test_accountant_reports_composition_and_pickles():
     assert report["epsilon"] == pytest.approx(epsilon_for_delta(2.0, 1e-6))
     assert report["delta"] == 1e-6
     assert report["mechanism"] | {"adjacency": None} == {"noise_multiplier": 2.0, "clip": {"A": 1.0}, "delta": 1e-6,
-                                                        "adjacency": None}
+                                                        "adjacency": None, "seeded": False}
     assert "worker-level" in report["mechanism"]["adjacency"]
 
 
@@ -252,7 +260,7 @@ def fit(lms, knots, mechanism):
 def test_fit_with_privacy_noise_converges_and_reports_the_budget():
     lms, knots = models(seed=3)
     clear, _, _ = fit(lms, knots, None)
-    mech = GaussianMechanism(1e-5, pilot_clip(), delta=1e-5)
+    mech = GaussianMechanism(1e-5, pilot_clip(), delta=1e-5, seed=7)
     noisy, accountant, tasks = fit(lms, knots, mech)
     np.testing.assert_allclose(noisy.params.theta_key, clear.params.theta_key, rtol=0.03)
     assert noisy.loglik == pytest.approx(clear.loglik, abs=0.2)

@@ -31,13 +31,15 @@ class GaussianMechanism:
 
     `clip` is a public per-observation bound: one float for every key, or a mapping key → float. It must be fixed
     from public knowledge (a pilot on public or simulated data), never from the private data. `delta` is the δ at
-    which the accountant reports ε; `seed` makes the noise a deterministic function of the task (see `privatize`).
+    which the accountant reports ε. `seed=None` (the default) draws every release's noise from fresh OS entropy; an
+    integer `seed` makes the noise a deterministic function of the task (see `privatize`) for reproducible studies —
+    but whoever knows the seed (the server, which builds the mechanism) can recompute and remove the noise.
     """
 
     noise_multiplier: float
     clip: float | Mapping[str, float]
     delta: float = 1e-5
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self):
         if not _positive(self.noise_multiplier):
@@ -51,8 +53,9 @@ class GaussianMechanism:
             raise ValueError(f"clip must be a finite number > 0 or a mapping key → number > 0, got {self.clip!r}")
         if not (isinstance(self.delta, float) and 0.0 < self.delta < 1.0):
             raise ValueError(f"delta must be a float in (0, 1), got {self.delta!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"seed must be an integer ≥ 0, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or self.seed < 0):
+            raise ValueError(f"seed must be None (fresh OS entropy) or an integer ≥ 0, got {self.seed!r}")
 
     def released(self, xi: Mapping) -> int:
         """Number of Gaussian releases in ξ: one per key except the exempt public "n"."""
@@ -73,10 +76,11 @@ class GaussianMechanism:
                   nonce: bytes = b"") -> tuple[dict, tuple[str, ...]]:
         """(ξ̃, clipped keys): ξ̃_k = sym(clip(ξ_k) + N(0, (z·2c_k·n)² I)), clip(ξ) = ξ·min(1, c_k·n/‖ξ‖₂).
 
-        The noise is drawn from a numpy Generator seeded from (seed, worker, t, step, nonce, key), so a re-sent identical
-        task releases identical noise (no further privacy loss). `nonce` must identify the task's inputs (evaluate
-        passes `task_nonce(p.params, p.extra)`): two different computations must never share noise, or the difference
-        of their releases would be noise-free. The clipped keys depend on the private data and must not be sent.
+        With seed=None every call draws fresh noise (each call is a release to count). With an integer seed the noise
+        Generator is seeded from (seed, worker, t, step, nonce, key), so a re-sent identical task releases identical
+        noise (no further privacy loss); `nonce` must identify the task's inputs (evaluate passes
+        `task_nonce(p.params, p.extra)`), since two computations sharing noise would reveal their noise-free difference.
+        The clipped keys depend on the private data and must not be sent.
         """
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"n must be the partition size, an integer ≥ 1; got {n!r}")
@@ -103,7 +107,9 @@ class GaussianMechanism:
         return out, tuple(clipped)
 
     def _rng(self, worker: int, t: int, step: str, nonce: bytes, key: str) -> np.random.Generator:
-        """Generator seeded from (seed, worker, t, step, nonce, key) via numpy's SeedSequence."""
+        """Generator from fresh OS entropy (seed None) or seeded from (seed, worker, t, step, nonce, key)."""
+        if self.seed is None:
+            return np.random.default_rng()
         words = [int(self.seed), int(worker), int(t), zlib.crc32(step.encode()), zlib.crc32(key.encode()),
                  int.from_bytes(hashlib.sha256(nonce).digest()[:16], "little")]
         return np.random.default_rng(np.random.SeedSequence(words))
@@ -190,11 +196,13 @@ class PrivacyAccountant:
         self.releases[int(worker)] = self.releases.get(int(worker), 0) + int(n_releases)
 
     def report(self) -> dict:
-        """{"mechanism", "workers": [{"worker", "releases", "mu_gdp"}], "mu_gdp": max over workers, "epsilon", "delta"}."""
+        """{"mechanism", "workers": [{"worker", "releases", "mu_gdp"}], "mu_gdp": max over workers, "epsilon", "delta"};
+        μ per worker by `gdp_mu`, ε at the mechanism's δ by `epsilon_for_delta`."""
         mech = self.mechanism
         z = mech.noise_multiplier
         workers = [{"worker": j, "releases": r, "mu_gdp": gdp_mu(r, z)} for j, r in sorted(self.releases.items())]
         mu = max((row["mu_gdp"] for row in workers), default=0.0)
         clip = dict(mech.clip) if isinstance(mech.clip, Mapping) else mech.clip
-        return {"mechanism": {"noise_multiplier": z, "clip": clip, "delta": mech.delta, "adjacency": ADJACENCY},
+        return {"mechanism": {"noise_multiplier": z, "clip": clip, "delta": mech.delta, "adjacency": ADJACENCY,
+                              "seeded": mech.seed is not None},
                 "workers": workers, "mu_gdp": mu, "epsilon": epsilon_for_delta(mu, mech.delta), "delta": mech.delta}
