@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 MODES = ("sync", "async")
 HESSIANS = ("profile", "block")
 MEAN_STEPS = ("joint", "block")
-ALPHA_RULES = ("fixed", "staleness")
+ALPHA_RULES = ("fixed", "staleness", "section5")
 STRATEGIES = ("correction", "adaptive_weights", "moving_average")
 
 
@@ -19,10 +19,13 @@ class FitConfig:
     mode: str = "sync"
     agg_threshold: int | None = None
     alpha: float | None = None
-    alpha_rule: str = "fixed"  # "staleness": α_t = α / (1 + mean staleness of the theta quantities)
+    alpha_rule: str = "fixed"  # "staleness": α/(1 + τ̄_t); "section5": α/((1 + τ̄_t)(1 + τ_t)) (Lemma 11)
     correction: bool | None = None
     adaptive_weights: bool | None = None
     moving_average: bool | None = None
+    dominance: bool = False  # AsyncManifold's arrival-frequency correction of the weights while some t_j ≤ T_c
+    staleness_bound: int | None = None  # VAFL's D: quantities older than D iterations are discarded and re-asked
+    privacy: object | None = None  # a privacy.GaussianMechanism (or its dict) applied on the workers
     a: float = 1.0
     T_c: int = 3
     omega: float = 0.7
@@ -59,6 +62,13 @@ class FitConfig:
             value = getattr(self, name)
             if int(value) != value or value < (0 if name == "T_c" else 1):
                 raise ValueError(f"{name} must be an integer ≥ {0 if name == 'T_c' else 1}, got {value!r}")
+        D = self.staleness_bound
+        if D is not None and (isinstance(D, bool) or int(D) != D or D < 0):
+            raise ValueError(f"staleness_bound (D, in iterations) must be an integer ≥ 0 or None, got {D!r}")
+        if isinstance(self.privacy, dict):
+            from spatialfed.algorithm.privacy import GaussianMechanism
+
+            object.__setattr__(self, "privacy", GaussianMechanism(**self.privacy))
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be a number of seconds > 0 (or None), got {self.time_budget!r}")
 
@@ -66,6 +76,12 @@ class FitConfig:
     def basic(cls, **changes) -> "FitConfig":
         """Asynchronous aggregation with every strategy off: the 'none' arm of the ablation (Fig. 5)."""
         return cls(**{"mode": "async", **dict.fromkeys(STRATEGIES, False), **changes})
+
+    @classmethod
+    def section5(cls, **changes) -> "FitConfig":
+        """The basic asynchronous algorithm analysed in Section 5: no strategy, α_t = α(τ̄_t + 1)⁻¹(τ_t + 1)⁻¹
+        (Lemma 11, Theorem 12) with α = 1 and τ_t the largest staleness aggregated."""
+        return cls.basic(**{"alpha": 1.0, "alpha_rule": "section5", **changes})
 
     @classmethod
     def tuned(cls, **changes) -> "FitConfig":
@@ -96,5 +112,8 @@ class FitConfig:
         return replace(self, agg_threshold=int(A), alpha=float(alpha), **flags)
 
     def as_dict(self) -> dict:
-        """Plain dict of the settings (for result files)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Plain dict of the settings (for result files and checkpoints; `privacy` as its dict)."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.privacy is not None:
+            settings["privacy"] = self.privacy.as_dict()
+        return settings

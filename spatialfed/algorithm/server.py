@@ -14,6 +14,7 @@ that estimate) → "done".
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -25,7 +26,9 @@ from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
 from spatialfed.algorithm.strategies import (
     aggregate,
     corrected_gradient,
+    dominance_weights,
     moving_average,
+    section5_step_size,
     staleness_step_size,
     staleness_weights,
     uniform_weights,
@@ -37,7 +40,7 @@ from spatialfed.model.params import Params
 START_KEYS = ("gamma", "delta", "sigma2", "beta")
 
 #: version of the snapshot dict (FederatedServer.snapshot); bump when its keys change meaning
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 #: snapshot key -> server attribute, for the state that is copied as is (snapshot() and restore() share this table)
 _SNAPSHOT_STATE = {
@@ -48,6 +51,7 @@ _SNAPSHOT_STATE = {
     "loglik_estimate": "_loglik_estimate", "end_of_last_iteration": "_end_of_last_iteration",
     "small_changes": "_small_changes", "ols_gamma": "_ols_gamma", "s2": "_s2", "diameter": "_diameter",
     "time_s": "_last_now", "active": "active", "dropped": "dropped", "n_j": "_n_j",
+    "arrivals": "_arrivals", "discarded": "discarded", "accountant": "_accountant",
 }
 
 
@@ -73,6 +77,9 @@ class FederatedServer:
         self.active: list[int] = list(range(J))  # workers still taking part (drop_worker removes one)
         self.dropped: list[dict] = []  # {"worker", "step", "cause", "iter", "time_s"} of each dropped worker
         self._n_j: dict[int, int] = {}  # n_j from the moments pass, so N follows the active workers
+        self._arrivals = [0] * J  # quantities received per worker in the loop (dominance correction)
+        self.discarded = 0  # quantities dropped for staleness > D (staleness_bound)
+        self._accountant = None if self.config.privacy is None else self.config.privacy.accountant(J)
         self._Q: dict[tuple[int, str], tuple[Quantity, Params]] = {}  # ℚ: (j, step) -> (q, φ it was computed at)
         self._num = dict.fromkeys(STEPS, 0)  # Num.step
         self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
@@ -140,15 +147,23 @@ class FederatedServer:
                 raise RuntimeError(f"worker {j} sent a quantity without a task in flight")
             if (q.t, q.step) != (p.t, p.step):
                 raise RuntimeError(f"worker {j} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+            if self._accountant is not None:
+                self._accountant.record(j, self.config.privacy.released(q.xi))
             if j in self._obsolete:
                 self._obsolete.discard(j)
             elif self.phase == "loop":
                 self._Q[(j, q.step)] = (q, p.params)
                 self._num[q.step] += 1
+                self._arrivals[j] += 1
             else:
                 self._receive_synchronous(q, now)
         if self.phase == "loop":
             self._aggregate_ready(now)
+
+    @property
+    def privacy_report(self) -> dict | None:
+        """The privacy loss of the fit so far (privacy.PrivacyAccountant.report), None without the mechanism."""
+        return None if self._accountant is None else self._accountant.report()
 
     # --- checkpoint and resume (docs/recovery.md) ----------------------------------------------------
     def snapshot(self) -> dict:
@@ -226,6 +241,8 @@ class FederatedServer:
     # --- Algorithm 3: buffers, counters, aggregation ---------------------------------------------------
     def _publish(self, p: Augmented) -> None:
         """Send p to every ℙ_j: it replaces the entry with the same step, else it is appended."""
+        if self.config.privacy is not None:  # the workers privatize what they send (privacy.GaussianMechanism)
+            p = dataclasses.replace(p, extra={**p.extra, "privacy": self.config.privacy})
         for j in self.active:
             buffer = self._P[j]
             same = [i for i, old in enumerate(buffer) if old.step == p.step]
@@ -240,9 +257,33 @@ class FederatedServer:
         active = len(self.active)
         return active if self.t == 0 else min(self.config.agg_threshold, active)
 
+    def _too_stale(self, t_j: int) -> bool:
+        """Staleness t − t_j above the bound D (VAFL's uniformly bounded delay; never without a bound)."""
+        D = self.config.staleness_bound
+        return D is not None and self.t - t_j > D
+
+    def _discard(self, j: int, step: str) -> None:
+        """Drop worker j's too-stale quantity of `step` and refresh j: its newest task of that step goes first."""
+        self.discarded += 1
+        self._Q.pop((j, step), None)
+        buffer = self._P[j]
+        same = [i for i, p in enumerate(buffer) if p.step == step]
+        if same:
+            buffer.insert(0, buffer.pop(same[0]))
+
+    def _fresh(self, step: str) -> bool:
+        """Every active worker has a quantity of `step` in ℚ no older than D (too-stale ones are discarded)."""
+        for j in self.active:
+            entry = self._Q.get((j, step))
+            if entry is not None and self._too_stale(entry[0].t):
+                self._discard(j, step)
+        return all((j, step) in self._Q for j in self.active)
+
     def _aggregate_ready(self, now: float) -> None:
-        """Aggregate while the current step has Num.step ≥ Agg_threshold, then check the time budget."""
-        while self.phase == "loop" and self._num[STEPS[self._step]] >= self._threshold:
+        """Aggregate while the current step has Num.step ≥ Agg_threshold and fresh quantities from every worker,
+        then check the time budget."""
+        while (self.phase == "loop" and self._num[STEPS[self._step]] >= self._threshold
+               and self._fresh(STEPS[self._step])):
             self._aggregate(now)
         budget = self.config.time_budget
         if self.phase == "loop" and budget is not None and now >= budget:
@@ -258,6 +299,8 @@ class FederatedServer:
             w = staleness_weights(self.t, t_js, self._grad_norm, cfg.a, cfg.T_c)
         else:
             w = uniform_weights(len(self.active))
+        if cfg.dominance and min(t_js) <= cfg.T_c:  # Eq. (18)'s window: uniform afterwards keeps the optimum
+            w = dominance_weights(w, [self._arrivals[j] for j in self.active])
         block = {"mu_sigma": self._update_mean, "gamma": self._update_gamma, "theta": self._update_theta}[step](
             entries, w
         )
@@ -286,7 +329,7 @@ class FederatedServer:
     def _update_mu_sigma(self, entries, w) -> dict:
         """Σ⁺ = (Σ_j A_j + K⁻¹)⁻¹, μ⁺ = Σ⁺ Σ_j b_j (Eq. 8 with sums)."""
         agg = aggregate([q.xi for q, _ in entries], w)
-        mu, Sigma = blocks.update_mu_sigma(agg["A"], agg["b"], self._K())
+        mu, Sigma = blocks.update_mu_sigma(self._spd(agg["A"]), agg["b"], self._K())
         return {"mu": mu, "Sigma": Sigma}
 
     def _update_mu_sigma_gamma(self, entries, w) -> dict:
@@ -300,9 +343,9 @@ class FederatedServer:
                   "Bz": q.xi["b"] + q.xi["BtRX"] @ at.gamma, "Xz": q.xi["XtRr"] + q.xi["BtRX"].T @ at.mu}
                  for q, at in entries]
         agg = aggregate(stats, w)
-        mu_bar, Sigma = blocks.update_mu_sigma(agg["A"], agg["Bz"], self._K())
+        mu_bar, Sigma = blocks.update_mu_sigma(self._spd(agg["A"]), agg["Bz"], self._K())
         W = agg["W"]
-        gamma = blocks.update_gamma(agg["XtRX"] - W.T @ Sigma @ W, agg["Xz"] - W.T @ mu_bar)
+        gamma = blocks.update_gamma(self._spd(agg["XtRX"] - W.T @ Sigma @ W), agg["Xz"] - W.T @ mu_bar)
         return {"mu": mu_bar - Sigma @ W @ gamma, "Sigma": Sigma, "gamma": gamma}
 
     def _K(self) -> np.ndarray:
@@ -312,7 +355,15 @@ class FederatedServer:
     def _update_gamma(self, entries, w) -> dict:
         """γ⁺ = (Σ_j X_jᵀR_j⁻¹X_j)⁻¹ Σ_j X_jᵀR_j⁻¹(z_j − B_jμ) (Eq. 9)."""
         agg = aggregate([q.xi for q, _ in entries], w)
-        return {"gamma": blocks.update_gamma(agg["XtRX"], agg["XtRr"])}
+        return {"gamma": blocks.update_gamma(self._spd(agg["XtRX"]), agg["XtRr"])}
+
+    def _spd(self, M: np.ndarray) -> np.ndarray:
+        """An aggregated Gram matrix, projected onto the SPD cone when privacy noise is on (post-processing)."""
+        if self.config.privacy is None:
+            return M
+        from spatialfed.algorithm.privacy import project_spd
+
+        return project_spd(M)
 
     def _update_theta(self, entries, w) -> dict:
         """One Newton step on u (Eq. 10) with the corrected gradients of Eq. (15) and the profile or block Hessian."""
@@ -330,7 +381,8 @@ class FederatedServer:
         if cfg.hessian == "profile":
             H = blocks.profile_hessian(H, total["d2_du_dmu"], total["d2_du_dSigma"], phi.Sigma)
         staleness = [self.t - q.t for q, _ in entries]
-        alpha = staleness_step_size(cfg.alpha, w, staleness) if cfg.alpha_rule == "staleness" else cfg.alpha
+        rule = {"staleness": staleness_step_size, "section5": section5_step_size}.get(cfg.alpha_rule)
+        alpha = cfg.alpha if rule is None else rule(cfg.alpha, w, staleness)
         u = blocks.newton_step(phi.u, total["grad"], H, alpha=alpha, bound=cfg.step_bound, floor=cfg.eig_floor)
         return {"u": u}
 

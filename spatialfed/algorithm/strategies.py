@@ -32,6 +32,20 @@ def staleness_step_size(alpha: float, weights: np.ndarray, staleness: Sequence[i
     return alpha / (1.0 + float(np.dot(weights, staleness)))
 
 
+def section5_step_size(alpha: float, weights: np.ndarray, staleness: Sequence[int]) -> float:
+    """α_t = α (τ̄_t + 1)⁻¹ (τ_t + 1)⁻¹ of Lemma 11 / Theorem 12, τ_t the largest staleness aggregated."""
+    return staleness_step_size(alpha, weights, staleness) / (1.0 + float(np.max(staleness)))
+
+
+def dominance_weights(weights: np.ndarray, arrivals: Sequence[int]) -> np.ndarray:
+    """w_j ∝ w_j / (J p_j), p_j = arrivals_j / Σ_k arrivals_k: AsyncManifold's dominance penalty (after Leconte et
+    al. 2024), so workers that report often do not dominate the aggregate."""
+    arrivals = np.asarray(arrivals, dtype=float)
+    p = arrivals / arrivals.sum()
+    raw = np.asarray(weights, dtype=float) / (p.size * p)
+    return raw / raw.sum()
+
+
 def corrected_gradient(xi: Mapping, at: Params, rec: Params) -> np.ndarray:
     """g_j^corr of Eq. (15): g_j + ∂²f_j/∂u² Δu + ∂²f_j/∂u∂μ Δμ + ⟨∂²f_j/∂u∂Σ, ΔΣ⟩, Δ = rec − at (γ left out)."""
     return (
