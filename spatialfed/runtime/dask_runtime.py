@@ -17,7 +17,9 @@ How the loop runs
 
 Heterogeneity emulation
     A federated worker with slowdown s_j that computed a task for c CPU seconds sleeps (s_j − 1)·c before returning
-    (`heterogeneity.extra_wait`), as if it ran on a machine s_j times slower.
+    (`heterogeneity.extra_wait`), as if it ran on a machine s_j times slower. With the random models of
+    `runtime.delays` (docs/delays.md) the client draws, per submitted task, the wait until worker j's next Poisson
+    activation (slept before computing) and an extra delay (slept after it).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.errors import WorkerTaskError
+from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.heterogeneity import extra_wait, resolve_slowdowns
 
 SPAN_NAME = "spatialfed-fit"
@@ -89,15 +92,19 @@ def load_task(spec: PartitionSpec) -> dict:
     return {"worker": spec.worker, "n": int(lm.n), "p": int(lm.p), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0) -> Quantity:
+def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0, activation_wait_s: float = 0.0,
+                  delay_s: float = 0.0) -> Quantity:
     """L_j(p) (protocol.evaluate) on the partition held in this process, then the emulated slowdown wait.
 
     The wait is (s_j − 1)·c with c the task's CPU time (`time.thread_time`; BLAS is single-threaded on the workers),
-    so a slowed worker emulates a machine s_j times slower even when the host's cores are shared and busy."""
+    so a slowed worker emulates a machine s_j times slower even when the host's cores are shared and busy.
+    `activation_wait_s` is slept before computing (the worker waits for its next activation) and `delay_s` after."""
+    if activation_wait_s > 0:
+        time.sleep(activation_wait_s)
     lm = _local_model(spec)
     tic = time.thread_time()  # CPU seconds of this task: unlike wall time, not inflated by other processes' load
     q = evaluate(lm, p, spec.worker)
-    wait = extra_wait(time.thread_time() - tic, slowdown)
+    wait = extra_wait(time.thread_time() - tic, slowdown) + delay_s
     if wait > 0:
         time.sleep(wait)
     return q
@@ -196,6 +203,9 @@ def run_dask(
     worker_wait_s: float = 60.0,
     server: FederatedServer | None = None,
     on_worker_error: str = "stop",
+    delays: Delay | None = None,
+    activations: PoissonActivations | None = None,
+    seed: int = 0,
 ) -> tuple[FederatedServer, DaskRunInfo]:
     """Fit on a Dask cluster through `client`; returns the finished FederatedServer and run information.
 
@@ -215,6 +225,11 @@ def run_dask(
     (`config` and `start` are then ignored); it must have `n_workers` workers and the same `knots`. Its clock carries
     on from the snapshot's `time_s`, so time budgets and trace times continue; the partitions are loaded again and
     the tasks that were in flight when the checkpoint was taken are re-sent first.
+
+    Random delays (docs/delays.md): with `delays` (ExponentialDelay, PoissonDelay) and/or `activations`
+    (PoissonActivations) the client draws, for every evaluation task it submits, the wait until worker j's next
+    activation (counted from the submission) and an extra delay, from numpy.random.default_rng(seed); the task
+    sleeps them before and after computing, on top of the slowdown wait.
     """
     from distributed import as_completed, span
 
@@ -225,6 +240,9 @@ def run_dask(
     J = int(n_workers)
     knots = np.asarray(knots, dtype=float)
     s = resolve_slowdowns(slowdowns, J)
+    delays = None if delays is None else delays.resolve(J)
+    activations = None if activations is None else activations.resolve(J)
+    rng = np.random.default_rng(seed)
     if server is None:
         server = FederatedServer(J, knots, Matern(nu), config, start)  # validates config against J before any task
         offset = 0.0
@@ -250,11 +268,17 @@ def run_dask(
     ac = as_completed()
     t0 = time.perf_counter()
 
+    def random_waits(j: int) -> tuple[float, float]:
+        """(wait until worker j's next activation, extra delay) of a task submitted now; (0, 0) without models."""
+        wait = 0.0 if activations is None else activations.next_activation(j, 0.0, rng)
+        delay = 0.0 if delays is None else delays.sample(j, rng)
+        return wait, delay
+
     def submit(j: int, p: Augmented | None) -> None:
         if p is None:  # load the partition where it will be served
             fn, args, key = load_task, (specs[j],), f"load-w{j}-{uuid.uuid4().hex[:6]}"
         else:
-            fn, args, key = evaluate_task, (specs[j], p, float(s[j])), task_key(p, j)
+            fn, args, key = evaluate_task, (specs[j], p, float(s[j]), *random_waits(j)), task_key(p, j)
         fut = client.submit(fn, *args, workers=[assignment[j]], allow_other_workers=False, key=key, pure=False)
         with lock:
             inflight[fut.key] = (fut, j, p)

@@ -3,11 +3,13 @@
 Each worker holds at most one task. When worker j takes p, its quantity L_j(p) is computed in-process at once
 (it is a pure function of the partition and p) and its completion is scheduled at
 
-    now + network(p) + s_j · cost(p) + network(q),
+    start + network(p) + s_j · cost(p) + network(q) + delay_j,
 
-s_j the worker's slowdown. Events are processed in time order; quantities finishing at the same instant reach the
-server as one batch (all enter ℚ before it checks Num.step). With the deterministic `FlopCost` a run is reproducible
-to the bit and immune to machine noise; `MeasuredCost` uses the measured compute time instead.
+s_j the worker's slowdown, start = now or, with Poisson activations, worker j's next activation after now, and
+delay_j a random extra delay (0 without a delay model; `runtime.delays`, docs/delays.md). Events are processed in
+time order; quantities finishing at the same instant reach the server as one batch (all enter ℚ before it checks
+Num.step). With the deterministic `FlopCost` a run is reproducible to the bit and immune to machine noise;
+`MeasuredCost` uses the measured compute time instead.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
+from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.heterogeneity import NetworkDelay, resolve_slowdowns
 
 
@@ -66,15 +69,22 @@ def message_bytes(message) -> int:
 
 
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,
-                network: NetworkDelay | None = None, start=None, on_event=None, server=None) -> FederatedServer:
+                network: NetworkDelay | None = None, start=None, on_event=None, server=None,
+                delays: Delay | None = None, activations: PoissonActivations | None = None,
+                seed=0) -> FederatedServer:
     """Fit with the FederatedServer on a virtual clock; returns the finished server (trace times are virtual).
 
     `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime. `server`: a fresh server
     to drive instead of FederatedServer(J, knots, kernel, config, start) (any object with dispatch/receive/done, e.g.
-    the FGPR server); config and start are then ignored."""
+    the FGPR server); config and start are then ignored. `delays` (ExponentialDelay, PoissonDelay) add a sampled
+    delay to each task; with `activations` a task starts at its worker's next activation (VAFL §2.3); both draw
+    from numpy.random.default_rng(seed), in dispatch order. Without them the run draws nothing and is unchanged."""
     cost = cost or FlopCost()
     network = network or NetworkDelay()
     s = resolve_slowdowns(slowdowns, len(models))
+    delays = None if delays is None else delays.resolve(len(models))
+    activations = None if activations is None else activations.resolve(len(models))
+    rng = np.random.default_rng(seed)
     if server is None:
         server = FederatedServer(len(models), knots, kernel, config, start)
     events: list[tuple[float, int, Quantity]] = []
@@ -82,10 +92,13 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
     now = 0.0
     while not server.done:
         for j, p in server.dispatch():
+            start_j = now if activations is None else activations.next_activation(j, now, rng)
             tic = time.perf_counter()
             q = evaluate(models[j], p, j)
             compute = cost.seconds(models[j], p, time.perf_counter() - tic)
-            finish = now + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
+            finish = start_j + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
+            if delays is not None:
+                finish += delays.sample(j, rng)
             heapq.heappush(events, (finish, next(order), q))
         now, _, q = heapq.heappop(events)
         arrived = [q]
