@@ -3,8 +3,8 @@
 Adjacency is worker-level: one worker's whole partition replaced by any other of the same (public) size n_j.
 Each released array ξ_k is clipped to ‖ξ_k‖₂ ≤ c_k·n_j, so its L2 sensitivity is Δ_k = 2·c_k·n_j, and released as
 ξ_k + N(0, (z·Δ_k)² I): one Gaussian mechanism, μ = Δ_k/σ_k = 1/z. Composition and conversion follow Dong, Roth &
-Su (2022), "Gaussian differential privacy", JRSS-B 84(1): μ = √(Σ_i μ_i²) (Cor. 2) and
-δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Cor. 1).
+Su (2022), "Gaussian differential privacy", JRSS-B 84(1): the Gaussian mechanism is Δ/σ-GDP (Thm. 2.7),
+μ = √(Σ_i μ_i²) under composition (Cor. 3.3) and δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Cor. 2.13).
 """
 
 from __future__ import annotations
@@ -134,14 +134,14 @@ def _positive(value) -> bool:
 
 
 def gdp_mu(n_releases: int, noise_multiplier: float) -> float:
-    """μ = √(n_releases)/z: n_releases Gaussian mechanisms of μ = 1/z each, composed (Dong, Roth & Su 2022, Cor. 2)."""
+    """μ = √(n_releases)/z: n_releases Gaussian mechanisms of μ = 1/z each, composed (Dong, Roth & Su 2022, Cor. 3.3)."""
     if n_releases < 0 or noise_multiplier <= 0:
         raise ValueError(f"need n_releases ≥ 0 and noise_multiplier > 0, got {n_releases!r}, {noise_multiplier!r}")
     return math.sqrt(n_releases) / noise_multiplier
 
 
 def delta_of_epsilon(mu: float, eps: float) -> float:
-    """δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) of μ-GDP (Dong, Roth & Su 2022, Cor. 1); 0 for μ = 0."""
+    """δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) of μ-GDP (Dong, Roth & Su 2022, Cor. 2.13); 0 for μ = 0."""
     if mu < 0 or eps < 0:
         raise ValueError(f"need mu ≥ 0 and eps ≥ 0, got mu={mu!r}, eps={eps!r}")
     if mu == 0:
