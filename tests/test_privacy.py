@@ -79,6 +79,10 @@ def test_clipping_bounds_the_norm_and_reports_the_clipped_keys():
     assert out["f"] == pytest.approx(-c * 10, rel=1e-9) and isinstance(out["f"], float)
     np.testing.assert_allclose(out["b"], xi["b"], atol=1e-9)  # within the bound: not scaled
     assert out["n"] == 10 and type(out["n"]) is int  # exempt public size, untouched
+    huge, _ = mech.privatize({"b": np.full(4, 1e300)}, n=10, worker=0, t=1, step="mu_sigma")
+    assert np.linalg.norm(huge["b"]) == pytest.approx(c * 10, rel=1e-9)  # the norm itself would overflow
+    with pytest.raises(ValueError, match="'b'.*not finite"):
+        mech.privatize({"b": np.array([1.0, np.nan])}, n=10, worker=0, t=1, step="mu_sigma")
 
 
 def test_noise_has_the_stated_sd():

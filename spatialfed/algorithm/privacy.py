@@ -91,10 +91,11 @@ class GaussianMechanism:
                 out[key] = value
                 continue
             arr = np.array(value, dtype=float)
-            norm = float(np.linalg.norm(arr))
-            if not math.isfinite(norm):
+            if not np.all(np.isfinite(arr)):
                 raise ValueError(f"worker {worker}'s {key!r} at (t={t}, step={step!r}) is not finite; it cannot be "
                                  f"clipped, so it is not released")
+            top = float(np.abs(arr).max(initial=0.0))
+            norm = top * float(np.linalg.norm(arr / top)) if top > 0 else 0.0  # scaled: no overflow for huge ξ
             bound = bounds[key] * int(n)
             if norm > bound:
                 arr *= bound / norm
