@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 MODES = ("sync", "async")
 HESSIANS = ("profile", "block")
@@ -25,7 +25,7 @@ class FitConfig:
     moving_average: bool | None = None
     dominance: bool = False  # AsyncManifold's arrival-frequency correction of the weights while some t_j ≤ T_c
     staleness_bound: int | None = None  # VAFL's D: quantities older than D iterations are discarded and re-asked
-    privacy: object | None = None  # a privacy.GaussianMechanism (or its dict) applied on the workers
+    privacy: object | None = None  # a privacy.GaussianMechanism (or a dict of its settings): noise on every release
     a: float = 1.0
     T_c: int = 3
     omega: float = 0.7
@@ -65,10 +65,14 @@ class FitConfig:
         D = self.staleness_bound
         if D is not None and (isinstance(D, bool) or int(D) != D or D < 0):
             raise ValueError(f"staleness_bound (D, in iterations) must be an integer ≥ 0 or None, got {D!r}")
-        if isinstance(self.privacy, dict):
+        if self.privacy is not None:
             from spatialfed.algorithm.privacy import GaussianMechanism
 
-            object.__setattr__(self, "privacy", GaussianMechanism(**self.privacy))
+            if isinstance(self.privacy, dict):
+                object.__setattr__(self, "privacy", GaussianMechanism(**self.privacy))
+            elif not isinstance(self.privacy, GaussianMechanism):
+                raise ValueError("privacy must be a spatialfed.algorithm.privacy.GaussianMechanism or a dict of its "
+                                 f"settings (noise_multiplier, clip, delta, seed), got {type(self.privacy).__name__}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be a number of seconds > 0 (or None), got {self.time_budget!r}")
 
@@ -115,5 +119,5 @@ class FitConfig:
         """Plain dict of the settings (for result files and checkpoints; `privacy` as its dict)."""
         settings = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.privacy is not None:
-            settings["privacy"] = self.privacy.as_dict()
+            settings["privacy"] = asdict(self.privacy)
         return settings

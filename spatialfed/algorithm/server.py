@@ -22,6 +22,7 @@ import numpy as np
 
 from spatialfed.algorithm import init
 from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
 from spatialfed.algorithm.strategies import (
     aggregate,
@@ -79,7 +80,7 @@ class FederatedServer:
         self._n_j: dict[int, int] = {}  # n_j from the moments pass, so N follows the active workers
         self._arrivals = [0] * J  # quantities received per worker in the loop (dominance correction)
         self.discarded = 0  # quantities dropped for staleness > D (staleness_bound)
-        self._accountant = None if self.config.privacy is None else self.config.privacy.accountant(J)
+        self._accountant = None if self.config.privacy is None else PrivacyAccountant(self.config.privacy)
         self._Q: dict[tuple[int, str], tuple[Quantity, Params]] = {}  # ℚ: (j, step) -> (q, φ it was computed at)
         self._num = dict.fromkeys(STEPS, 0)  # Num.step
         self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
@@ -359,11 +360,7 @@ class FederatedServer:
 
     def _spd(self, M: np.ndarray) -> np.ndarray:
         """An aggregated Gram matrix, projected onto the SPD cone when privacy noise is on (post-processing)."""
-        if self.config.privacy is None:
-            return M
-        from spatialfed.algorithm.privacy import project_spd
-
-        return project_spd(M)
+        return M if self.config.privacy is None else project_spd(M)
 
     def _update_theta(self, entries, w) -> dict:
         """One Newton step on u (Eq. 10) with the corrected gradients of Eq. (15) and the profile or block Hessian."""
