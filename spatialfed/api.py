@@ -29,7 +29,7 @@ from spatialfed.errors import DataError, SpatialFedError
 log = logging.getLogger("spatialfed.api")
 
 METHODS = ("lowrank", "independent", "fgpr")
-IMPLEMENTED_METHODS = ("lowrank", "independent")
+IMPLEMENTED_METHODS = METHODS
 MODES = ("sync", "async")
 RESIDUALS = ("full", "mpp", "pp")
 RUNTIMES = ("dask", "simulated")
@@ -41,7 +41,7 @@ _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
     "strategies", "progress", "scheduler_timeout", "preset", "live", "tls",
-    "checkpoint", "checkpoint_every", "on_worker_error",
+    "checkpoint", "checkpoint_every", "on_worker_error", "fgpr",
 )
 #: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
 _RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
@@ -53,8 +53,11 @@ class FederatedGP:
 
     Parameters
     ----------
-    method : "lowrank" (the federated low-rank model) or "independent" (the independence model of Eq. 3, fitted by
-        the same algorithm with no knots; its loglik is ℓ_ind). "fgpr" is listed in SPEC §6 but not available yet.
+    method : "lowrank" (the federated low-rank model), "independent" (the independence model of Eq. 3, fitted by
+        the same algorithm with no knots; its loglik is ℓ_ind) or "fgpr" (the same model fitted by FGPR: FedAvg over
+        clients running E local SGD/Adam steps on mini-batch exact GP likelihoods, algorithm/fgpr.py, docs/fgpr.md;
+        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `agg_threshold`, `preset` and `strategies` do not
+        apply to it and fit.json records mode "sync".
     mode : "sync" | "async".
     residual : "full" | "mpp" | "pp" (Remark 3).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
@@ -93,6 +96,11 @@ class FederatedGP:
     on_worker_error : "stop" (default: a failing worker computation stops the fit with an error naming the worker,
         the sub-step and the cause) or "drop" (continue without that worker; recorded in ``dropped_workers_`` and in
         fit.json as ``dropped_workers``). Dask runtime.
+    fgpr : method="fgpr" only: dict of ``FgprConfig`` settings besides the rounds (``max_iter``), ``tol`` and
+        ``time_budget``, which come from this estimator: ``local_steps`` (E, default 5), ``batch_size`` (M, 64),
+        ``optimizer`` ("adam" | "sgd"), ``lr`` (0.1: Adam's rate lr/√round, or β₁ of η_t = β₁/t for sgd),
+        ``batching`` ("uniform" | "nearest"), ``participation`` (K_c clients per round; None = all), ``floor``
+        (1e-4), ``patience`` (3); the seed is ``seed``.
 
     Attributes (after ``fit``)
     --------------------------
@@ -109,7 +117,7 @@ class FederatedGP:
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
-                 tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop"):
+                 tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -138,6 +146,7 @@ class FederatedGP:
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.on_worker_error = on_worker_error
+        self.fgpr = fgpr
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -165,9 +174,18 @@ class FederatedGP:
         if self.method not in IMPLEMENTED_METHODS:
             raise ValueError(f"method {self.method!r} is not available in this version yet; "
                              f"use one of {IMPLEMENTED_METHODS}")
-        if self.method == "independent" and self.residual != "full":
-            raise ValueError("method='independent' (Eq. 3) uses each worker's full local covariance; "
+        if self.method in ("independent", "fgpr") and self.residual != "full":
+            raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
                              f"residual={self.residual!r} applies to method='lowrank' only")
+        if self.method == "fgpr":
+            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", "paper"),
+                                  ("checkpoint", None)):
+                if not _same(getattr(self, name), default):
+                    raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds, no "
+                                     "checkpoints); give FGPR's settings as fgpr={...}, e.g. "
+                                     "fgpr={'participation': 2} for K_c = 2 clients per round")
+        elif self.fgpr is not None:
+            raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={self.method!r}")
         if self.slowdown is None and self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
@@ -193,6 +211,15 @@ class FederatedGP:
         from spatialfed.algorithm.config import FitConfig
 
         J = n_workers
+        if self.method == "fgpr":
+            from spatialfed.algorithm.fgpr import FgprConfig
+
+            extra = dict(self.fgpr or {})
+            fixed = sorted(set(extra) & {"max_iter", "tol", "time_budget", "seed"})
+            if fixed:
+                raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside fgpr={{...}}")
+            return FgprConfig(max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, seed=self.seed,
+                              **extra).resolved(J)
         A = self.agg_threshold
         if A is not None:
             if isinstance(A, bool) or not float(A).is_integer() or not 1 <= A <= J:
@@ -303,8 +330,10 @@ class FederatedGP:
                 self.dashboard_link_ = None
                 self.scheduler_address_ = None
                 knots, domain = self._knots(info, client=None)
-            say.line(f"{self.mode} fit, {self.residual} residual, m = {len(knots)} knots, ν = {self.nu}, "
-                     f"Agg_threshold = {config.agg_threshold}, slowdowns = "
+            setting = (f"FGPR, {config.local_steps} local {config.optimizer} steps of batch {config.batch_size}"
+                       if self.method == "fgpr" else
+                       f"{self.mode} fit, {self.residual} residual, Agg_threshold = {config.agg_threshold}")
+            say.line(f"{setting}, m = {len(knots)} knots, ν = {self.nu}, slowdowns = "
                      f"{np.array2string(slowdowns, precision=2, separator=',')}")
             if self.runtime == "dask":
                 from spatialfed.runtime.dask_runtime import run_dask
@@ -314,11 +343,8 @@ class FederatedGP:
                     ckpt.seen_now = restored._last_now
                     ckpt.server = restored
                 else:
-                    from spatialfed.algorithm.server import FederatedServer
-                    from spatialfed.model.matern import Matern
-
                     # built here so that an interrupted fit can still be checkpointed (run_dask validates it)
-                    ckpt.server = FederatedServer(J, knots, Matern(self.nu), config, self.start)
+                    ckpt.server = self._server(J, knots, config)
                 try:
                     server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config,
                                                 slowdowns, self.start, on_event=on_event, on_result=monitor.on_result,
@@ -377,6 +403,8 @@ class FederatedGP:
         stopping rules (max_iter, tol, time_budget); None when not resuming."""
         if resume is None:
             return None
+        if self.method == "fgpr":
+            raise ValueError("method='fgpr' writes no checkpoints, so there is nothing to resume; fit again")
         import dataclasses
 
         from spatialfed.algorithm.checkpoint import read_checkpoint
@@ -415,7 +443,7 @@ class FederatedGP:
         """(knots, domain): the given array checked against the domain, or a jittered grid of m knots over it."""
         from spatialfed.data import geometry
 
-        if self.method == "independent":  # m = 0 knots with the full residual is exactly Eq. (3)
+        if self.method in ("independent", "fgpr"):  # m = 0 knots with the full residual is exactly Eq. (3)
             return np.empty((0, 2)), self._given_domain(info)
         domain = self._given_domain(info)
         if domain is None:
@@ -484,7 +512,20 @@ class FederatedGP:
         models = [LocalModel(*load_worker(info.path, j), knots, kernel, residual=self.residual)
                   for j in range(info.n_workers)]
         with limit_blas_threads(1):  # J small problems in turn: threads only add overhead
-            return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start)
+            return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start,
+                               server=self._server(info.n_workers, knots, config))
+
+    def _server(self, n_workers: int, knots, config):
+        """A fresh server for the runtimes: FgprServer for method="fgpr", else FederatedServer."""
+        from spatialfed.model.matern import Matern
+
+        if self.method == "fgpr":
+            from spatialfed.algorithm.fgpr import FgprServer
+
+            return FgprServer(n_workers, Matern(self.nu), config, self.start)
+        from spatialfed.algorithm.server import FederatedServer
+
+        return FederatedServer(n_workers, knots, Matern(self.nu), config, self.start)
 
     # --- results -------------------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
@@ -499,7 +540,8 @@ class FederatedGP:
         self._check_fitted()
         cfg = self.config_
         return FitResult(
-            method=self.method, mode=self.mode, residual=self.residual, nu=float(self.nu),
+            method=self.method, mode="sync" if self.method == "fgpr" else self.mode, residual=self.residual,
+            nu=float(self.nu),
             n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
             trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_, dropped_workers=self.dropped_workers_,
@@ -602,7 +644,7 @@ class _Progress:
         rows = server.trace[self.seen:]
         self.seen = len(server.trace)
         for row in rows:
-            if row["step"] not in ("init", "theta"):
+            if row["step"] not in ("init", "theta", "fgpr"):
                 continue
             text = (f"iter {row['iter']:>3}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  "
                     f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "

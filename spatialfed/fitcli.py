@@ -14,7 +14,7 @@ CHECKPOINT_NAME = "checkpoint.pkl"
 def register_fit(subparsers) -> None:
     """Register `spatialfed fit` (SPEC §6)."""
     p = subparsers.add_parser(
-        "fit", help="fit the federated low-rank GP on a partitioned store",
+        "fit", help="fit the federated low-rank GP (or a baseline: independent, fgpr) on a partitioned store",
         description="Fits the knot-based low-rank spatial GP across the store's workers with the block-wise "
                     "algorithm, synchronously or asynchronously, on Dask (each partition is read and kept on the "
                     "Dask worker that serves it) or on a virtual clock; writes fit.json, model.zarr and trace.csv.")
@@ -80,6 +80,17 @@ def register_fit(subparsers) -> None:
                     help="continue the fit checkpointed in DIR/checkpoint.pkl (or a checkpoint file): model and "
                          "algorithm settings come from the checkpoint; --max-iter, --tol, --time-budget and the "
                          "cluster options given explicitly override it")
+    fg = p.add_argument_group("FGPR (--method fgpr; docs/fgpr.md)")
+    fg.add_argument("--local-steps", type=int, default=None, metavar="E",
+                    help="local optimiser steps per round (default 5)")
+    fg.add_argument("--batch-size", type=int, default=None, metavar="M", help="mini-batch size (default 64)")
+    fg.add_argument("--optimizer", choices=["adam", "sgd"], default=None,
+                    help="local optimiser: adam (rate lr/√round, default) or sgd (step lr/t, t the local step count)")
+    fg.add_argument("--lr", type=float, default=None, help="learning rate β₁ (default 0.1)")
+    fg.add_argument("--batching", choices=["uniform", "nearest"], default=None,
+                    help="mini-batches: uniform random points (default) or a random point and its nearest neighbours")
+    fg.add_argument("--participation", type=int, default=None, metavar="K",
+                    help="clients drawn per round (1..J; default all)")
     p.add_argument("--domain", default=None, metavar="FILE",
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
@@ -112,10 +123,20 @@ def run_fit(args) -> None:
         n_dask_workers=args.dask_workers, jobqueue=jobqueue, domain=args.domain, time_budget=args.time_budget,
         progress=not args.quiet, preset=args.preset, live=args.live, tls=tls,
         checkpoint=None if args.checkpoint_every is None else Path(args.out) / CHECKPOINT_NAME,
-        checkpoint_every=args.checkpoint_every, on_worker_error=args.on_worker_error,
+        checkpoint_every=args.checkpoint_every, on_worker_error=args.on_worker_error, fgpr=_fgpr(args),
     )
     gp.fit(args.store)
     _report(gp, args.out)
+
+
+def _fgpr(args) -> dict | None:
+    """FgprConfig settings given on the command line (None when none is given)."""
+    names = ("local_steps", "batch_size", "optimizer", "lr", "batching", "participation")
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if given and args.method != "fgpr":
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags} apply to --method fgpr only")
+    return given or None
 
 
 def _jobqueue(args):

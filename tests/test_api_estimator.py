@@ -128,7 +128,7 @@ def test_unreachable_scheduler_is_named(store):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"method": "fgpr"}, "not available"),
+    ({"method": "fgpr", "agg_threshold": 2}, "does not apply to method='fgpr'"),
     ({"method": "independent", "residual": "pp"}, "full local covariance"),
     ({"method": "kriging"}, "method must be one of"),
     ({"mode": "fast"}, "mode must be one of"),

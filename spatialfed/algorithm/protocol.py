@@ -17,7 +17,9 @@ STEPS = ("mu_sigma", "gamma", "theta")
 INIT_STEPS = ("moments", "variogram")
 #: Final synchronous evaluation of f_j at the reported estimate.
 FINAL_STEP = "value"
-ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP,)
+#: FGPR's local update (algorithm/fgpr.py): E optimiser steps from the global parameters
+FGPR_STEP = "fgpr"
+ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP, FGPR_STEP)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
         xi = lm.moments()
     elif p.step == "variogram":
         xi = lm.variogram(p.extra["gamma"], p.extra["edges"])
+    elif p.step == FGPR_STEP:
+        from spatialfed.algorithm import fgpr  # fgpr imports this module
+
+        xi = fgpr.local_update(lm, p, worker)
     else:
         xi = lm.quantity(p.step, p.params)
         for step in p.extra.get("with", ()):

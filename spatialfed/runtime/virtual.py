@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from spatialfed.algorithm.config import FitConfig
-from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
+from spatialfed.algorithm.fgpr import local_flops
+from spatialfed.algorithm.protocol import FGPR_STEP, Augmented, Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.heterogeneity import NetworkDelay, resolve_slowdowns
@@ -42,6 +43,8 @@ class FlopCost:
             flops = n * k * k
         elif p.step == "variogram":
             flops = n * n
+        elif p.step == FGPR_STEP:
+            flops = local_flops(lm, p)
         else:
             flops = n**3 / 3 + n * n * m if lm.residual == "full" else n * m * m
             if p.step == "theta":

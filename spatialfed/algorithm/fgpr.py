@@ -1,0 +1,405 @@
+"""FGPR (Yue & Al Kontar, "Federated Gaussian Process: convergence, automatic personalization and multi-fidelity
+modeling"): FedAvg over clients that run E steps of mini-batch SGD or Adam on their exact local GP likelihood.
+
+Model: the independence model (SPEC §1, Eq. 3), z_j ~ N(X_jγ, σ²C_β(S_j, S_j) + δ⁻¹I) on every worker.
+
+Worker (Algorithm 2 of the FGPR paper, `local_update`): from the global parameters, E steps on the mini-batch
+negative log-likelihood of Eq. (2) divided by the batch size M, in ω = (γ, ρ) with the positive parameters
+θ = (δ⁻¹, σ², β) = softplus(ρ) + floor. With M ≥ n_j the local loss is −ℓ_j/n_j, so Σ_j p_j L_j = −ℓ_ind/N
+(p_j = n_j/N, Eq. 3 of the FGPR paper): full-batch FGPR with E = 1 is gradient descent on ℓ_ind.
+SGD uses η_t = β₁/t with t the client's global step count (FGPR paper, proof of Theorem 1: η^(t) = β₁/t, t ≥ 1);
+Adam (Kingma & Ba 2014, named in FGPR Sec. 2.1) restarts its moments every round (the worker is stateless: L_j(p)
+is a pure function of the partition and p) with rate lr/√r in round r. Mini-batches: `uniform` (M points without
+replacement) or `nearest` (a random centre and its M − 1 nearest neighbours, the sgGP batches of Chen et al. 2020
+that the FGPR paper builds on).
+
+Server (Algorithm 1 of the FGPR paper, `FgprServer`): φ₀ from the moments/variogram passes of init.py, then rounds
+r = 1..R: K_c clients drawn uniformly without replacement (all when participation is None), each runs the local
+update from the global θ, and the server averages the returned θ_k (constrained, as θ̄ = Σ_k p_k θ_k of Sec. 2.2)
+with weights n_k / Σ_{k∈S_c} n_k (McMahan et al. 2017's FedAvg, which Remark 3 names; the paper's Sec. 2.2
+samples by p_k with replacement and averages 1/K_c, which would send one client duplicate tasks). A final
+synchronous "value" pass gives ℓ_ind at the estimate (SPEC §6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import linalg, special
+from scipy.spatial import cKDTree
+from scipy.spatial.distance import cdist
+
+from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.protocol import FGPR_STEP, FINAL_STEP, Augmented, Quantity
+from spatialfed.algorithm.server import FederatedServer, relative_change
+from spatialfed.errors import SpatialFedError
+from spatialfed.model import blocks
+from spatialfed.model.blocks import LOG_2PI
+from spatialfed.model.params import Params
+
+#: the protocol step of one FGPR local update (Algorithm 2 of the FGPR paper)
+STEP = FGPR_STEP
+OPTIMIZERS = ("sgd", "adam")
+BATCHINGS = ("uniform", "nearest")
+#: Adam's moment decay rates and denominator offset (Kingma & Ba 2014 defaults)
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class FgprConfig:
+    """Settings of FGPR (Algorithms 1–2 of the FGPR paper); validated eagerly with errors naming the fix."""
+
+    max_iter: int = 100          # communication rounds R
+    local_steps: int = 5         # E, local optimiser steps per round
+    batch_size: int = 64         # M, mini-batch size (M ≥ n_j: the whole partition)
+    optimizer: str = "adam"      # "sgd" (η_t = lr/t) | "adam" (rate lr/√r)
+    lr: float = 0.1              # β₁ of η_t = β₁/t (sgd), or Adam's base rate
+    batching: str = "uniform"    # "uniform" | "nearest"
+    participation: int | None = None  # K_c clients per round (None: all J)
+    floor: float = 1e-4          # θ = softplus(ρ) + floor for θ = (δ⁻¹, σ², β)
+    seed: int = 0                # seeds client sampling and mini-batches
+    tol: float = 1e-4            # stop when the relative parameter change stays below tol ...
+    patience: int = 3            # ... for this many rounds
+    time_budget: float | None = None  # stop after this many seconds of the runtime's clock
+
+    def __post_init__(self):
+        _check_int(self.max_iter, "max_iter", 1, "the number of communication rounds R")
+        _check_int(self.local_steps, "local_steps", 1, "E, local steps per round")
+        _check_int(self.batch_size, "batch_size", 2, "M, the mini-batch size (a GP likelihood needs M ≥ 2 points)")
+        _check_int(self.patience, "patience", 1, "rounds the change must stay below tol")
+        _check_int(self.seed, "seed", 0, "the random seed")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.batching not in BATCHINGS:
+            raise ValueError(f"batching must be one of {BATCHINGS}, got {self.batching!r}")
+        for name in ("lr", "floor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not self.tol >= 0:
+            raise ValueError(f"tol must be a number ≥ 0 (0: always run max_iter rounds), got {self.tol!r}")
+        if self.time_budget is not None and not (isinstance(self.time_budget, (int, float)) and self.time_budget > 0):
+            raise ValueError(f"time_budget must be a number of seconds > 0 or None, got {self.time_budget!r}")
+        if self.participation is not None:
+            _check_int(self.participation, "participation", 1, "K_c, the clients per round (None: all)")
+
+    def resolved(self, n_workers: int) -> FgprConfig:
+        """Check the settings against J workers (participation K_c ≤ J)."""
+        if self.participation is not None and self.participation > n_workers:
+            raise ValueError(f"participation K_c = {self.participation} exceeds the J = {n_workers} workers; give "
+                             f"1..{n_workers}, or None for all")
+        return self
+
+    def as_dict(self) -> dict:
+        """The settings as a plain dict (fit.json / model.zarr attributes)."""
+        return dataclasses.asdict(self)
+
+
+def _check_int(value, name: str, low: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} ({what}) must be an integer ≥ {low}, got {value!r}")
+
+
+# --- the softplus-with-floor parameterisation ---------------------------------------------------------------
+def softplus(rho, floor: float) -> np.ndarray:
+    """θ = log(1 + e^ρ) + floor: positive parameters kept above `floor`."""
+    return np.logaddexp(0.0, np.asarray(rho, dtype=float)) + floor
+
+
+def softplus_derivative(rho) -> np.ndarray:
+    """dθ/dρ = 1/(1 + e^{−ρ})."""
+    return special.expit(np.asarray(rho, dtype=float))
+
+
+def softplus_inverse(theta, floor: float) -> np.ndarray:
+    """ρ with softplus(ρ) + floor = θ; raises unless θ > floor."""
+    x = np.asarray(theta, dtype=float) - floor
+    if np.any(~(x > 0)):
+        raise ValueError(f"parameters {np.asarray(theta).tolist()} (δ⁻¹, σ², β) must exceed the softplus floor "
+                         f"{floor:g}; lower FgprConfig.floor")
+    return x + np.log(-np.expm1(-x))
+
+
+def pack(params: Params, floor: float) -> np.ndarray:
+    """ω = (γ, ρ) of the global parameters, ρ = softplus⁻¹((δ⁻¹, σ², β) − floor)."""
+    return np.concatenate([params.gamma, softplus_inverse([1.0 / params.delta, params.sigma2, params.beta], floor)])
+
+
+def unpack(omega, floor: float) -> dict:
+    """(γ, δ, σ², β) of ω = (γ, ρ)."""
+    tau2, sigma2, beta = softplus(omega[-3:], floor)
+    return {"gamma": np.asarray(omega[:-3], dtype=float), "delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta}
+
+
+# --- the local loss: the exact GP likelihood of one mini-batch (FGPR Eq. 2) ------------------------------------
+def minibatch_loss(omega, locs, z, X, kernel, floor: float) -> tuple[float, np.ndarray]:
+    """(L, ∂L/∂ω): L = −log N(z; Xγ, σ²ρ_β + δ⁻¹I)/M on M points (FGPR Eq. 2 over M), ω = (γ, ρ), analytic.
+
+    With C = σ²ρ + τ²I, α = C⁻¹e, e = z − Xγ: ∂/∂γ = −Xᵀα, ∂/∂θ_a = ½ tr(C⁻¹C_a) − ½ αᵀC_aα with C_τ² = I,
+    C_σ² = ρ, C_β = σ² ∂ρ/∂β = σ² ρ̇/β (ρ̇ = ∂ρ/∂log β); then ∂θ/∂ρ = softplus'(ρ).
+    """
+    omega = np.asarray(omega, dtype=float)
+    gamma, rho = omega[:-3], omega[-3:]
+    tau2, sigma2, beta = softplus(rho, floor)
+    M = len(z)
+    corr, corr1, _ = kernel.correlation_derivatives(cdist(locs, locs), beta)
+    C = sigma2 * corr
+    C[np.diag_indices_from(C)] += tau2
+    try:
+        cf = linalg.cho_factor(C, lower=True, check_finite=False)
+    except linalg.LinAlgError:
+        raise np.linalg.LinAlgError(f"the mini-batch covariance σ²ρ + δ⁻¹I is not positive definite at σ²={sigma2:g}, "
+                                    f"β={beta:g}, δ⁻¹={tau2:g}; raise FgprConfig.floor") from None
+    e = z - X @ gamma
+    alpha = linalg.cho_solve(cf, e, check_finite=False)
+    Cinv = linalg.cho_solve(cf, np.eye(M), check_finite=False)
+    logdet = 2.0 * float(np.sum(np.log(np.diag(cf[0]))))
+    loss = 0.5 * (logdet + e @ alpha + M * LOG_2PI) / M
+    C_beta = (sigma2 / beta) * corr1
+    grad_theta = 0.5 * np.array([
+        np.trace(Cinv) - alpha @ alpha,
+        np.einsum("ij,ij->", Cinv, corr) - alpha @ corr @ alpha,
+        np.einsum("ij,ij->", Cinv, C_beta) - alpha @ C_beta @ alpha,
+    ])
+    grad = np.concatenate([-(X.T @ alpha), grad_theta * softplus_derivative(rho)]) / M
+    return float(loss), grad
+
+
+def minibatch(rng, locs, size: int, batching: str, tree=None) -> np.ndarray:
+    """Indices of one mini-batch ξ: `size` points uniformly without replacement, or a uniformly drawn centre and its
+    size − 1 nearest neighbours (`nearest`, via the cKDTree `tree` of `locs`); all points when size ≥ n."""
+    n = len(locs)
+    if size >= n:
+        return np.arange(n)
+    if batching == "uniform":
+        return rng.choice(n, size=size, replace=False)
+    centre = int(rng.integers(n))
+    return np.sort(tree.query(locs[centre], k=size)[1])
+
+
+def local_update(lm, p: Augmented, worker: int) -> dict:
+    """Algorithm 2 of the FGPR paper on worker `worker`: E optimiser steps from the global p.params in round p.t.
+
+    Returns the local (γ, δ, σ², β), n_j (the FedAvg weight) and the mean mini-batch loss. Mini-batches come from a
+    generator seeded by (seed, worker, round), so the update is a pure function of (partition, p).
+    """
+    cfg: FgprConfig = p.extra["config"]
+    omega = pack(p.params, cfg.floor)
+    rng = np.random.default_rng([cfg.seed, worker, p.t])
+    tree = cKDTree(lm.locs) if cfg.batching == "nearest" and cfg.batch_size < lm.n else None
+    m1, m2 = np.zeros_like(omega), np.zeros_like(omega)
+    (b1, b2), losses = ADAM_BETAS, []
+    for e in range(cfg.local_steps):
+        idx = minibatch(rng, lm.locs, cfg.batch_size, cfg.batching, tree)
+        loss, g = minibatch_loss(omega, lm.locs[idx], lm.z[idx], lm.X[idx], lm.kernel, cfg.floor)
+        losses.append(loss)
+        if cfg.optimizer == "sgd":
+            omega = omega - cfg.lr / ((p.t - 1) * cfg.local_steps + e + 1) * g
+        else:
+            m1 = b1 * m1 + (1 - b1) * g
+            m2 = b2 * m2 + (1 - b2) * g * g
+            step = (m1 / (1 - b1 ** (e + 1))) / (np.sqrt(m2 / (1 - b2 ** (e + 1))) + ADAM_EPS)
+            omega = omega - cfg.lr / np.sqrt(p.t) * step
+        if not np.all(np.isfinite(omega)):
+            raise FloatingPointError(f"FGPR's local {cfg.optimizer} step diverged on worker {worker} in round {p.t}; "
+                                     "lower FgprConfig.lr")
+    return {**unpack(omega, cfg.floor), "n": int(lm.n), "loss": float(np.mean(losses))}
+
+
+def local_flops(lm, p: Augmented) -> float:
+    """Flops of one local update: E·(4/3·b³ + (p + 3)·b²), b = min(M, n_j) (Cholesky, C⁻¹ and the trace terms)."""
+    cfg: FgprConfig = p.extra["config"]
+    b = min(cfg.batch_size, lm.n)
+    return cfg.local_steps * (4.0 / 3.0 * b**3 + (lm.p + 3) * b**2)
+
+
+# --- the server (Algorithm 1 of the FGPR paper) as a sans-IO state machine ----------------------------------
+class FgprServer:
+    """FGPR's server with FederatedServer's runtime-facing interface (dispatch/next_task/busy/receive/done, trace).
+
+    Phases: "moments" → "variogram" (φ₀, run by an inner FederatedServer with no knots: the same summaries and
+    rules of init.py) → "loop" (round t = 1..R) → "value" (ℓ_ind at the estimate) → "done".
+    """
+
+    def __init__(self, n_workers: int, kernel, config: FgprConfig | None = None, start: Mapping | None = None):
+        self.n_workers = J = int(n_workers)
+        self.config = (config or FgprConfig()).resolved(J)
+        self.kernel = kernel
+        self.knots = np.empty((0, 2))
+        self._init: FederatedServer | None = FederatedServer(J, self.knots, kernel, FitConfig(mode="sync"), start)
+        self.active: list[int] = list(range(J))
+        self.dropped: list[dict] = []
+        self._n_j: dict[int, int] = {}
+        self._pending: dict[int, Augmented] = {}   # tasks of the current round or pass, not yet sent
+        self._in_flight: dict[int, Augmented] = {}
+        self._results: dict[int, dict] = {}        # worker -> ξ of the current round or pass
+        self._selected: list[int] = []             # S_c of the current round
+        self._small_changes = 0
+        self.t = 0
+        self.iterations = 0
+        self.params: Params | None = None
+        self.loglik: float | None = None
+        self.n_obs: int | None = None
+        self.converged = False
+        self.stop_reason: str | None = None
+        self.trace: list[dict] = []
+        self._phase = "loop"
+        self._last_now = 0.0
+
+    # --- the runtime's side ----------------------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        """"moments" | "variogram" (φ₀) | "loop" (rounds) | "value" (ℓ_ind) | "done"."""
+        return self._init.phase if self._init is not None else self._phase
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def busy(self, j: int) -> bool:
+        return self._init.busy(j) if self._init is not None else j in self._in_flight
+
+    def buffer(self, j: int) -> tuple[Augmented, ...]:
+        """Pending task of worker j (at most one per round or pass)."""
+        if self._init is not None:
+            return self._init.buffer(j)
+        return (self._pending[j],) if j in self._pending else ()
+
+    def next_task(self, j: int) -> Augmented | None:
+        """The task waiting for idle worker j (None: j is not selected this round); j is busy until it answers."""
+        if self._init is not None:
+            return self._init.next_task(j)
+        if self.busy(j):
+            raise RuntimeError(f"worker {j} already has a task in flight; call next_task only for idle workers")
+        p = self._pending.pop(j, None)
+        if p is not None:
+            self._in_flight[j] = p
+        return p
+
+    def dispatch(self) -> list[tuple[int, Augmented]]:
+        """next_task for every idle worker that has work, in worker order."""
+        if self._init is not None:
+            return self._init.dispatch()
+        tasks = [(j, self.next_task(j)) for j in list(self.active) if not self.busy(j)]
+        return [(j, p) for j, p in tasks if p is not None]
+
+    def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
+        """Quantities that arrived at `now` seconds since the fit started (one or a batch)."""
+        self._last_now = float(now)
+        qs = [qs] if isinstance(qs, Quantity) else list(qs)
+        if self._init is not None:
+            self._n_j.update({q.worker: int(q.xi["n"]) for q in qs if q.step == "moments"})
+            self._init.receive(qs, now)
+            self._leave_init(now)
+            return
+        for q in qs:
+            p = self._in_flight.pop(q.worker, None)
+            if p is None:
+                raise RuntimeError(f"worker {q.worker} sent a quantity without a task in flight")
+            if (q.t, q.step) != (p.t, p.step):
+                raise RuntimeError(f"worker {q.worker} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+            self._results[q.worker] = q.xi
+        self._advance(now)
+
+    def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
+        """Continue without worker j: it leaves the rounds, the value pass and N (as FederatedServer.drop_worker)."""
+        if self._init is not None:
+            self._init.drop_worker(j, step, cause, now)
+            self._leave_init(now)
+            return
+        if j not in self.active:
+            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
+        if len(self.active) == 1:
+            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
+        self.active.remove(j)
+        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
+                             "time_s": float(now)})
+        for state in (self._pending, self._in_flight, self._results, self._n_j):
+            state.pop(j, None)
+        self.n_obs = sum(self._n_j[k] for k in self.active)
+        if j in self._selected:
+            self._selected.remove(j)
+        if self._phase == "loop" and not self._selected:
+            self._select()  # every client of this round is gone: draw the round again
+        self._advance(now)
+
+    # --- rounds --------------------------------------------------------------------------------------
+    def _leave_init(self, now: float) -> None:
+        """Once the inner server has φ₀ (it entered its loop), take φ₀, N and its trace, and start round 1."""
+        inner = self._init
+        if inner.phase != "loop":
+            return
+        self.params, self.n_obs = inner.params, inner.n_obs
+        self.active, self.dropped = list(inner.active), list(inner.dropped)
+        self.trace = [dict(row) for row in inner.trace]
+        self._init = None
+        self._begin_round()
+
+    def _begin_round(self) -> None:
+        self.t += 1
+        self._phase = "loop"
+        self._select()
+
+    def _select(self) -> None:
+        """S_c: K_c of the active clients, uniformly without replacement (seeded by (seed, round)); all if None."""
+        K = self.config.participation
+        if K is None or K >= len(self.active):
+            chosen = list(self.active)
+        else:
+            rng = np.random.default_rng([self.config.seed, self.t])
+            chosen = sorted(int(j) for j in rng.choice(self.active, size=K, replace=False))
+        self._selected = chosen
+        self._results = {}
+        self._pending = {j: Augmented(self.params, self.t, STEP, {"config": self.config}) for j in chosen}
+
+    def _advance(self, now: float) -> None:
+        """Aggregate a complete round, or finish a complete value pass."""
+        if self._phase == "loop" and self._selected and all(j in self._results for j in self._selected):
+            self._aggregate(now)
+        elif self._phase == FINAL_STEP and all(j in self._results for j in self.active):
+            f = sum(self._results[j]["f"] for j in self.active)  # m = 0: no h term
+            self.loglik = blocks.loglik_from_f(f, self.n_obs)
+            self._record("final", now, self.loglik)
+            self._phase = "done"
+
+    def _aggregate(self, now: float) -> None:
+        """θ̄ = Σ_{k∈S_c} n_k θ_k / Σ_{k∈S_c} n_k on (γ, δ⁻¹, σ², β) (FGPR Sec. 2.2 with FedAvg's n_k weights)."""
+        xis = [self._results[j] for j in self._selected]
+        w = np.array([xi["n"] for xi in xis], dtype=float)
+        w /= w.sum()
+        tau2 = float(sum(wk / xi["delta"] for wk, xi in zip(w, xis)))
+        old = self.params
+        self.params = old.replace(gamma=sum(wk * xi["gamma"] for wk, xi in zip(w, xis)), delta=1.0 / tau2,
+                                  sigma2=float(sum(wk * xi["sigma2"] for wk, xi in zip(w, xis))),
+                                  beta=float(sum(wk * xi["beta"] for wk, xi in zip(w, xis))))
+        self.iterations = self.t
+        self._record(STEP, now)
+        cfg = self.config
+        self._small_changes = self._small_changes + 1 if relative_change(old, self.params) < cfg.tol else 0
+        if self._small_changes >= cfg.patience:
+            self._stop("tol")
+        elif self.t >= cfg.max_iter:
+            self._stop("max_iter")
+        elif cfg.time_budget is not None and now >= cfg.time_budget:
+            self._stop("time_budget")
+        else:
+            self._begin_round()
+
+    def _stop(self, reason: str) -> None:
+        """Leave the rounds: a synchronous value pass over every active worker gives ℓ_ind (SPEC §6)."""
+        self.stop_reason = reason
+        self.converged = reason == "tol"
+        self._phase = FINAL_STEP
+        self._results = {}
+        self._pending = {j: Augmented(self.params, self.t, FINAL_STEP) for j in self.active}
+
+    def _record(self, step: str, now: float, loglik: float | None = None) -> None:
+        """One trace row with FederatedServer's keys (no staleness in synchronous rounds)."""
+        phi = self.params
+        self.trace.append({"iter": self.iterations, "time_s": float(now), "step": step, "delta": phi.delta,
+                           "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma.tolist(), "max_staleness": 0,
+                           "loglik": loglik})
