@@ -227,6 +227,18 @@ def test_same_seed_reproduces_other_seed_differs(data):
     assert [r["time_s"] for r in other.trace] != [r["time_s"] for r in one.trace]
 
 
+def test_activation_wait_before_compute_equals_an_exponential_delay_after_it(data):
+    """docs/delays.md: the task p is fixed at dispatch, so waiting Exp(1/λ) for the activation then computing ends
+    when computing then waiting would (same draws at the same seed). Fails once activations pull a fresher p."""
+    models, knots, kernel = data
+    cfg = FitConfig(mode="async", agg_threshold=1, max_iter=10)
+    rates = [1.0, 2.0, 4.0]
+    activated = run_virtual(models, knots, kernel, cfg, activations=PoissonActivations(rates), seed=4)
+    delayed = run_virtual(models, knots, kernel, cfg, delays=ExponentialDelay([1 / r for r in rates]), seed=4)
+    assert [r["time_s"] for r in activated.trace] == pytest.approx([r["time_s"] for r in delayed.trace], rel=1e-12)
+    assert [r["max_staleness"] for r in activated.trace] == [r["max_staleness"] for r in delayed.trace]
+
+
 def test_wrong_number_of_values_fails_before_any_task(data):
     models, knots, kernel = data
     with pytest.raises(ValueError, match="got 2 values of activation rate for 3 workers"):
