@@ -16,7 +16,8 @@ from spatialfed.algorithm.privacy import GaussianMechanism
 from spatialfed.runtime.virtual import run_virtual
 
 SLOWDOWNS = [1.0, 1.5, 3.0, 7.0]
-#: traces written by the code of commit 2a01c1f (before staleness bounds, dominance and privacy) on this data
+#: traces written on this data by the code of commit 2a01c1f (before staleness bounds, dominance and privacy) with
+#: its moving average changed to average block updates (docs/algorithm.md, "Moving average per block")
 BEFORE = Path(__file__).parent / "data" / "traces_before_options.json"
 CONFIGS = {"sync": FitConfig(mode="sync", max_iter=8), "paper": FitConfig(mode="async", agg_threshold=2, max_iter=25),
            "tuned": FitConfig.tuned(agg_threshold=1, max_iter=25)}

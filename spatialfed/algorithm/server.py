@@ -84,7 +84,7 @@ class FederatedServer:
         self._Q: dict[tuple[int, str], tuple[Quantity, Params]] = {}  # ℚ: (j, step) -> (q, φ it was computed at)
         self._num = dict.fromkeys(STEPS, 0)  # Num.step
         self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
-        self._history = {step: deque(maxlen=self.config.t_M) for step in STEPS}  # published blocks, newest first
+        self._history = {step: deque(maxlen=self.config.t_M) for step in STEPS}  # block updates, newest first
         self._grad_norm = 0.0  # ‖g^{t−1}‖ of Eq. (18)
         self._loglik_estimate: float | None = None  # −(J Σ_j w_j f_j + h) − (N/2) log 2π of the last theta step
         self._step = 0  # index of the current step in STEPS
@@ -171,7 +171,7 @@ class FederatedServer:
         """Everything needed to continue this fit, as a plain dict of picklable values (a deep copy).
 
         Keys: "format"; "config" (the resolved FitConfig as a dict); "n_workers", "knots", "kernel", "start";
-        the parameters "params", their published history per step "history" (newest first, for Eq. 19) and
+        the parameters "params", the block updates per step "history" (newest first, the inputs of Eq. 19) and
         "end_of_last_iteration"; "buffers" (ℙ_j, front first, with every task that was in flight put back at the
         front: it is to be re-sent), "resend" ({j: p} of those tasks); "Q" (ℚ: (j, step) -> (q, φ it was computed
         at)), "counters" (Num.step), "collected" (a synchronous pass's quantities so far); "phase", "t",
@@ -307,7 +307,6 @@ class FederatedServer:
         )
         if cfg.moving_average:
             block = self._moving_average(step, block)
-        self._history[step].appendleft(block)
         self.params = self.params.with_u(block["u"]) if step == "theta" else self.params.replace(**block)
         self._record(step, now, max(self.t - tj for tj in t_js), self._loglik_estimate if step == "theta" else None)
         if step == "theta":
@@ -384,8 +383,9 @@ class FederatedServer:
         return {"u": u}
 
     def _moving_average(self, step: str, block: dict) -> dict:
-        """Eq. (19) on the block just updated, over it and its last M = min(t, t_M) published values."""
+        """Eq. (19) on the block just updated, over it and its last M = min(t, t_M) updates (not their averages)."""
         previous = list(self._history[step])[: min(self.t, self.config.t_M)]
+        self._history[step].appendleft(block)
         return {key: moving_average([value] + [old[key] for old in previous], self.config.omega)
                 for key, value in block.items()}
 
