@@ -287,3 +287,21 @@ def test_dask_runtime_gives_the_simulated_result(test_store):
         assert dask.params_[key] == pytest.approx(sim.params_[key], rel=1e-9)
     np.testing.assert_allclose(dask.params_["gamma"], sim.params_["gamma"], rtol=1e-9)
     assert dask.loglik_ == pytest.approx(sim.loglik_, rel=1e-9)
+
+
+def test_map_works_on_an_fgpr_fit(tmp_path, capsys):
+    """An intercept-only store (a map needs no covariates then): `spatialfed map` on an fgpr fit directory."""
+    from spatialfed.api import FederatedGP
+    from spatialfed.cli import main
+    from spatialfed.data.ingest import ingest_frame
+
+    rng = np.random.default_rng(5)
+    xy = rng.uniform(0, 1000, size=(80, 2)) + [150000.0, 400000.0]
+    frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": 1 + np.cos(xy[:, 1] / 250) + 0.1 * rng.normal(size=80)})
+    ingest_frame(frame, tmp_path / "s.zarr", value="z", x="x", y="y", crs="EPSG:28992", n_workers=2, partition="area")
+    FederatedGP(method="fgpr", runtime="simulated", max_iter=10, progress=False,
+                fgpr={"batch_size": 20}).fit(tmp_path / "s.zarr").save(tmp_path / "fit")
+    rc = main(["map", str(tmp_path / "fit"), "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "m"),
+               "--resolution", "100", "--runtime", "inprocess"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "m" / "mean.tif").exists() and (tmp_path / "m" / "sd.tif").exists()
