@@ -258,9 +258,11 @@ class FgprServer:
 
     @property
     def done(self) -> bool:
+        """True once the value pass has set `loglik`; the runtime stops then."""
         return self.phase == "done"
 
     def busy(self, j: int) -> bool:
+        """Whether worker j has a task in flight."""
         return self._init.busy(j) if self._init is not None else j in self._in_flight
 
     def buffer(self, j: int) -> tuple[Augmented, ...]:
