@@ -305,3 +305,18 @@ def test_map_works_on_an_fgpr_fit(tmp_path, capsys):
                "--resolution", "100", "--runtime", "inprocess"])
     assert rc == 0, capsys.readouterr().err
     assert (tmp_path / "m" / "mean.tif").exists() and (tmp_path / "m" / "sd.tif").exists()
+
+
+def test_virtual_cost_of_a_local_update_grows_with_the_batch_not_with_n(problem):
+    from spatialfed.algorithm.protocol import Augmented
+    from spatialfed.runtime.virtual import FlopCost
+
+    _, _, models, mle = problem
+    lm, cost = models[0], FlopCost(rate=1.0)
+
+    def seconds(M):
+        return cost.seconds(lm, Augmented(mle.params, 1, "fgpr", {"config": FgprConfig(batch_size=M, local_steps=2)}),
+                            0.0)
+
+    assert seconds(32) == pytest.approx(2 * (4 / 3 * 32**3 + (P + 3) * 32**2))
+    assert seconds(10_000) == seconds(N_J)  # a batch larger than n_j is the whole partition
