@@ -35,13 +35,13 @@ RESIDUALS = ("full", "mpp", "pp")
 RUNTIMES = ("dask", "simulated")
 PROFILES = ("balanced", "straggler", "graded")
 #: async strategy presets: "paper" (Remark 8 defaults), and FitConfig.<name>() for the others
-PRESETS = ("paper", "tuned", "basic")
+PRESETS = ("paper", "tuned", "basic", "section5")
 
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
     "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
     "strategies", "progress", "scheduler_timeout", "preset", "live", "tls",
-    "checkpoint", "checkpoint_every", "on_worker_error", "fgpr",
+    "checkpoint", "checkpoint_every", "on_worker_error", "fgpr", "privacy", "delays", "activations",
 )
 #: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
 _RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
@@ -101,6 +101,15 @@ class FederatedGP:
         ``optimizer`` ("adam" | "sgd"), ``lr`` (0.1: Adam's rate lr/√round, or β₁ of η_t = β₁/t for sgd),
         ``batching`` ("uniform" | "nearest"), ``participation`` (K_c clients per round; None = all), ``floor``
         (1e-4), ``patience`` (3); the seed is ``seed``.
+    privacy : opt-in Gaussian mechanism on everything the workers send (docs/privacy.md): a
+        ``spatialfed.algorithm.privacy.GaussianMechanism`` or a dict of its settings ``{"noise_multiplier": z,
+        "clip": c or {key: c_k}, "delta": 1e-5, "seed": None}``; the privacy loss is in ``privacy_report_`` and fit.json.
+        Not with method="fgpr".
+    delays, activations : experiment delay models (docs/delays.md): a ``runtime.delays`` object or its command-line
+        string (``"exponential:0.5"``, ``"poisson:2:0.1"``; activations ``"poisson:RATE"``); drawn with ``seed``.
+    Further asynchronous options go in ``strategies`` (FitConfig fields): ``staleness_bound`` (VAFL's D),
+    ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
+    "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
 
     Attributes (after ``fit``)
     --------------------------
@@ -108,7 +117,8 @@ class FederatedGP:
     mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
     n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
-    n_workers_, slowdowns_, config_ (the resolved FitConfig), dashboard_link_, assignment_ (Dask worker of each
+    n_workers_, slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
+    discarded_stale_ (quantities discarded for staleness > D), dashboard_link_, assignment_ (Dask worker of each
     federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
     checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_.
     """
@@ -117,7 +127,8 @@ class FederatedGP:
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
-                 tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None):
+                 tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
+                 privacy=None, delays=None, activations=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -147,6 +158,9 @@ class FederatedGP:
         self.checkpoint_every = checkpoint_every
         self.on_worker_error = on_worker_error
         self.fgpr = fgpr
+        self.privacy = privacy
+        self.delays = delays
+        self.activations = activations
 
     # --- scikit-learn conventions ------------------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -184,6 +198,9 @@ class FederatedGP:
                     raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds, no "
                                      "checkpoints); give FGPR's settings as fgpr={...}, e.g. "
                                      "fgpr={'participation': 2} for K_c = 2 clients per round")
+            if self.privacy is not None:
+                raise ValueError("privacy= applies to method='lowrank' and 'independent' (FGPR sends parameters, "
+                                 "not the summaries the mechanism is calibrated for); drop privacy= or change method")
         elif self.fgpr is not None:
             raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={self.method!r}")
         if self.slowdown is None and self.profile not in PROFILES:
@@ -229,6 +246,8 @@ class FederatedGP:
             if self.mode == "sync" and A != J:
                 raise ValueError(f"mode='sync' aggregates all J = {J} workers; agg_threshold={A} needs mode='async'")
         extra = dict(self.strategies or {})
+        if self.privacy is not None:
+            extra["privacy"] = self.privacy
         settings = dict(agg_threshold=A, max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, **extra)
         preset = self.preset
         if preset == "paper" or self.mode == "sync":  # sync: every quantity is fresh, the async presets do not apply
@@ -243,6 +262,15 @@ class FederatedGP:
         from spatialfed.runtime.heterogeneity import resolve_slowdowns
 
         return resolve_slowdowns(self.profile if self.slowdown is None else list(self.slowdown), n_workers)
+
+    def _delay_models(self, n_workers: int) -> dict:
+        """The runtimes' delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
+        from spatialfed.runtime.delays import parse_activations, parse_delay
+
+        delays = parse_delay(self.delays, n_workers) if isinstance(self.delays, str) else self.delays
+        activations = (parse_activations(self.activations, n_workers) if isinstance(self.activations, str)
+                       else self.activations)
+        return {"delays": delays, "activations": activations, "seed": self.seed}
 
     # --- fitting -------------------------------------------------------------------------------------------
     @classmethod
@@ -348,7 +376,8 @@ class FederatedGP:
                 try:
                     server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config,
                                                 slowdowns, self.start, on_event=on_event, on_result=monitor.on_result,
-                                                server=ckpt.server, on_worker_error=self.on_worker_error)
+                                                server=ckpt.server, on_worker_error=self.on_worker_error,
+                                                **self._delay_models(J))
                 except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError):
                     # between receive calls the server is consistent: save it so the fit can be resumed
                     ckpt.write(ckpt.server, failing=True)
@@ -389,6 +418,8 @@ class FederatedGP:
         self.converged_ = bool(server.converged)
         self.stop_reason_ = server.stop_reason
         self.dropped_workers_ = [dict(d) for d in server.dropped]
+        self.privacy_report_ = getattr(server, "privacy_report", None)  # FgprServer has no privacy option
+        self.discarded_stale_ = int(getattr(server, "discarded", 0))
         self.n_iter_ = int(server.iterations)
         self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
         self.checkpoint_writes_ = ckpt.writes
@@ -513,7 +544,8 @@ class FederatedGP:
                   for j in range(info.n_workers)]
         with limit_blas_threads(1):  # J small problems in turn: threads only add overhead
             return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start,
-                               server=self._server(info.n_workers, knots, config))
+                               server=self._server(info.n_workers, knots, config),
+                               **self._delay_models(info.n_workers))
 
     def _server(self, n_workers: int, knots, config):
         """A fresh server for the runtimes: FgprServer for method="fgpr", else FederatedServer."""
@@ -548,7 +580,8 @@ class FederatedGP:
             extra={"store": self.store_, "runtime": self.runtime, "profile": self.profile,
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
-                   "config": cfg.as_dict()},
+                   "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_},
+            privacy=self.privacy_report_,
         )
 
     def save(self, out_dir) -> Path:

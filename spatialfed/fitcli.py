@@ -35,7 +35,8 @@ def register_fit(subparsers) -> None:
                         "ceil(0.2·J))")
     p.add_argument("--preset", choices=PRESETS, default="paper",
                    help="async strategy settings: paper (gradient correction, staleness weights, moving average with "
-                        "Remark 8's defaults), tuned (see docs/algorithm.md) or basic (all off); default paper")
+                        "Remark 8's defaults), tuned (see docs/algorithm.md), basic (all off) or section5 (all off, "
+                        "the step size of the paper's convergence analysis); default paper")
     p.add_argument("--max-iter", type=int, default=50, help="maximum iterations (default 50)")
     p.add_argument("--tol", type=float, default=1e-5, help="relative parameter change to stop at (default 1e-5)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="stop after this long")
@@ -91,6 +92,23 @@ def register_fit(subparsers) -> None:
                     help="mini-batches: uniform random points (default) or a random point and its nearest neighbours")
     fg.add_argument("--participation", type=int, default=None, metavar="K",
                     help="clients drawn per round (1..J; default all)")
+    ao = p.add_argument_group("asynchronous options from related work (docs/algorithm.md, docs/delays.md)")
+    ao.add_argument("--staleness-bound", type=int, default=None, metavar="D",
+                    help="VAFL's bound: discard quantities more than D iterations old and wait for fresh ones")
+    ao.add_argument("--dominance", action="store_true",
+                    help="AsyncManifold's arrival-frequency correction of the aggregation weights")
+    ao.add_argument("--delays", default=None, metavar="MODEL",
+                    help="extra task delays: exponential:MEAN[,..] | poisson:RATE[,..]:UNIT | exponential:vafl | "
+                         "poisson:vafl")
+    ao.add_argument("--activations", default=None, metavar="MODEL",
+                    help="Poisson-process activations: poisson:RATE[,..] (per second)")
+    pv = p.add_argument_group("privacy noise on the shared summaries (docs/privacy.md)")
+    pv.add_argument("--privacy-noise", type=float, default=None, metavar="Z",
+                    help="Gaussian mechanism noise multiplier z (noise sd = z × sensitivity)")
+    pv.add_argument("--privacy-clip", default=None, metavar="C|KEY=C,..",
+                    help="public per-observation clipping bound(s): one number, or key=value pairs")
+    pv.add_argument("--privacy-delta", type=float, default=1e-5, metavar="DELTA",
+                    help="δ at which ε is reported (default 1e-5)")
     p.add_argument("--domain", default=None, metavar="FILE",
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")
@@ -124,6 +142,7 @@ def run_fit(args) -> None:
         progress=not args.quiet, preset=args.preset, live=args.live, tls=tls,
         checkpoint=None if args.checkpoint_every is None else Path(args.out) / CHECKPOINT_NAME,
         checkpoint_every=args.checkpoint_every, on_worker_error=args.on_worker_error, fgpr=_fgpr(args),
+        strategies=_strategies(args), privacy=_privacy(args), delays=args.delays, activations=args.activations,
     )
     gp.fit(args.store)
     _report(gp, args.out)
@@ -137,6 +156,33 @@ def _fgpr(args) -> dict | None:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags} apply to --method fgpr only")
     return given or None
+
+
+def _strategies(args) -> dict | None:
+    """FitConfig settings of the related-work options given on the command line (None when none is given)."""
+    given = {}
+    if args.staleness_bound is not None:
+        given["staleness_bound"] = args.staleness_bound
+    if args.dominance:
+        given["dominance"] = True
+    return given or None
+
+
+def _privacy(args) -> dict | None:
+    """GaussianMechanism settings from --privacy-noise/--privacy-clip/--privacy-delta (None when off)."""
+    if args.privacy_noise is None and args.privacy_clip is None:
+        return None
+    if args.privacy_noise is None or args.privacy_clip is None:
+        raise ValueError("privacy noise needs both --privacy-noise Z and --privacy-clip C (docs/privacy.md)")
+    text = args.privacy_clip
+    if "=" in text:
+        try:
+            clip = {key.strip(): float(value) for key, value in (item.split("=") for item in text.split(","))}
+        except ValueError:
+            raise ValueError(f"--privacy-clip must be a number or key=number pairs separated by commas, got {text!r}")
+    else:
+        clip = float(text)
+    return {"noise_multiplier": args.privacy_noise, "clip": clip, "delta": args.privacy_delta}
 
 
 def _jobqueue(args):
@@ -181,4 +227,8 @@ def _report(gp, out_dir) -> None:
     print(f"wrote {out}: loglik {gp.loglik_:.6g}, δ={p['delta']:.6g} σ²={p['sigma2']:.6g} β={p['beta']:.6g}, "
           f"{gp.n_iter_} iterations, {'converged' if gp.converged_ else 'not converged (' + str(gp.stop_reason_) + ')'}"
           f", {gp.wall_time_s_:.2f} s")
+    if gp.privacy_report_ is not None:
+        r = gp.privacy_report_
+        print(f"privacy: {r['mu_gdp']:.4g}-GDP, i.e. (ε = {r['epsilon']:.4g}, δ = {r['delta']:g}) per worker "
+              "(worker-level adjacency; docs/privacy.md)")
     sys.stdout.flush()

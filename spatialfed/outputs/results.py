@@ -62,6 +62,7 @@ class FitResult:
     Sigma: np.ndarray | None = None             # (m, m)
     extra: dict = field(default_factory=dict)   # settings stored as model.zarr attributes (not in fit.json)
     dropped_workers: list = field(default_factory=list)  # workers the fit continued without (fit.json, when any)
+    privacy: dict | None = None  # privacy loss of a fit with the Gaussian mechanism (fit.json, when on)
 
     def to_json(self) -> dict:
         doc = {
@@ -82,6 +83,8 @@ class FitResult:
         assert tuple(doc) == FIT_KEYS
         if self.dropped_workers:  # beyond SPEC §6: only present when the fit continued without a failed worker
             doc["dropped_workers"] = [dict(d) for d in self.dropped_workers]
+        if self.privacy is not None:  # beyond SPEC §6: μ-GDP and (ε, δ) of a fit with privacy noise (docs/privacy.md)
+            doc["privacy"] = self.privacy
         return doc
 
 
@@ -253,6 +256,7 @@ def load_fit(out_dir) -> FitResult:
         loglik=doc["loglik"], knots=np.asarray(doc["knots"], dtype=float).reshape(-1, 2),
         iterations=doc["iterations"], wall_time_s=doc["wall_time_s"], converged=doc["converged"],
         trace=doc["trace"], mu=mu, Sigma=Sigma, extra=extra, dropped_workers=doc.get("dropped_workers", []),
+        privacy=doc.get("privacy"),
     )
 
 

@@ -1,0 +1,72 @@
+"""The related-work options through the estimator and `spatialfed fit`: staleness bound, dominance correction,
+delay models, Section 5's preset and privacy noise, recorded in fit.json; and their errors."""
+
+import json
+import math
+
+import pytest
+
+from spatialfed.api import FederatedGP
+from spatialfed.cli import main
+from spatialfed.outputs.results import load_fit
+
+
+def fit_json(out) -> dict:
+    return json.loads((out / "fit.json").read_text())
+
+
+def test_async_options_from_the_command_line(store, tmp_path, capsys):
+    out = tmp_path / "fit"
+    rc = main(["fit", str(store), "--out", str(out), "--runtime", "simulated", "--preset", "tuned",
+               "--agg-threshold", "1", "--slowdown", "1,2,6", "--knots", "9", "--max-iter", "30", "--quiet",
+               "--staleness-bound", "1", "--dominance", "--delays", "exponential:0.001",
+               "--activations", "poisson:2000"])
+    assert rc == 0, capsys.readouterr().err
+    fit = load_fit(out)
+    config = fit.extra["config"]
+    assert config["staleness_bound"] == 1 and config["dominance"] is True
+    assert max(row["max_staleness"] for row in fit.trace) <= 1 and fit.extra["discarded_stale"] > 0
+    assert "privacy" not in fit_json(out)
+
+
+def test_privacy_from_the_command_line_reports_the_budget(store, tmp_path, capsys):
+    out = tmp_path / "private"
+    rc = main(["fit", str(store), "--out", str(out), "--runtime", "simulated", "--mode", "sync", "--knots", "9",
+               "--max-iter", "3", "--quiet", "--privacy-noise", "1e-7", "--privacy-clip", "100",
+               "--privacy-delta", "1e-6"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "privacy:" in captured.out and "GDP" in captured.out
+    doc = fit_json(out)
+    report = doc["privacy"]
+    assert report["delta"] == 1e-6 and report["mechanism"]["clip"] == 100.0
+    for row in report["workers"]:
+        assert row["mu_gdp"] == pytest.approx(math.sqrt(row["releases"]) / 1e-7)
+    assert math.isfinite(doc["loglik"])
+
+
+def test_section5_preset_and_privacy_object_through_the_estimator(store):
+    gp = FederatedGP(mode="async", preset="section5", knots=9, agg_threshold=2, runtime="simulated", max_iter=5,
+                     progress=False).fit(store)
+    assert gp.config_.alpha_rule == "section5" and not gp.config_.correction and gp.privacy_report_ is None
+    assert gp.discarded_stale_ == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--privacy-noise", "1"], "needs both --privacy-noise Z and --privacy-clip C"),
+    (["--privacy-noise", "1", "--privacy-clip", "A=1,b"], "--privacy-clip must be a number or key=number pairs"),
+    (["--privacy-noise", "-1", "--privacy-clip", "1"], "noise_multiplier must be a finite number > 0"),
+    (["--delays", "gamma:1"], "exponential"),
+    (["--staleness-bound", "-2", "--mode", "async"], "staleness_bound"),
+])
+def test_bad_options_are_named(store, tmp_path, capsys, argv, message):
+    rc = main(["fit", str(store), "--out", str(tmp_path / "o"), "--runtime", "simulated", "--knots", "9",
+               "--quiet", *argv])
+    assert rc == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_privacy_does_not_apply_to_fgpr(store):
+    with pytest.raises(ValueError, match="privacy= applies to method='lowrank'"):
+        FederatedGP(method="fgpr", runtime="simulated", privacy={"noise_multiplier": 1.0, "clip": 1.0}).fit(store)
