@@ -189,32 +189,20 @@ def test_without_models_the_run_is_unchanged_and_draws_nothing(data):
     assert zero.trace == base.trace  # a delay of exactly 0 leaves every time and decision as it was
 
 
-def test_sync_round_takes_the_slowest_workers_activation_wait_plus_delay(data):
-    """Equal workers: each synchronous round lasts c + max_j (a_j + d_j); replay the draws (activation, then delay,
-    per dispatched task in worker order) from the same seed and compare the final time."""
-    models, knots, kernel = data
-    cfg = FitConfig(mode="sync", max_iter=2)
-    base, rounds = sync_rounds(models, knots, kernel, cfg)
-    delays, activations = ExponentialDelay([0.1, 0.2, 0.3]), PoissonActivations([5.0, 2.0, 1.0])
-    fit = run_virtual(models, knots, kernel, cfg, delays=delays, activations=activations, seed=11)
-    rng = np.random.default_rng(11)
-    extra = sum(max(activations.next_activation(j, 0.0, rng) + delays.sample(j, rng) for j in range(3))
-                for _ in range(rounds))
-    assert fit.trace[-1]["time_s"] == pytest.approx(base.trace[-1]["time_s"] + extra, rel=1e-12)
-    # the synchronous trajectory does not depend on the times
-    strip = [{k: v for k, v in row.items() if k != "time_s"} for row in fit.trace]
-    assert strip == [{k: v for k, v in row.items() if k != "time_s"} for row in base.trace]
-
-
-def test_mean_extra_time_per_round_matches_the_expected_maximum(data):
-    """Sync rounds with i.i.d. Exp(mean 1) delays on J = 3 workers last E max = 1 + 1/2 + 1/3 longer on average."""
+@pytest.mark.parametrize("model", ["delays", "activations"])
+def test_mean_extra_time_per_round_matches_the_expected_maximum(data, model):
+    """Sync rounds with i.i.d. Exp(mean 1) delays — or rate-1 activations, memoryless, so the first activation after
+    a round starts is Exp(1) away — on J = 3 workers last E max = 1 + 1/2 + 1/3 longer on average."""
     models, knots, kernel = data
     cfg = FitConfig(mode="sync", max_iter=30, tol=1e-300)  # never converged: all 30 iterations
     base, rounds = sync_rounds(models, knots, kernel, cfg)
-    fit = run_virtual(models, knots, kernel, cfg, delays=ExponentialDelay(1.0), seed=2)
+    kw = {"delays": ExponentialDelay(1.0)} if model == "delays" else {"activations": PoissonActivations(1.0)}
+    fit = run_virtual(models, knots, kernel, cfg, seed=2, **kw)
     per_round = (fit.trace[-1]["time_s"] - base.trace[-1]["time_s"]) / rounds
     sd_max = np.sqrt(1 + 1 / 4 + 1 / 9)  # sd of the maximum of 3 unit exponentials (Rényi representation)
     assert rounds > 90 and abs(per_round - 11 / 6) < 4 * sd_max / np.sqrt(rounds)
+    strip = [{k: v for k, v in row.items() if k != "time_s"} for row in fit.trace]
+    assert strip == [{k: v for k, v in row.items() if k != "time_s"} for row in base.trace]  # times only
 
 
 def test_same_seed_reproduces_other_seed_differs(data):
@@ -227,16 +215,16 @@ def test_same_seed_reproduces_other_seed_differs(data):
     assert [r["time_s"] for r in other.trace] != [r["time_s"] for r in one.trace]
 
 
-def test_activation_wait_before_compute_equals_an_exponential_delay_after_it(data):
-    """docs/delays.md: the task p is fixed at dispatch, so waiting Exp(1/λ) for the activation then computing ends
-    when computing then waiting would (same draws at the same seed). Fails once activations pull a fresher p."""
+def test_an_activated_worker_takes_its_newest_task_so_staleness_is_lower_than_with_a_delay(data):
+    """VAFL §2.3: a client pulls the server's state when it activates. Waiting for the activation *before* taking a
+    task then computes at fresher parameters than computing a task fixed earlier and waiting after it."""
     models, knots, kernel = data
-    cfg = FitConfig(mode="async", agg_threshold=1, max_iter=10)
+    cfg = FitConfig.tuned(agg_threshold=1, max_iter=60)
     rates = [1.0, 2.0, 4.0]
-    activated = run_virtual(models, knots, kernel, cfg, activations=PoissonActivations(rates), seed=4)
-    delayed = run_virtual(models, knots, kernel, cfg, delays=ExponentialDelay([1 / r for r in rates]), seed=4)
-    assert [r["time_s"] for r in activated.trace] == pytest.approx([r["time_s"] for r in delayed.trace], rel=1e-12)
-    assert [r["max_staleness"] for r in activated.trace] == [r["max_staleness"] for r in delayed.trace]
+    activated = run_virtual(models, knots, kernel, cfg, activations=PoissonActivations(rates), seed=0)
+    delayed = run_virtual(models, knots, kernel, cfg, delays=ExponentialDelay([1 / r for r in rates]), seed=0)
+    staleness = [np.mean([r["max_staleness"] for r in fit.trace]) for fit in (activated, delayed)]
+    assert staleness[0] < 0.85 * staleness[1]  # seeds 0–5: 4.3–4.8 against 5.2–7.4
 
 
 def test_wrong_number_of_values_fails_before_any_task(data):
@@ -257,7 +245,7 @@ def test_poisson_activations_give_stale_but_geometric_tailed_async_runs_that_con
     counts = Counter(row["max_staleness"] for row in fit.trace)
     mode = max(counts, key=counts.get)
     tail = [counts[d] for d in range(mode, max(counts) + 1)]
-    assert mode > 0 and max(counts) >= mode + 4
+    assert mode > 0 and max(counts) >= mode + 3
     assert tail == sorted(tail, reverse=True)
     assert fit.converged and fit.loglik == pytest.approx(sync.loglik, abs=1e-6)
 

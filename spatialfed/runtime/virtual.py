@@ -5,7 +5,8 @@ Each worker holds at most one task. When worker j takes p, its quantity L_j(p) i
 
     start + network(p) + s_j · cost(p) + network(q) + delay_j,
 
-s_j the worker's slowdown, start = now or, with Poisson activations, worker j's next activation after now, and
+s_j the worker's slowdown, start = now — or, with Poisson activations, worker j's next activation, when it takes the
+newest task in its buffer (a VAFL client pulls the server's state when it activates) — and
 delay_j a random extra delay (0 without a delay model; `runtime.delays`, docs/delays.md). Events are processed in
 time order; quantities finishing at the same instant reach the server as one batch (all enter ℚ before it checks
 Num.step). With the deterministic `FlopCost` a run is reproducible to the bit and immune to machine noise;
@@ -80,8 +81,9 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
     `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime. `server`: a fresh server
     to drive instead of FederatedServer(J, knots, kernel, config, start) (any object with dispatch/receive/done, e.g.
     the FGPR server); config and start are then ignored. `delays` (ExponentialDelay, PoissonDelay) add a sampled
-    delay to each task; with `activations` a task starts at its worker's next activation (VAFL §2.3); both draw
-    from numpy.random.default_rng(seed), in dispatch order. Without them the run draws nothing and is unchanged."""
+    delay to each task; with `activations` an idle worker takes its newest task only at its next activation (VAFL
+    §2.3); both draw from numpy.random.default_rng(seed), in event order. Without them the run draws nothing and
+    is unchanged."""
     cost = cost or FlopCost()
     network = network or NetworkDelay()
     s = resolve_slowdowns(slowdowns, len(models))
@@ -90,22 +92,39 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
     rng = np.random.default_rng(seed)
     if server is None:
         server = FederatedServer(len(models), knots, kernel, config, start)
-    events: list[tuple[float, int, Quantity]] = []
+    events: list[tuple[float, int, Quantity | None, int]] = []  # (time, order, q or None = activation of j, j)
     order = itertools.count()
+    waiting: set[int] = set()  # workers with an activation scheduled
+
+    def launch(j: int, p: Augmented, t0: float) -> None:
+        """Worker j computes p from t0; its quantity arrives after the network, s_j·cost and a sampled delay."""
+        tic = time.perf_counter()
+        q = evaluate(models[j], p, j)
+        compute = cost.seconds(models[j], p, time.perf_counter() - tic)
+        finish = t0 + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
+        if delays is not None:
+            finish += delays.sample(j, rng)
+        heapq.heappush(events, (finish, next(order), q, j))
+
     now = 0.0
     while not server.done:
-        for j, p in server.dispatch():
-            start_j = now if activations is None else activations.next_activation(j, now, rng)
-            tic = time.perf_counter()
-            q = evaluate(models[j], p, j)
-            compute = cost.seconds(models[j], p, time.perf_counter() - tic)
-            finish = start_j + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
-            if delays is not None:
-                finish += delays.sample(j, rng)
-            heapq.heappush(events, (finish, next(order), q))
-        now, _, q = heapq.heappop(events)
+        if activations is None:
+            for j, p in server.dispatch():
+                launch(j, p, now)
+        else:  # an idle worker acts only at its next activation, and then takes the newest task it has
+            for j in server.active:
+                if not server.busy(j) and j not in waiting:
+                    waiting.add(j)
+                    heapq.heappush(events, (activations.next_activation(j, now, rng), next(order), None, j))
+        now, _, q, j = heapq.heappop(events)
+        if q is None:
+            waiting.discard(j)
+            p = server.next_task(j)
+            if p is not None:
+                launch(j, p, now)
+            continue
         arrived = [q]
-        while events and events[0][0] == now:  # simultaneous arrivals reach the server together
+        while events and events[0][0] == now and events[0][2] is not None:  # simultaneous arrivals come together
             arrived.append(heapq.heappop(events)[2])
         server.receive(arrived, now)
         if on_event is not None:
