@@ -335,6 +335,9 @@ def async_config(preset: str, agg_threshold: int, max_iter: int, tol: float, **c
     raise ConfigError(f"unknown preset {preset!r}; choose one of {PRESETS}")
 
 
+#: the asynchronous algorithm with VAFL's staleness bound D (`staleness_bound` of convergence_run)
+BOUNDED = "async, bounded staleness"
+
 #: Figure 5's arms: strategy flags; every arm uses the same fixed step size (`--alpha`)
 ABLATION_ARMS = {
     "none": {},
@@ -380,6 +383,7 @@ def run_with_snapshots(models, knots, kernel, config, slowdowns, on_theta=None, 
 def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int | None = None,
                     sizes=None, nu: float = 0.5, beta: float = 0.1, m: int = 100, cores=None,
                     partition: str = "random", modes=("sync", "async"), preset: str = "tuned",
+                    staleness_bound: int | None = None,
                     agg_threshold: int | None = None, arms: dict | None = None, alpha: float | None = None,
                     max_iter: int = 200, tol: float = 1e-7, rtol: float = 1e-3, seed: int = 0,
                     test_size: int = 0, **_) -> list[dict]:
@@ -416,8 +420,12 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
             runs[name] = FitConfig.basic(agg_threshold=A, alpha=alpha, max_iter=max_iter, tol=tol, **flags)
     else:
         for mode in modes:
-            runs[mode] = (FitConfig(mode="sync", max_iter=max_iter, tol=tol) if mode == "sync"
-                          else async_config(preset, A, max_iter, tol))
+            if mode == "sync":
+                runs[mode] = FitConfig(mode="sync", max_iter=max_iter, tol=tol)
+            elif mode == BOUNDED:
+                runs[mode] = async_config(preset, A, max_iter, tol, staleness_bound=staleness_bound)
+            else:
+                runs[mode] = async_config(preset, A, max_iter, tol)
     base = {"experiment": experiment, "panel": panel, "J": J, "m": m, "nu": nu, "beta_true": beta,
             "partition": partition, "agg_threshold": A, "seed": seed}
     rows = []

@@ -114,10 +114,12 @@ def test_async_faster_than_sync_under_graded_and_within_15_percent_balanced():
 
 @pytest.mark.slow
 def test_all_strategies_stable_where_none_diverges():
-    """Figure 5's setting at Agg_threshold 2 (graded cores, every arm α = 1): no strategy diverges, all three together
-    keep contracting (quick-mode measurement: none ends at error 32 after peaking at 1e5, all strategies at 1.7e-3)."""
-    arms = {k: ex.ABLATION_ARMS[k] for k in ("none", "all strategies")}
+    """Figure 5's setting at Agg_threshold 2 (graded cores, every arm α = 1): no strategy diverges, the moving average
+    alone is slow, all three together are stable and the fastest (quick-mode measurement: none ends at error 32 after
+    peaking at 1e5; moving average only settles at 3.5 s, all strategies at 2.4 s, final error 2e-5)."""
+    arms = {k: ex.ABLATION_ARMS[k] for k in ("none", "moving average only", "all strategies")}
     s = _summary(ex.convergence_run(experiment="t", panel="A=2", J=10, n=200, m=100, cores=ex.graded_cores(10),
                                     agg_threshold=2, arms=arms, alpha=1.0, max_iter=200, tol=1e-6))
     assert s["none"]["settle_s"] is None and s["none"]["max_error_late"] > 1.0
-    assert s["all strategies"]["max_error_late"] < 0.05 and s["all strategies"]["final_error"] < 1e-2
+    assert s["all strategies"]["settle_s"] < s["moving average only"]["settle_s"]
+    assert s["all strategies"]["final_error"] < 1e-4
