@@ -39,7 +39,9 @@ def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
     gamma = np.linalg.solve(XtX, Xtz)
     s2 = float(ztz - gamma @ Xtz) / (N - p)
     if not s2 > 0:
-        raise ValueError("OLS residuals are all zero: the covariates explain z exactly, nothing spatial to fit")
+        raise ValueError("the pooled OLS residual variance Σzᵀz − γ₀ᵀΣXᵀz is not positive: the covariates explain z "
+                         "exactly (nothing spatial to fit) or, with privacy noise on, the noisy moments are "
+                         "inconsistent (lower the noise multiplier or raise the clip; docs/privacy.md)")
     return gamma, s2, N
 
 
