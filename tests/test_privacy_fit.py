@@ -106,3 +106,15 @@ def test_noise_changes_the_fit_and_the_seed_reproduces_it(data):
             for seed in (1, 1, 2)]
     assert fits[0].trace == fits[1].trace and fits[0].trace != fits[2].trace
     assert fits[0].config.as_dict()["privacy"]["noise_multiplier"] == 1e-3
+
+
+def test_inconsistent_noisy_moments_are_named_at_the_start():
+    from spatialfed.algorithm.init import pooled_ols
+
+    X = np.column_stack([np.ones(20), np.linspace(0, 1, 20)])
+    z = X @ [1.0, 2.0] + 0.1 * np.sin(np.arange(20))
+    moments = {"XtX": X.T @ X, "Xtz": X.T @ z, "ztz": float(z @ z), "n": 20}
+    assert pooled_ols([moments])[1] > 0
+    noisy = dict(moments, ztz=moments["ztz"] - 1.0)  # noise made Σzᵀz smaller than the fitted part
+    with pytest.raises(ValueError, match="with privacy noise on, the noisy moments are inconsistent"):
+        pooled_ols([noisy])
