@@ -14,8 +14,11 @@ a run never settled within the tolerance). Progress and per-run details go to st
 Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
 - simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,
   staleness-scaled step): balanced 10.8 s / 10.8 s (1.00); graded 223.9 s / 104.4 s (0.47).
-- simulated, n = 1000, ``--preset paper`` (the default: all three strategies, Remark 8 values): async never settled
-  within 1e-3 (balanced: stopped by the 20× time budget after 247 iterations; graded: 300 iterations, β 1.2 % off).
+- simulated, n = 1000, ``--preset paper`` (the default: all three strategies, Remark 8 values), since the moving
+  average of Eq. (19) averages block updates (docs/algorithm.md): graded 223.9 s / 218.3 s (0.97); balanced never
+  settled within 1e-3 (stopped by the 20× time budget after 99 iterations: α = 0.5·A/J = 0.1 moves a tenth of a
+  Newton step per aggregation). Before that change neither settled (balanced: 247 iterations; graded: 300
+  iterations, β 1.2 % off). At n = 300: graded 1.78, balanced never.
 - simulated, n = 1000, paper preset with ``--async-options '{"moving_average": false}'``: balanced 4.80, graded 0.60.
 - dask, n = 500, tuned, 10 worker processes on 2 shared cores: balanced 16.9 s / 19.7 s (1.16); graded 9.3 s /
   22.2 s (2.39). With slowdowns emulated on CPU time, per-task overhead and core contention on this host dwarf the
