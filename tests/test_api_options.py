@@ -70,3 +70,15 @@ def test_bad_options_are_named(store, tmp_path, capsys, argv, message):
 def test_privacy_does_not_apply_to_fgpr(store):
     with pytest.raises(ValueError, match="privacy= applies to method='lowrank'"):
         FederatedGP(method="fgpr", runtime="simulated", privacy={"noise_multiplier": 1.0, "clip": 1.0}).fit(store)
+
+
+def test_the_options_travel_to_dask_workers(store):
+    """The mechanism is pickled into every task and applied on the Dask workers; bound and delays apply there too."""
+    gp = FederatedGP(mode="async", preset="tuned", knots=9, agg_threshold=1, runtime="dask", n_dask_workers=2,
+                     slowdown=[1, 1, 3], max_iter=12, progress=False, strategies={"staleness_bound": 2},
+                     privacy={"noise_multiplier": 1e-7, "clip": 100.0}, delays="exponential:0.002",
+                     activations="poisson:500").fit(store)
+    assert max(row["max_staleness"] for row in gp.trace_) <= 2
+    releases = {row["worker"]: row["releases"] for row in gp.privacy_report_["workers"]}
+    assert sorted(releases) == [0, 1, 2] and min(releases.values()) > 20
+    assert math.isfinite(gp.loglik_)
