@@ -253,13 +253,15 @@ def test_poisson_activations_give_stale_but_geometric_tailed_async_runs_that_con
 # ------------------------------------------------------------------------------------------------- Dask runtime
 
 
-def test_evaluate_task_sleeps_the_activation_wait_and_the_delay(store, knots):
+def test_evaluate_task_sleeps_the_delay_and_activation_task_the_wait(store, knots):
     spec = dask_runtime.PartitionSpec("delay-test", str(store), 0, knots, 0.5, "full")
     try:
         dask_runtime.evaluate_task(spec, Augmented(None, 0, "moments"))  # load the partition once
         tic = time.perf_counter()
-        q = dask_runtime.evaluate_task(spec, Augmented(None, 0, "moments"), 1.0, 0.2, 0.3)
-        assert time.perf_counter() - tic >= 0.5 and q.step == "moments" and q.worker == 0
+        q = dask_runtime.evaluate_task(spec, Augmented(None, 0, "moments"), 1.0, 0.3)
+        assert time.perf_counter() - tic >= 0.3 and q.step == "moments" and q.worker == 0
+        tic = time.perf_counter()
+        assert dask_runtime.activation_task(0.2) == 0.2 and time.perf_counter() - tic >= 0.2
     finally:
         dask_runtime.release_partitions("delay-test")
 
@@ -279,8 +281,8 @@ class RecordingClient:
 
 
 def test_dask_tasks_sleep_their_sampled_waits(tmp_path):
-    """J = 2 on a 2-process LocalCluster: every evaluation task carries a sampled (activation wait, delay) and its
-    compute span in the task stream is at least their sum."""
+    """J = 2 on a 2-process LocalCluster: each evaluation task carries a sampled delay and its compute span in the task
+    stream is at least that; with activations every evaluation follows an activation task that slept its wait."""
     from distributed import get_task_stream
 
     from spatialfed.data.simulate import simulate_store
@@ -297,10 +299,14 @@ def test_dask_tasks_sleep_their_sampled_waits(tmp_path):
                                     activations=PoissonActivations(40.0), seed=1)
     assert server.done
     tasks = {k: args for k, (fn, args) in client.submitted.items() if fn is dask_runtime.evaluate_task}
-    assert len(tasks) == info.n_tasks - 2  # all but the two load tasks
-    waits = np.array([args[3:] for args in tasks.values()])
-    assert waits.shape == (len(tasks), 2) and np.all(waits > 0)
+    activations = {k: args for k, (fn, args) in client.submitted.items() if fn is dask_runtime.activation_task}
+    assert len(tasks) + len(activations) == info.n_tasks - 2  # all but the two load tasks
+    assert len(activations) >= len(tasks) and all(args[0] > 0 for args in activations.values())
+    delays = np.array([args[3] for args in tasks.values()])
+    assert np.all(delays > 0)
     computed = {d["key"]: sum(s["stop"] - s["start"] for s in d["startstops"] if s["action"] == "compute")
                 for d in ts.data}
     for key, args in tasks.items():
-        assert computed[key] >= args[3] + args[4] - 1e-3, key
+        assert computed[key] >= args[3] - 1e-3, key
+    for key, args in activations.items():
+        assert computed.get(key, args[0]) >= args[0] - 1e-3, key  # a cancelled leftover has no compute span

@@ -18,8 +18,9 @@ How the loop runs
 Heterogeneity emulation
     A federated worker with slowdown s_j that computed a task for c CPU seconds sleeps (s_j − 1)·c before returning
     (`heterogeneity.extra_wait`), as if it ran on a machine s_j times slower. With the random models of
-    `runtime.delays` (docs/delays.md) the client draws, per submitted task, the wait until worker j's next Poisson
-    activation (slept before computing) and an extra delay (slept after it).
+    `runtime.delays` (docs/delays.md) an idle worker first runs an activation task that sleeps until its next Poisson
+    activation; only when that finishes does the client hand it its newest task (as the virtual clock does); each
+    evaluation task also sleeps a drawn extra delay after computing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.heterogeneity import extra_wait, resolve_slowdowns
 
 SPAN_NAME = "spatialfed-fit"
+#: marks an activation task in the client's book of tasks in flight (docs/delays.md)
+ACTIVATION = "activation"
 log = logging.getLogger("spatialfed.runtime.dask")
 
 # --------------------------------------------------------------------------------------------------------------
@@ -92,15 +95,12 @@ def load_task(spec: PartitionSpec) -> dict:
     return {"worker": spec.worker, "n": int(lm.n), "p": int(lm.p), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0, activation_wait_s: float = 0.0,
-                  delay_s: float = 0.0) -> Quantity:
+def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0, delay_s: float = 0.0) -> Quantity:
     """L_j(p) (protocol.evaluate) on the partition held in this process, then the emulated slowdown wait.
 
     The wait is (s_j − 1)·c with c the task's CPU time (`time.thread_time`; BLAS is single-threaded on the workers),
-    so a slowed worker emulates a machine s_j times slower even when the host's cores are shared and busy.
-    `activation_wait_s` is slept before computing (the worker waits for its next activation) and `delay_s` after."""
-    if activation_wait_s > 0:
-        time.sleep(activation_wait_s)
+    so a slowed worker emulates a machine s_j times slower even when the host's cores are shared and busy; `delay_s`
+    (a drawn random delay, docs/delays.md) is slept after it."""
     lm = _local_model(spec)
     tic = time.thread_time()  # CPU seconds of this task: unlike wall time, not inflated by other processes' load
     q = evaluate(lm, p, spec.worker)
@@ -108,6 +108,12 @@ def evaluate_task(spec: PartitionSpec, p: Augmented, slowdown: float = 1.0, acti
     if wait > 0:
         time.sleep(wait)
     return q
+
+
+def activation_task(wait_s: float) -> float:
+    """Sleep until the worker's next Poisson activation (VAFL §2.3), `wait_s` seconds away; returns the wait."""
+    time.sleep(wait_s)
+    return wait_s
 
 
 def bounds_task(store: str, worker: int) -> tuple[float, float, float, float]:
@@ -226,10 +232,10 @@ def run_dask(
     on from the snapshot's `time_s`, so time budgets and trace times continue; the partitions are loaded again and
     the tasks that were in flight when the checkpoint was taken are re-sent first.
 
-    Random delays (docs/delays.md): with `delays` (ExponentialDelay, PoissonDelay) and/or `activations`
-    (PoissonActivations) the client draws, for every evaluation task it submits, the wait until worker j's next
-    activation (counted from the submission) and an extra delay, from numpy.random.default_rng(seed); the task
-    sleeps them before and after computing, on top of the slowdown wait.
+    Random delays (docs/delays.md), drawn from numpy.random.default_rng(seed): with `delays` (ExponentialDelay,
+    PoissonDelay) every evaluation task sleeps a drawn delay after computing, on top of the slowdown wait; with
+    `activations` (PoissonActivations) an idle federated worker first runs an `activation_task` sleeping until its
+    next activation, and is handed the front of its buffer (the newest parameters) only when that finishes.
     """
     from distributed import as_completed, span
 
@@ -268,17 +274,19 @@ def run_dask(
     ac = as_completed()
     t0 = time.perf_counter()
 
-    def random_waits(j: int) -> tuple[float, float]:
-        """(wait until worker j's next activation, extra delay) of a task submitted now; (0, 0) without models."""
-        wait = 0.0 if activations is None else activations.next_activation(j, 0.0, rng)
-        delay = 0.0 if delays is None else delays.sample(j, rng)
-        return wait, delay
+    waiting: set[int] = set()  # federated workers whose activation task is in flight
 
-    def submit(j: int, p: Augmented | None) -> None:
+    def submit(j: int, p: Augmented | str | None) -> None:
+        """Submit worker j's load task (p None), activation task (p ACTIVATION) or evaluation of p."""
         if p is None:  # load the partition where it will be served
             fn, args, key = load_task, (specs[j],), f"load-w{j}-{uuid.uuid4().hex[:6]}"
+        elif p == ACTIVATION:
+            waiting.add(j)
+            fn, args = activation_task, (activations.next_activation(j, 0.0, rng),)
+            key = f"activate-w{j}-{uuid.uuid4().hex[:6]}"
         else:
-            fn, args, key = evaluate_task, (specs[j], p, float(s[j]), *random_waits(j)), task_key(p, j)
+            delay = 0.0 if delays is None else delays.sample(j, rng)
+            fn, args, key = evaluate_task, (specs[j], p, float(s[j]), delay), task_key(p, j)
         fut = client.submit(fn, *args, workers=[assignment[j]], allow_other_workers=False, key=key, pure=False)
         with lock:
             inflight[fut.key] = (fut, j, p)
@@ -286,11 +294,18 @@ def run_dask(
         counts["tasks"] += 1
 
     def submit_ready() -> None:
+        """Hand idle workers their next task — with activations, an activation task first."""
         for j in sorted(loaded):
-            if not server.busy(j):
-                p = server.next_task(j)
-                if p is not None:
-                    submit(j, p)
+            if activations is not None and j not in waiting and not server.busy(j):
+                submit(j, ACTIVATION)
+            elif activations is None and not server.busy(j):
+                take(j)
+
+    def take(j: int) -> None:
+        """Worker j takes the front of its buffer, if any (server.next_task), and computes it."""
+        p = server.next_task(j)
+        if p is not None:
+            submit(j, p)
 
     def reassign(j: int) -> None:
         """Move federated worker j to the live Dask worker holding the fewest partitions (it reloads there)."""
@@ -328,6 +343,13 @@ def run_dask(
                 for fut in batch:
                     with lock:
                         _, j, p = inflight.pop(fut.key)
+                    if p == ACTIVATION:  # worker j activates: it takes its newest task now (or waits again)
+                        waiting.discard(j)
+                        if fut.status == "cancelled":
+                            reassign(j)  # its Dask worker left; the next activation runs on the new one
+                        elif not server.busy(j):
+                            take(j)
+                        continue
                     step = "load" if p is None else p.step
                     if fut.status == "cancelled":
                         reassign(j)
