@@ -118,3 +118,18 @@ def test_inconsistent_noisy_moments_are_named_at_the_start():
     noisy = dict(moments, ztz=moments["ztz"] - 1.0)  # noise made Σzᵀz smaller than the fitted part
     with pytest.raises(ValueError, match="with privacy noise on, the noisy moments are inconsistent"):
         pooled_ols([noisy])
+
+
+def test_a_checkpoint_keeps_the_mechanism_and_the_releases_so_far(data):
+    from spatialfed.algorithm.protocol import evaluate
+    from spatialfed.algorithm.server import FederatedServer
+
+    models, knots, kernel = data
+    cfg = FitConfig.tuned(agg_threshold=2, privacy={"noise_multiplier": 1e-4, "clip": 100.0, "seed": 1})
+    server = FederatedServer(4, knots, kernel, cfg)
+    while server.t < 2:
+        for j, p in server.dispatch():
+            server.receive(evaluate(models[j], p, j), now=0.0)
+    restored = FederatedServer.restore(server.snapshot())
+    assert restored.config.privacy == server.config.privacy
+    assert restored.privacy_report == server.privacy_report and server.privacy_report["mu_gdp"] > 0
