@@ -32,7 +32,9 @@ def test_scheduler_sees_only_summaries_of_n_independent_size(tmp_path):
             step_of = {key: key.split("-w")[0] for key, _, _ in rows}
             for key, nbytes, _ in rows:
                 peak[(n, step_of[key])] = max(peak.get((n, step_of[key]), 0), nbytes)
-    steps = {step for (_, step) in peak}
+    # tasks the scheduler has already forgotten when a snapshot is taken (e.g. the short load tasks under load)
+    # are missing from one size or the other: compare the steps seen at both sizes, the three sub-steps always
+    steps = {step for (n, step) in peak if n == 40} & {step for (n, step) in peak if n == 160}
     assert {"mu_sigma", "gamma", "theta"} <= steps
     for step in steps:
         assert peak[(160, step)] <= peak[(40, step)] + 64, (step, peak[(40, step)], peak[(160, step)])
