@@ -192,12 +192,11 @@ class FederatedGP:
             raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
                              f"residual={self.residual!r} applies to method='lowrank' only")
         if self.method == "fgpr":
-            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", "paper"),
-                                  ("checkpoint", None)):
+            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", "paper")):
                 if not _same(getattr(self, name), default):
-                    raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds, no "
-                                     "checkpoints); give FGPR's settings as fgpr={...}, e.g. "
-                                     "fgpr={'participation': 2} for K_c = 2 clients per round")
+                    raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
+                                     "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "
+                                     "clients per round")
             if self.privacy is not None:
                 raise ValueError("privacy= applies to method='lowrank' and 'independent' (FGPR sends parameters, "
                                  "not the summaries the mechanism is calibrated for); drop privacy= or change method")
@@ -434,15 +433,17 @@ class FederatedGP:
         stopping rules (max_iter, tol, time_budget); None when not resuming."""
         if resume is None:
             return None
-        if self.method == "fgpr":
-            raise ValueError("method='fgpr' writes no checkpoints, so there is nothing to resume; fit again")
         import dataclasses
 
         from spatialfed.algorithm.checkpoint import read_checkpoint
+        from spatialfed.algorithm.fgpr import FgprServer
         from spatialfed.algorithm.server import FederatedServer
 
         snap = resume if isinstance(resume, dict) else read_checkpoint(resume)
-        server = FederatedServer.restore(snap)
+        if (snap.get("kind") == "fgpr") != (self.method == "fgpr"):
+            raise ValueError(f"the checkpoint is of a {'FGPR' if snap.get('kind') == 'fgpr' else 'block-wise'} fit; "
+                             f"this estimator has method={self.method!r}")
+        server = (FgprServer if self.method == "fgpr" else FederatedServer).restore(snap)
         if server.n_workers != n_workers:
             raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
         if float(server.kernel.nu) != float(self.nu):

@@ -320,3 +320,41 @@ def test_virtual_cost_of_a_local_update_grows_with_the_batch_not_with_n(problem)
 
     assert seconds(32) == pytest.approx(2 * (4 / 3 * 32**3 + (P + 3) * 32**2))
     assert seconds(10_000) == seconds(N_J)  # a batch larger than n_j is the whole partition
+
+
+# --- checkpoint and resume --------------------------------------------------------------------------------
+@pytest.mark.parametrize("cut", ["init", "round"])
+def test_a_restored_server_finishes_exactly_as_the_uninterrupted_one(problem, cut):
+    """Snapshot during the φ₀ passes or mid-round (one quantity of the round received), restore, finish: the
+    local updates are deterministic in p, so the estimate is the uninterrupted one to the bit."""
+    _, kernel, models, _ = problem
+    cfg = FgprConfig(max_iter=6, tol=0.0, participation=3)
+    whole = run_virtual(models, NO_KNOTS, kernel, server=FgprServer(J, kernel, cfg))
+    server = FgprServer(J, kernel, cfg)
+    while (server.phase == "moments") if cut == "init" else (server.t < 3):
+        for j, p in server.dispatch():
+            server.receive(evaluate(models[j], p, j), now=0.0)
+    if cut == "round":
+        (j, p), *_ = server.dispatch()  # the rest of round 3 stays in flight when the snapshot is taken
+        server.receive(evaluate(models[j], p, j), now=0.0)
+    resumed = run_virtual(models, NO_KNOTS, kernel, server=FgprServer.restore(server.snapshot()))
+    np.testing.assert_array_equal(resumed.params.gamma, whole.params.gamma)
+    assert (resumed.params.delta, resumed.params.sigma2, resumed.params.beta) == \
+        (whole.params.delta, whole.params.sigma2, whole.params.beta)
+    assert resumed.loglik == whole.loglik and resumed.iterations == whole.iterations == 6
+    with pytest.raises(ValueError, match="not an FGPR snapshot"):
+        FgprServer.restore({"format": 2})
+
+
+def test_dask_fit_writes_checkpoints_and_resume_returns_its_result(test_store, tmp_path):
+    from spatialfed.api import FederatedGP
+
+    path = tmp_path / "fgpr.ckpt"
+    settings = dict(method="fgpr", progress=False, n_dask_workers=2, fgpr={"batch_size": 32})
+    first = FederatedGP(max_iter=4, checkpoint=path, checkpoint_every=2, **settings).fit(test_store)
+    assert first.checkpoint_writes_ >= 2 and first.n_iter_ == 4
+    resumed = FederatedGP.resume(path)  # the last checkpoint is the finished fit: resuming returns its result
+    assert resumed.n_iter_ == 4 and resumed.params_["beta"] == first.params_["beta"]
+    assert resumed.loglik_ == first.loglik_
+    with pytest.raises(ValueError, match="is of a FGPR fit"):
+        FederatedGP(method="lowrank", progress=False).fit(test_store, resume=path)

@@ -23,6 +23,7 @@ synchronous "value" pass gives ℓ_ind at the estimate (SPEC §6).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from spatialfed.model.params import Params
 
 #: the protocol step of one FGPR local update (Algorithm 2 of the FGPR paper)
 STEP = FGPR_STEP
+#: version of FgprServer.snapshot(); its "kind" is "fgpr" (FederatedServer's snapshots have no kind)
+SNAPSHOT_FORMAT = 1
 OPTIMIZERS = ("sgd", "adam")
 BATCHINGS = ("uniform", "nearest")
 #: Adam's moment decay rates and denominator offset (Kingma & Ba 2014 defaults)
@@ -328,6 +331,31 @@ class FgprServer:
         if self._phase == "loop" and not self._selected:
             self._select()  # every client of this round is gone: draw the round again
         self._advance(now)
+
+    # --- checkpoint and resume (docs/recovery.md) ----------------------------------------------------
+    def snapshot(self) -> dict:
+        """Everything needed to continue, as a deep copy: this server's state, the inner φ₀ server's snapshot while
+        it runs, and the tasks in flight put back as pending (re-sent on resume; they are deterministic in p)."""
+        state = {k: v for k, v in vars(self).items() if k not in ("_init", "_pending", "_in_flight")}
+        state.update(kind="fgpr", format=SNAPSHOT_FORMAT, pending={**self._pending, **self._in_flight},
+                     init=None if self._init is None else self._init.snapshot())
+        return copy.deepcopy(state)
+
+    @classmethod
+    def restore(cls, snapshot: Mapping) -> "FgprServer":
+        """An FgprServer continuing `snapshot` (FgprServer.snapshot): nothing in flight, interrupted tasks pending."""
+        snap = copy.deepcopy(dict(snapshot))
+        if snap.get("kind") != "fgpr" or snap.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"not an FGPR snapshot of format {SNAPSHOT_FORMAT} "
+                             f"(kind {snap.get('kind')!r}, format {snap.get('format')!r})")
+        server = cls.__new__(cls)
+        init, pending = snap.pop("init"), snap.pop("pending")
+        for key in ("kind", "format", "meta"):
+            snap.pop(key, None)
+        vars(server).update(snap)
+        server._init = None if init is None else FederatedServer.restore(init)
+        server._pending, server._in_flight = pending, {}
+        return server
 
     # --- rounds --------------------------------------------------------------------------------------
     def _leave_init(self, now: float) -> None:
