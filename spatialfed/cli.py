@@ -10,6 +10,7 @@ from spatialfed.cliargs import int_list
 from spatialfed.errors import SpatialFedError
 from spatialfed.fitcli import register_fit
 from spatialfed.outputs.predictcli import register_map, register_predict
+from spatialfed.pilotcli import register_pilot_clip
 from spatialfed.runtime.jobscriptcli import register_cluster_script
 
 
@@ -109,7 +110,7 @@ def run_ingest(args) -> None:
 
 
 REGISTRATIONS = [register_simulate, register_ingest, register_fit, register_predict, register_map, register_demo,
-                 register_cluster_script]
+                 register_cluster_script, register_pilot_clip]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -105,8 +106,9 @@ def register_fit(subparsers) -> None:
     pv = p.add_argument_group("privacy noise on the shared summaries (docs/privacy.md)")
     pv.add_argument("--privacy-noise", type=float, default=None, metavar="Z",
                     help="Gaussian mechanism noise multiplier z (noise sd = z × sensitivity)")
-    pv.add_argument("--privacy-clip", default=None, metavar="C|KEY=C,..",
-                    help="public per-observation clipping bound(s): one number, or key=value pairs")
+    pv.add_argument("--privacy-clip", default=None, metavar="C|KEY=C,..|FILE.json",
+                    help="public per-observation clipping bound(s): one number, key=value pairs, or the JSON file "
+                         "of `spatialfed pilot-clip`")
     pv.add_argument("--privacy-delta", type=float, default=1e-5, metavar="DELTA",
                     help="δ at which ε is reported (default 1e-5)")
     p.add_argument("--domain", default=None, metavar="FILE",
@@ -175,7 +177,13 @@ def _privacy(args) -> dict | None:
     if args.privacy_noise is None or args.privacy_clip is None:
         raise ValueError("privacy noise needs both --privacy-noise Z and --privacy-clip C (docs/privacy.md)")
     text = args.privacy_clip
-    if "=" in text:
+    if text.endswith(".json"):  # written by `spatialfed pilot-clip`
+        try:
+            clip = {str(k): float(v) for k, v in json.loads(Path(text).read_text()).items()}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"--privacy-clip {text}: cannot read a {{key: bound}} JSON object ({exc}); "
+                             "write one with `spatialfed pilot-clip`") from None
+    elif "=" in text:
         try:
             clip = {key.strip(): float(value) for key, value in (item.split("=") for item in text.split(","))}
         except ValueError:

@@ -82,3 +82,30 @@ def test_the_options_travel_to_dask_workers(store):
     releases = {row["worker"]: row["releases"] for row in gp.privacy_report_["workers"]}
     assert sorted(releases) == [0, 1, 2] and min(releases.values()) > 20
     assert math.isfinite(gp.loglik_)
+
+
+def test_pilot_clip_from_a_public_pilot_store_feeds_the_private_fit(tmp_path, capsys):
+    """`spatialfed pilot-clip` on a simulated pilot writes per-key bounds; `fit --privacy-clip FILE.json` uses them,
+    and they bound every pilot release (the margin times the largest per-observation norm)."""
+    from spatialfed.data.simulate import simulate_store
+
+    pilot, private = tmp_path / "pilot.zarr", tmp_path / "private.zarr"
+    simulate_store(pilot, 3, 60, seed=11, test_size=0)
+    simulate_store(private, 3, 60, seed=12, test_size=0)
+    clip_file = tmp_path / "clip.json"
+    assert main(["pilot-clip", str(pilot), "--out", str(clip_file), "--knots", "9", "--margin", "3"]) == 0
+    clip = json.loads(clip_file.read_text())
+    assert {"A", "b", "XtRX", "XtRr", "grad", "hess", "f", "XtX", "sum_sq"} <= set(clip) and "n" not in clip
+    assert all(v > 0 for v in clip.values())
+    out = tmp_path / "fit"
+    rc = main(["fit", str(private), "--out", str(out), "--runtime", "simulated", "--mode", "sync", "--knots", "9",
+               "--max-iter", "3", "--quiet", "--privacy-noise", "1e-7", "--privacy-clip", str(clip_file)])
+    assert rc == 0, capsys.readouterr().err
+    assert fit_json(out)["privacy"]["mechanism"]["clip"] == clip
+    rc = main(["fit", str(private), "--out", str(tmp_path / "bad"), "--runtime", "simulated", "--quiet",
+               "--privacy-noise", "1", "--privacy-clip", str(tmp_path / "missing.json")])
+    assert rc == 1 and "write one with `spatialfed pilot-clip`" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="margin must be a number ≥ 1"):
+        from spatialfed.algorithm.privacy import pilot_clip
+
+        pilot_clip([], None, None, margin=0.5)

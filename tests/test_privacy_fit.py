@@ -12,7 +12,7 @@ from test_algorithm_reference import simulate, single_blas_thread  # noqa: F401 
 
 import spatialfed.runtime.virtual as virtual
 from spatialfed.algorithm.config import FitConfig
-from spatialfed.algorithm.privacy import GaussianMechanism
+from spatialfed.algorithm.privacy import GaussianMechanism, pilot_clip
 from spatialfed.runtime.virtual import run_virtual
 
 SLOWDOWNS = [1.0, 1.5, 3.0, 7.0]
@@ -39,22 +39,8 @@ def test_with_the_options_off_the_fit_is_bit_identical_to_before(data, name):
 
 
 def clip_from_pilot(models, knots, kernel) -> dict:
-    """Per-observation clip bounds: 4 × the largest ‖ξ_k‖/n_j seen in a noise-free pilot on this simulated data."""
-    norms: dict[str, float] = {}
-    original = virtual.evaluate
-
-    def spy(lm, p, worker):
-        q = original(lm, p, worker)
-        for key, value in q.xi.items():
-            norms[key] = max(norms.get(key, 0.0), float(np.linalg.norm(value)) / lm.n)
-        return q
-
-    virtual.evaluate = spy
-    try:
-        run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=10), slowdowns=SLOWDOWNS)
-    finally:
-        virtual.evaluate = original
-    return {key: 4.0 * max(value, 1e-12) for key, value in norms.items() if key != "n"}
+    """Per-observation clip bounds: 4 × the largest ‖ξ_k‖/n_j of a noise-free pilot (here on this simulated data)."""
+    return pilot_clip(models, knots, kernel, margin=4.0)
 
 
 def reference_epsilon(mu: float, delta: float) -> float:

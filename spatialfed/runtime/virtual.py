@@ -75,7 +75,7 @@ def message_bytes(message) -> int:
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,
                 network: NetworkDelay | None = None, start=None, on_event=None, server=None,
                 delays: Delay | None = None, activations: PoissonActivations | None = None,
-                seed=0) -> FederatedServer:
+                seed=0, on_result=None) -> FederatedServer:
     """Fit with the FederatedServer on a virtual clock; returns the finished server (trace times are virtual).
 
     `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime. `server`: a fresh server
@@ -83,7 +83,7 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
     the FGPR server); config and start are then ignored. `delays` (ExponentialDelay, PoissonDelay) add a sampled
     delay to each task; with `activations` an idle worker takes its newest task only at its next activation (VAFL
     §2.3); both draw from numpy.random.default_rng(seed), in event order. Without them the run draws nothing and
-    is unchanged."""
+    is unchanged. `on_result(j, p, q)` sees every quantity as it is computed (as in the Dask runtime)."""
     cost = cost or FlopCost()
     network = network or NetworkDelay()
     s = resolve_slowdowns(slowdowns, len(models))
@@ -101,6 +101,8 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
         tic = time.perf_counter()
         q = evaluate(models[j], p, j)
         compute = cost.seconds(models[j], p, time.perf_counter() - tic)
+        if on_result is not None:
+            on_result(j, p, q)
         finish = t0 + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
         if delays is not None:
             finish += delays.sample(j, rng)
