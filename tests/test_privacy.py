@@ -16,6 +16,7 @@ from spatialfed.algorithm.privacy import (
     delta_of_epsilon,
     epsilon_for_delta,
     gdp_mu,
+    pilot_clip,
     project_spd,
     task_nonce,
 )
@@ -232,16 +233,10 @@ def test_evaluate_without_mechanism_is_unchanged_and_with_it_is_privatized(lm_an
         evaluate(lm, Augmented(params, 2, "gamma", {"privacy": {"noise_multiplier": 1.0}}), 1)
 
 
-def pilot_clip():
-    """Per-observation clip bounds from an independent simulation (a stand-in for public pilot data): 2× the largest."""
+def public_clip():
+    """Clip bounds from an independent simulation (a stand-in for public pilot data), by privacy.pilot_clip."""
     lms, knots = models(seed=11)
-    clip = {}
-    for lm in lms:
-        for _, xi in all_quantities(lm, start_params(knots)):
-            for key, value in xi.items():
-                if key != "n":
-                    clip[key] = max(clip.get(key, 0.0), 2.0 * float(np.linalg.norm(value)) / lm.n)
-    return clip
+    return pilot_clip(lms, knots, KERNEL, margin=2.0)
 
 
 def fit(lms, knots, mechanism):
@@ -264,7 +259,7 @@ def fit(lms, knots, mechanism):
 def test_fit_with_privacy_noise_converges_and_reports_the_budget():
     lms, knots = models(seed=3)
     clear, _, _ = fit(lms, knots, None)
-    mech = GaussianMechanism(1e-5, pilot_clip(), delta=1e-5, seed=7)
+    mech = GaussianMechanism(1e-5, public_clip(), delta=1e-5, seed=7)
     noisy, accountant, tasks = fit(lms, knots, mech)
     np.testing.assert_allclose(noisy.params.theta_key, clear.params.theta_key, rtol=0.03)
     assert noisy.loglik == pytest.approx(clear.loglik, abs=0.2)

@@ -35,7 +35,7 @@ from scipy.spatial.distance import cdist
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import FGPR_STEP, FINAL_STEP, Augmented, Quantity
-from spatialfed.algorithm.server import FederatedServer, relative_change
+from spatialfed.algorithm.server import FederatedServer, ServerState, relative_change
 from spatialfed.errors import SpatialFedError
 from spatialfed.model import blocks
 from spatialfed.model.blocks import LOG_2PI
@@ -221,7 +221,7 @@ def local_flops(lm, p: Augmented) -> float:
 
 
 # --- the server (Algorithm 1 of the FGPR paper) as a sans-IO state machine ----------------------------------
-class FgprServer:
+class FgprServer(ServerState):
     """FGPR's server with FederatedServer's runtime-facing interface (dispatch/next_task/busy/receive/done, trace).
 
     Phases: "moments" → "variogram" (φ₀, run by an inner FederatedServer with no knots: the same summaries and
@@ -234,24 +234,14 @@ class FgprServer:
         self.kernel = kernel
         self.knots = np.empty((0, 2))
         self._init: FederatedServer | None = FederatedServer(J, self.knots, kernel, FitConfig(mode="sync"), start)
-        self.active: list[int] = list(range(J))
-        self.dropped: list[dict] = []
+        self._start_state(J)
         self._n_j: dict[int, int] = {}
         self._pending: dict[int, Augmented] = {}   # tasks of the current round or pass, not yet sent
         self._in_flight: dict[int, Augmented] = {}
         self._results: dict[int, dict] = {}        # worker -> ξ of the current round or pass
         self._selected: list[int] = []             # S_c of the current round
         self._small_changes = 0
-        self.t = 0
-        self.iterations = 0
-        self.params: Params | None = None
-        self.loglik: float | None = None
-        self.n_obs: int | None = None
-        self.converged = False
-        self.stop_reason: str | None = None
-        self.trace: list[dict] = []
         self._phase = "loop"
-        self._last_now = 0.0
 
     # --- the runtime's side ----------------------------------------------------------------------------
     @property
@@ -284,13 +274,6 @@ class FgprServer:
         if p is not None:
             self._in_flight[j] = p
         return p
-
-    def dispatch(self) -> list[tuple[int, Augmented]]:
-        """next_task for every idle worker that has work, in worker order."""
-        if self._init is not None:
-            return self._init.dispatch()
-        tasks = [(j, self.next_task(j)) for j in list(self.active) if not self.busy(j)]
-        return [(j, p) for j, p in tasks if p is not None]
 
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
         """Quantities that arrived at `now` seconds since the fit started (one or a batch)."""

@@ -63,7 +63,31 @@ def relative_change(old: Params, new: Params) -> float:
     return float(max(du, dgamma))
 
 
-class FederatedServer:
+class ServerState:
+    """What every server shows its runtime and the result files (FederatedServer, fgpr.FgprServer): the workers
+    taking part, the fit's results, its trace, and `dispatch` over the server's own `busy`/`next_task`."""
+
+    def _start_state(self, n_workers: int) -> None:
+        """No worker dropped, no iteration done, no result yet."""
+        self.active: list[int] = list(range(n_workers))  # workers still taking part (drop_worker removes one)
+        self.dropped: list[dict] = []  # {"worker", "step", "cause", "iter", "time_s"} of each dropped worker
+        self.t = 0
+        self.iterations = 0
+        self.params: Params | None = None
+        self.loglik: float | None = None
+        self.n_obs: int | None = None
+        self.converged = False
+        self.stop_reason: str | None = None
+        self.trace: list[dict] = []
+        self._last_now = 0.0  # the runtime's clock at the last receive (kept in snapshots)
+
+    def dispatch(self) -> list[tuple[int, Augmented]]:
+        """next_task for every idle worker that has work, in worker order."""
+        tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
+        return [(j, p) for j, p in tasks if p is not None]
+
+
+class FederatedServer(ServerState):
     """Sans-IO server of Algorithms 1 and 3: quantities in (`receive`), augmented parameters out (`next_task`)."""
 
     def __init__(self, n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None):
@@ -75,8 +99,7 @@ class FederatedServer:
         self._P: list[list[Augmented]] = [[] for _ in range(J)]  # ℙ_j, kept on the server
         self._in_flight: dict[int, Augmented] = {}
         self._obsolete: set[int] = set()  # workers whose in-flight task predates the final pass
-        self.active: list[int] = list(range(J))  # workers still taking part (drop_worker removes one)
-        self.dropped: list[dict] = []  # {"worker", "step", "cause", "iter", "time_s"} of each dropped worker
+        self._start_state(J)
         self._n_j: dict[int, int] = {}  # n_j from the moments pass, so N follows the active workers
         self._arrivals = [0] * J  # quantities received per worker in the loop (dominance correction)
         self.discarded = 0  # quantities dropped for staleness > D (staleness_bound)
@@ -91,16 +114,7 @@ class FederatedServer:
         self._end_of_last_iteration: Params | None = None
         self._small_changes = 0
         self._ols_gamma = self._s2 = self._diameter = None
-        self.t = 0
-        self.iterations = 0
-        self.params: Params | None = None
-        self.loglik: float | None = None
-        self.n_obs: int | None = None
-        self.converged = False
-        self.stop_reason: str | None = None
-        self.trace: list[dict] = []
         self.phase = "moments"
-        self._last_now = 0.0  # the runtime's clock at the last receive (kept in snapshots)
         self._publish(Augmented(None, 0, "moments"))
 
     # --- the runtime's side ----------------------------------------------------------------------------
@@ -131,11 +145,6 @@ class FederatedServer:
         p = self._P[j].pop(0)
         self._in_flight[j] = p
         return p
-
-    def dispatch(self) -> list[tuple[int, Augmented]]:
-        """next_task for every idle worker that has work, in worker order."""
-        tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
-        return [(j, p) for j, p in tasks if p is not None]
 
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
         """Quantities that arrived at `now` seconds since the fit started: one, or a batch that all enter ℚ before
