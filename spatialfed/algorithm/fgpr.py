@@ -36,7 +36,6 @@ from scipy.spatial.distance import cdist
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import FGPR_STEP, FINAL_STEP, Augmented, Quantity
 from spatialfed.algorithm.server import FederatedServer, ServerState, relative_change
-from spatialfed.errors import SpatialFedError
 from spatialfed.model import blocks
 from spatialfed.model.blocks import LOG_2PI
 from spatialfed.model.params import Params
@@ -299,13 +298,7 @@ class FgprServer(ServerState):
             self._init.drop_worker(j, step, cause, now)
             self._leave_init(now)
             return
-        if j not in self.active:
-            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
-        if len(self.active) == 1:
-            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
-        self.active.remove(j)
-        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
-                             "time_s": float(now)})
+        self._remove_worker(j, step, cause, now)
         for state in (self._pending, self._in_flight, self._results, self._n_j):
             state.pop(j, None)
         self.n_obs = sum(self._n_j[k] for k in self.active)

@@ -81,6 +81,16 @@ class ServerState:
         self.trace: list[dict] = []
         self._last_now = 0.0  # the runtime's clock at the last receive (kept in snapshots)
 
+    def _remove_worker(self, j: int, step: str, cause: str, now: float) -> None:
+        """Take failed worker j out of `active` and record who, where and why in `dropped` (drop_worker's first half)."""
+        if j not in self.active:
+            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
+        if len(self.active) == 1:
+            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
+        self.active.remove(j)
+        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
+                             "time_s": float(now)})
+
     def dispatch(self) -> list[tuple[int, Augmented]]:
         """next_task for every idle worker that has work, in worker order."""
         tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
@@ -228,13 +238,7 @@ class FederatedServer(ServerState):
 
         The fit then maximises the likelihood of the remaining workers' data; `dropped` records who, where and why.
         """
-        if j not in self.active:
-            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
-        if len(self.active) == 1:
-            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
-        self.active.remove(j)
-        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
-                             "time_s": float(now)})
+        self._remove_worker(j, step, cause, now)
         self._P[j] = []
         self._in_flight.pop(j, None)
         self._obsolete.discard(j)
