@@ -525,9 +525,10 @@ class FederatedGP:
         J = info.n_workers
         if client is None:
             return np.array([bounds_task(str(info.path), j) for j in range(J)])
+        from spatialfed.runtime.cluster import worker_addresses
         from spatialfed.runtime.dask_runtime import assign_partitions
 
-        addresses = assign_partitions(J, list(client.scheduler_info(n_workers=-1)["workers"]))
+        addresses = assign_partitions(J, worker_addresses(client))
         futs = [client.submit(bounds_task, str(Path(info.path).resolve()), j, workers=[addresses[j]],
                               key=f"bounds-w{j}-{_hex6()}", pure=False) for j in range(J)]
         return np.array(client.gather(futs))
@@ -646,7 +647,9 @@ class _Borrowed:
         return getattr(self.client, "dashboard_link", None)
 
     def worker_addresses(self):
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        from spatialfed.runtime.cluster import worker_addresses
+
+        return worker_addresses(self.client)
 
     def close(self):
         pass

@@ -24,7 +24,7 @@ from spatialfed.model.matern import Matern
 from spatialfed.model.reference import lowrank_covariance, lowrank_loglik
 from spatialfed.outputs.results import load_fit
 from spatialfed.runtime import dask_runtime
-from spatialfed.runtime.cluster import limit_blas_threads, local_cluster
+from spatialfed.runtime.cluster import limit_blas_threads, local_cluster, worker_addresses
 from spatialfed.runtime.dask_runtime import registry_keys, run_dask
 
 J, N_PER, M, NU = 4, 150, 49, 0.5
@@ -168,6 +168,18 @@ def test_partitions_are_spread_round_robin_and_stay_on_their_worker(sync_fit, cl
         by_key.setdefault(j, set()).add(d["worker"])
     assert by_key == {j: {addresses[j % 2]} for j in range(J)}
     assert cluster.client.run(registry_keys) == {a: [] for a in addresses}  # released after the fit
+
+
+def test_worker_addresses_ignore_the_clients_periodic_worker_less_refresh(cluster, monkeypatch):
+    """The Client refreshes its scheduler_info cache every few seconds without per-worker entries; a read that
+    loses that race saw an empty cluster (a CI failure: 'the Dask cluster has no workers'). Emulate losing it."""
+    from distributed import Client
+
+    periodic = Client._update_scheduler_info
+    monkeypatch.setattr(Client, "_update_scheduler_info", lambda self, n_workers=0: periodic(self))
+    assert cluster.client.scheduler_info(n_workers=-1)["workers"] == {}  # the cache a racing read used to see
+    assert len(worker_addresses(cluster.client)) == 2
+    assert cluster.worker_addresses() == worker_addresses(cluster.client)
 
 
 def _small_store(path, n):

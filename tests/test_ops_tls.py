@@ -5,6 +5,7 @@ import pytest
 from conftest import grid_knots
 
 from spatialfed.algorithm.config import FitConfig
+from spatialfed.runtime.cluster import worker_addresses
 from spatialfed.runtime.security import TLSConfigError, tls_security, write_tls_files
 
 
@@ -39,7 +40,7 @@ def test_fit_over_tls(store):
     with LocalCluster(protocol="tls", host="127.0.0.1", security=sec, n_workers=2, threads_per_worker=1,
                       dashboard_address=None, silence_logs=40) as cluster, Client(cluster, security=sec) as client:
         assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
-        workers = client.scheduler_info(n_workers=-1)["workers"]
+        workers = worker_addresses(client)
         assert len(workers) == 2 and all(a.startswith("tls://") for a in workers)
         # a client without the certificates cannot connect
         with pytest.raises(Exception, match="(?i)tls|ssl"):

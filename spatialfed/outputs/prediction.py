@@ -150,12 +150,13 @@ class DaskWorkers:
     """Partitions loaded and kept on the Dask workers (one task per call and worker, pinned to its Dask worker)."""
 
     def __init__(self, client, info: StoreInfo, model: FittedModel):
+        from spatialfed.runtime.cluster import worker_addresses
         from spatialfed.runtime.dask_runtime import PartitionSpec, assign_partitions
 
         self.client = client
         self.n_workers = info.n_workers
         self.run_id = f"predict-{uuid.uuid4().hex[:12]}"
-        self.assignment = assign_partitions(info.n_workers, list(client.scheduler_info(n_workers=-1)["workers"]))
+        self.assignment = assign_partitions(info.n_workers, worker_addresses(client))
         store = os.path.abspath(os.fspath(info.path))
         self.specs = [PartitionSpec(self.run_id, store, j, model.knots, model.nu, model.residual)
                       for j in range(info.n_workers)]

@@ -33,6 +33,15 @@ SINGLE_THREAD_ENV = {
 JOBQUEUE_KINDS = ("slurm", "pbs", "sge")
 
 
+def worker_addresses(client) -> list[str]:
+    """Addresses of the Dask workers connected now, sorted (a stable round-robin order), fetched fresh.
+
+    Not ``client.scheduler_info()["workers"]``: that returns the client's cache, which its periodic refresh
+    overwrites with a copy that lists no workers, so a read racing the refresh sees an empty cluster.
+    """
+    return sorted(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+
+
 class SchedulerUnreachableError(SpatialFedError, ConnectionError):
     """No Dask scheduler answered at the given address."""
 
@@ -54,7 +63,7 @@ class ClusterHandle:
 
     def worker_addresses(self) -> list[str]:
         """Addresses of the Dask workers currently connected, sorted (a stable round-robin order)."""
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return worker_addresses(self.client)
 
     def close(self) -> None:
         try:

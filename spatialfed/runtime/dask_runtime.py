@@ -40,6 +40,7 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.errors import WorkerTaskError
+from spatialfed.runtime.cluster import worker_addresses
 from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.heterogeneity import extra_wait, resolve_slowdowns
 
@@ -160,13 +161,13 @@ def assign_partitions(n_workers: int, addresses: list[str]) -> list[str]:
 
 def _alive_workers(client, wait_s: float) -> list[str]:
     """Addresses of the connected Dask workers, waiting up to wait_s seconds for at least one."""
-    alive = list(client.scheduler_info(n_workers=-1)["workers"])
+    alive = worker_addresses(client)
     if not alive:
         try:
             client.wait_for_workers(1, timeout=wait_s)
         except (OSError, TimeoutError) as exc:
             raise RuntimeError(f"every Dask worker left the cluster and none came back within {wait_s:g} s") from exc
-        alive = list(client.scheduler_info(n_workers=-1)["workers"])
+        alive = worker_addresses(client)
     return alive
 
 
@@ -260,7 +261,7 @@ def run_dask(
                              "knots: mu, Sigma and the stored quantities are in that basis)")
         offset = float(server._last_now)
     if addresses is None:
-        addresses = list(client.scheduler_info(n_workers=-1)["workers"])
+        addresses = worker_addresses(client)
     assignment = assign_partitions(J, addresses)
     fit_id = uuid.uuid4().hex[:12]
     store = os.path.abspath(os.fspath(store))
@@ -320,7 +321,7 @@ def run_dask(
         """Cancel tasks pinned to Dask workers that left the cluster; the loop then resubmits them elsewhere."""
         while not stop.wait(poll_s):
             try:
-                alive = set(client.scheduler_info(n_workers=-1)["workers"])
+                alive = set(worker_addresses(client))
             except Exception:  # pragma: no cover - scheduler briefly unreachable: try again next round
                 continue
             with lock:
