@@ -30,7 +30,7 @@ def register_pilot_clip(subparsers) -> None:
 
 def run_pilot_clip(args) -> None:
     """Handler of `spatialfed pilot-clip`: the pilot's LocalModels and knots as the estimator lays them out."""
-    from spatialfed.algorithm.privacy import pilot_clip
+    from spatialfed.runtime.pilot import pilot_clip
     from spatialfed.api import FederatedGP
     from spatialfed.data.store import load_worker, open_store
     from spatialfed.model.local import LocalModel

@@ -106,6 +106,6 @@ def test_pilot_clip_from_a_public_pilot_store_feeds_the_private_fit(tmp_path, ca
                "--privacy-noise", "1", "--privacy-clip", str(tmp_path / "missing.json")])
     assert rc == 1 and "write one with `spatialfed pilot-clip`" in capsys.readouterr().err
     with pytest.raises(ValueError, match="margin must be a number ≥ 1"):
-        from spatialfed.algorithm.privacy import pilot_clip
+        from spatialfed.runtime.pilot import pilot_clip
 
         pilot_clip([], None, None, margin=0.5)

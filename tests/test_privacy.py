@@ -16,11 +16,11 @@ from spatialfed.algorithm.privacy import (
     delta_of_epsilon,
     epsilon_for_delta,
     gdp_mu,
-    pilot_clip,
     project_spd,
     task_nonce,
 )
 from spatialfed.algorithm.protocol import Augmented, evaluate
+from spatialfed.runtime.pilot import pilot_clip
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.model.blocks import knot_covariance
 from spatialfed.model.local import LocalModel

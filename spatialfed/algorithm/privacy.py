@@ -207,23 +207,3 @@ class PrivacyAccountant:
         return {"mechanism": {"noise_multiplier": z, "clip": clip, "delta": mech.delta, "adjacency": ADJACENCY,
                               "seeded": mech.seed is not None},
                 "workers": workers, "mu_gdp": mu, "epsilon": epsilon_for_delta(mu, mech.delta), "delta": mech.delta}
-
-
-def pilot_clip(models, knots, kernel, *, margin: float = 4.0, max_iter: int = 10) -> dict[str, float]:
-    """Per-observation clip bounds c_k = margin · max ‖ξ_k‖/n_j over a noise-free synchronous pilot fit on `models`
-    (LocalModels of PUBLIC or simulated data resembling the private data: bounds from the private data break the
-    guarantee, docs/privacy.md)."""
-    from spatialfed.algorithm.config import FitConfig
-    from spatialfed.runtime.virtual import run_virtual
-
-    if not (math.isfinite(margin) and margin >= 1):
-        raise ValueError(f"margin must be a number ≥ 1 (the bound is margin × the largest pilot norm), got {margin!r}")
-    norms: dict[str, float] = {}
-
-    def record(j, p, q):
-        for key, value in q.xi.items():
-            if key not in EXEMPT_KEYS:
-                norms[key] = max(norms.get(key, 0.0), float(np.linalg.norm(value)) / models[j].n)
-
-    run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=max_iter), on_result=record)
-    return {key: margin * max(value, np.finfo(float).tiny) for key, value in sorted(norms.items())}

@@ -91,6 +91,11 @@ class ServerState:
         self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
                              "time_s": float(now)})
 
+    @property
+    def time_s(self) -> float:
+        """The runtime's clock at the last receive (a resumed fit's clock carries on from it)."""
+        return self._last_now
+
     def dispatch(self) -> list[tuple[int, Augmented]]:
         """next_task for every idle worker that has work, in worker order."""
         tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]

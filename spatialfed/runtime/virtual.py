@@ -26,8 +26,11 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr import local_flops
 from spatialfed.algorithm.protocol import FGPR_STEP, Augmented, Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
+from spatialfed.runtime import site
 from spatialfed.runtime.delays import Delay, PoissonActivations
+from spatialfed.runtime.driver import drive
 from spatialfed.runtime.heterogeneity import NetworkDelay, resolve_slowdowns
+from spatialfed.runtime.interface import ACTIVATION, Event, Runtime
 
 
 @dataclass(frozen=True)
@@ -72,66 +75,83 @@ def message_bytes(message) -> int:
     return int(sum(np.asarray(a, dtype=float).nbytes for a in arrays))
 
 
+class VirtualRuntime(Runtime):
+    """The sites in this process on a virtual clock (module docstring): `submit` computes L_j(p) at once and
+    schedules its completion; `completed` replays completions in time order, simultaneous arrivals as one batch.
+
+    `models`: the sites' LocalModels (tests, experiments on simulated data); None loads them from the store at
+    `start` (`runtime.site`: every partition in this process — for experiments, not for private data)."""
+
+    name = "simulated"
+
+    def __init__(self, models=None, slowdowns="balanced", cost=None, network: NetworkDelay | None = None):
+        self.models = None if models is None else list(models)
+        self.slowdowns = slowdowns
+        self.cost = cost or FlopCost()
+        self.network = network or NetworkDelay()
+        self._events: list[tuple[float, int, Event]] = []
+        self._order = itertools.count()
+        self._now = 0.0
+        self._run_id = None
+
+    def start(self, specs=None, clock_start: float = 0.0) -> list[Event]:
+        if self.models is None:
+            self._run_id = specs[0].run_id
+            self.models = [site.local_model(spec) for spec in specs]
+        self._s = resolve_slowdowns(self.slowdowns, len(self.models))
+        self._now = float(clock_start)
+        return [Event(j, None, {"worker": j, "n": int(lm.n), "p": int(lm.p)}) for j, lm in enumerate(self.models)]
+
+    def submit(self, j: int, p: Augmented, delay_s: float = 0.0) -> None:
+        """Site j computes p from now; its quantity arrives after the network, s_j·cost and the drawn delay."""
+        tic = time.perf_counter()
+        q = evaluate(self.models[j], p, j)
+        compute = self.cost.seconds(self.models[j], p, time.perf_counter() - tic)
+        finish = (self._now + self.network.seconds(message_bytes(p)) + self._s[j] * compute
+                  + self.network.seconds(message_bytes(q)))
+        if delay_s:
+            finish += delay_s
+        heapq.heappush(self._events, (finish, next(self._order), Event(j, p, q)))
+
+    def wake(self, j: int, at: float) -> None:
+        heapq.heappush(self._events, (float(at), next(self._order), Event(j, ACTIVATION)))
+
+    def completed(self):
+        events = self._events
+        while events:
+            self._now, _, event = heapq.heappop(events)
+            batch = [event]
+            if event.request != ACTIVATION:  # simultaneous arrivals come together (all enter ℚ before Num.step)
+                while events and events[0][0] == self._now and events[0][2].request != ACTIVATION:
+                    batch.append(heapq.heappop(events)[2])
+            yield batch
+
+    def now(self) -> float:
+        return self._now
+
+    def call(self, name: str, calls) -> dict:
+        return {j: site.run_call(self.models[j], name, args) for j, args in calls.items()}
+
+    def stop(self) -> None:
+        self._events.clear()
+        if self._run_id is not None:
+            site.release(self._run_id)
+
+
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,
                 network: NetworkDelay | None = None, start=None, on_event=None, server=None,
                 delays: Delay | None = None, activations: PoissonActivations | None = None,
                 seed=0, on_result=None) -> FederatedServer:
-    """Fit with the FederatedServer on a virtual clock; returns the finished server (trace times are virtual).
+    """Fit `models` (LocalModels) on a virtual clock; returns the finished server (trace times are virtual).
 
-    `on_event(server, now)` is called after each batch of arrivals, as in the Dask runtime. `server`: a fresh server
-    to drive instead of FederatedServer(J, knots, kernel, config, start) (any object with dispatch/receive/done, e.g.
-    the FGPR server); config and start are then ignored. `delays` (ExponentialDelay, PoissonDelay) add a sampled
-    delay to each task; with `activations` an idle worker takes its newest task only at its next activation (VAFL
-    §2.3); both draw from numpy.random.default_rng(seed), in event order. Without them the run draws nothing and
-    is unchanged. `on_result(j, p, q)` sees every quantity as it is computed (as in the Dask runtime)."""
-    cost = cost or FlopCost()
-    network = network or NetworkDelay()
-    s = resolve_slowdowns(slowdowns, len(models))
-    delays = None if delays is None else delays.resolve(len(models))
-    activations = None if activations is None else activations.resolve(len(models))
-    rng = np.random.default_rng(seed)
+    `server`: a server to drive instead of FederatedServer(J, knots, kernel, config, start) (e.g. the FGPR server);
+    config and start are then ignored. `delays` and `activations`: docs/delays.md; `on_event`, `on_result`:
+    `runtime.driver.drive`."""
     if server is None:
         server = FederatedServer(len(models), knots, kernel, config, start)
-    events: list[tuple[float, int, Quantity | None, int]] = []  # (time, order, q or None = activation of j, j)
-    order = itertools.count()
-    waiting: set[int] = set()  # workers with an activation scheduled
-
-    def launch(j: int, p: Augmented, t0: float) -> None:
-        """Worker j computes p from t0; its quantity arrives after the network, s_j·cost and a sampled delay."""
-        tic = time.perf_counter()
-        q = evaluate(models[j], p, j)
-        compute = cost.seconds(models[j], p, time.perf_counter() - tic)
-        if on_result is not None:
-            on_result(j, p, q)
-        finish = t0 + network.seconds(message_bytes(p)) + s[j] * compute + network.seconds(message_bytes(q))
-        if delays is not None:
-            finish += delays.sample(j, rng)
-        heapq.heappush(events, (finish, next(order), q, j))
-
-    now = 0.0
-    while not server.done:
-        if activations is None:
-            for j, p in server.dispatch():
-                launch(j, p, now)
-        else:  # an idle worker acts only at its next activation, and then takes the newest task it has
-            for j in server.active:
-                if not server.busy(j) and j not in waiting:
-                    waiting.add(j)
-                    heapq.heappush(events, (activations.next_activation(j, now, rng), next(order), None, j))
-        now, _, q, j = heapq.heappop(events)
-        if q is None:
-            waiting.discard(j)
-            p = server.next_task(j)
-            if p is not None:
-                launch(j, p, now)
-            continue
-        arrived = [q]
-        while events and events[0][0] == now and events[0][2] is not None:  # simultaneous arrivals come together
-            arrived.append(heapq.heappop(events)[2])
-        server.receive(arrived, now)
-        if on_event is not None:
-            on_event(server, now)
-    return server
+    runtime = VirtualRuntime(models, slowdowns, cost, network)
+    return drive(server, runtime, None, delays=delays, activations=activations, seed=seed, on_event=on_event,
+                 on_result=on_result)
 
 
 def settle_time(trace, reference, rtol: float = 1e-3) -> float | None:

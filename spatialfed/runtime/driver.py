@@ -1,0 +1,158 @@
+"""The one loop that drives a sans-IO server over a `Runtime`, with the worker-loss policy and checkpointing.
+
+    start the sites → hand every idle site its next request → for each batch of completed events:
+        activations hand the site its newest request; a lost request is sent again (the runtime moved the site);
+        a failed site stops the fit or is dropped (`on_worker_error`); results reach `server.receive` together
+    → until `server.done`.
+
+With Poisson activations (docs/delays.md) an idle site is first woken at its next activation, and only then takes
+the front of its buffer (the newest parameters), as VAFL's clients pull the server's state. Delays and activations
+are drawn from ``numpy.random.default_rng(seed)`` in event order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from spatialfed.errors import SpatialFedError, WorkerTaskError
+from spatialfed.runtime.interface import ACTIVATION, Runtime
+
+log = logging.getLogger("spatialfed.runtime")
+ON_WORKER_ERROR = ("stop", "drop")
+
+
+class Checkpointer:
+    """Writes the server's snapshot (algorithm.checkpoint) every `every` aggregations, when the fit is interrupted
+    between two receive calls (the server is consistent there), and once at the end (docs/recovery.md)."""
+
+    def __init__(self, path, every: int | None = None, meta: dict | None = None):
+        self.path = None if path is None else Path(path)
+        self.every = None if path is None else int(every or 10)
+        self.meta = meta
+        self.last_t = 0
+        self.writes = 0
+        self.seconds = 0.0
+
+    def on_event(self, server) -> None:
+        if self.path is not None and server.phase == "loop" and server.t >= self.last_t + self.every:
+            self.write(server)
+
+    def write(self, server, failing: bool = False) -> None:
+        if self.path is None or server is None:
+            return
+        from spatialfed.algorithm.checkpoint import write_checkpoint
+
+        tic = time.perf_counter()
+        try:
+            write_checkpoint(self.path, server, meta=self.meta)
+        except Exception:
+            if not failing:
+                raise
+            return  # do not hide the original failure
+        self.seconds += time.perf_counter() - tic
+        self.writes += 1
+        self.last_t = server.t
+
+
+def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None, seed: int = 0,
+          on_event: Callable | None = None, on_result: Callable | None = None, on_worker_error: str = "stop",
+          checkpointer: Checkpointer | None = None):
+    """Run `server` to completion on `runtime` over the sites `specs` (None: the runtime holds its sites already);
+    returns the server.
+
+    `on_event(server, now)` after each batch of arrivals; `on_result(j, p, result)` for every result as it arrives
+    (load summaries with p None). A failed site raises WorkerTaskError naming it and the sub-step, or with
+    ``on_worker_error="drop"`` is dropped (`server.drop_worker`, recorded in ``server.dropped``). Interrupted
+    (Ctrl-C, a lost cluster, a failure), the checkpointer saves the last consistent state before the error goes on.
+    """
+    if on_worker_error not in ON_WORKER_ERROR:
+        raise ValueError(f"on_worker_error must be one of {ON_WORKER_ERROR}, got {on_worker_error!r}")
+    J = server.n_workers
+    if specs is not None and len(specs) != J:
+        raise ValueError(f"the server has {J} workers but the store has {len(specs)}")
+    delays = None if delays is None else delays.resolve(J)
+    activations = None if activations is None else activations.resolve(J)
+    rng = np.random.default_rng(seed)
+    waiting: set[int] = set()  # sites with a wake-up outstanding
+    receiving = False  # inside server.receive: an interruption there may leave the server half-updated
+
+    def take(j: int) -> None:
+        p = server.next_task(j)
+        if p is not None:
+            runtime.submit(j, p, 0.0 if delays is None else delays.sample(j, rng))
+
+    def hand_out() -> None:
+        for j in list(server.active):
+            if server.busy(j):
+                continue
+            if activations is None:
+                take(j)
+            elif j not in waiting:
+                waiting.add(j)
+                runtime.wake(j, activations.next_activation(j, runtime.now(), rng))
+
+    def failed(j: int, step: str, error: str) -> None:
+        if on_worker_error == "stop":
+            raise WorkerTaskError(error)
+        log.warning("%s; continuing without federated worker %d (on_worker_error='drop')", error, j)
+        server.drop_worker(j, step, error, runtime.now())
+
+    try:
+        if server.done:  # a finished checkpoint needs no site
+            return server
+        for event in runtime.start(specs, clock_start=float(server.time_s)):
+            if event.error is not None:
+                failed(event.site, "load", event.error)
+            elif on_result is not None:
+                on_result(event.site, None, event.result)
+        hand_out()
+        for batch in runtime.completed():
+            arrived = []
+            for ev in batch:
+                j = ev.site
+                if ev.request == ACTIVATION:
+                    waiting.discard(j)
+                    if not ev.lost and not server.busy(j) and j in server.active:
+                        take(j)
+                elif ev.lost:
+                    runtime.submit(j, ev.request, 0.0 if delays is None else delays.sample(j, rng))
+                elif ev.error is not None:
+                    if j in server.active:
+                        failed(j, ev.request.step, ev.error)
+                else:
+                    if on_result is not None:
+                        on_result(j, ev.request, ev.result)
+                    arrived.append(ev.result)
+            if server.done:
+                break
+            if arrived:
+                now = runtime.now()
+                receiving = True
+                server.receive(arrived, now)
+                receiving = False
+                if checkpointer is not None:
+                    checkpointer.on_event(server)
+                if on_event is not None:
+                    on_event(server, now)
+                if server.done:
+                    break
+            hand_out()
+        if not server.done:
+            raise RuntimeError("the runtime ran out of work before the fit finished (no site has a task)")
+    except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError):
+        if checkpointer is not None and not receiving:
+            checkpointer.write(server, failing=True)
+        elif checkpointer is not None and checkpointer.path is not None:
+            log.warning("fit interrupted while the server was updating; %s keeps the checkpoint of iteration %d",
+                        checkpointer.path, checkpointer.last_t)
+        raise
+    finally:
+        runtime.stop()
+    if checkpointer is not None:
+        checkpointer.write(server)  # the final state (a resume of it returns the same result)
+    return server

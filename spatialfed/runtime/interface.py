@@ -1,0 +1,79 @@
+"""The runtime interface: how the sans-IO server's decisions reach the sites and their answers come back.
+
+A `Runtime` does four things and knows nothing of the algorithm:
+
+- `start(specs)`: every site loads its partition where it lives (`runtime.site`), once;
+- `submit(j, p, delay_s)` / `wake(j, at)`: ask site j for L_j(p), or wake it at its next activation;
+- `completed()`: yield the answers in batches as they complete (Dask's ``as_completed(...).batches()`` idiom),
+  each an `Event` — a result, a failure of the site's computation, or the loss of the machine it ran on;
+- `now()`: the fit's clock (wall seconds on Dask, virtual seconds on the virtual clock).
+
+`runtime.driver.drive` runs the one loop over this interface for every server; `DaskRuntime` (runtime/dask_runtime.py)
+and `VirtualRuntime` (runtime/virtual.py) implement it. A new runtime (Ray, MPI) implements these methods and
+runs `runtime.site.answer` where the partitions live: docs/interfaces.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from spatialfed.algorithm.protocol import Augmented, Quantity
+from spatialfed.runtime.site import SiteSpec
+
+#: the request of a wake-up event (a Poisson activation, docs/delays.md)
+ACTIVATION = "activation"
+
+
+@dataclass
+class Event:
+    """One completed request of site `site`: `result` (a Quantity, or the load summary), or `error` (one line: the
+    site's computation failed), or `lost` (the machine running it left; the runtime has moved the site and the
+    request must be sent again)."""
+
+    site: int
+    request: Augmented | str | None  # None: the partition load; ACTIVATION: a wake-up
+    result: Quantity | dict | None = None
+    error: str | None = None
+    lost: bool = False
+
+
+class Runtime(ABC):
+    """Where the sites' work runs (module docstring)."""
+
+    #: the name recorded in results ("dask", "simulated")
+    name: str = ""
+
+    @abstractmethod
+    def start(self, specs: Sequence[SiteSpec], clock_start: float = 0.0) -> list[Event]:
+        """Load every site's partition; one Event per site (result: {"n", "p", ...}, or error). The clock
+        starts at `clock_start` (a resumed fit carries on its clock)."""
+
+    @abstractmethod
+    def submit(self, j: int, p: Augmented, delay_s: float = 0.0) -> None:
+        """Ask site j for L_j(p); `delay_s`, a drawn extra delay, is added to its completion."""
+
+    @abstractmethod
+    def wake(self, j: int, at: float) -> None:
+        """Complete an ACTIVATION event of site j at clock time `at`."""
+
+    @abstractmethod
+    def completed(self) -> Iterator[list[Event]]:
+        """Batches of events as they complete; ends when nothing is outstanding."""
+
+    @abstractmethod
+    def now(self) -> float:
+        """The fit's clock in seconds."""
+
+    @abstractmethod
+    def call(self, name: str, calls: Mapping[int, tuple]) -> dict[int, object]:
+        """{j: runtime.site.call(spec_j, name, args)} for each j in `calls`, where each partition lives."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Cancel outstanding work and release the partitions (always called, also after a failure)."""
+
+    def describe(self) -> dict:
+        """What the runtime reports besides the server (assignment of sites, task counts...)."""
+        return {}

@@ -1,0 +1,139 @@
+"""The partition executor: the code that runs on a site, the same under every runtime.
+
+A site (federated worker j) loads its partition once — group ``workers/<j>`` of the Zarr store, read where the task
+runs — into a per-process registry (`_REGISTRY`, keyed by run id and j) as a `LocalModel`, whose factorisation cache
+then serves every later request. It answers two kinds of request:
+
+- `answer(spec, p)`: L_j(p) of Eq. (13) (`algorithm.protocol.evaluate`), followed by the emulated slowdown wait;
+- `call(spec, name, args)`: one of `SITE_CALLS`, the small functions prediction and the default domain need
+  (kriging pieces, moments, bounding box), each returning arrays sized by the request, never by n_j.
+
+The Dask runtime runs these inside tasks pinned to the Dask worker holding the partition; the virtual runtime and
+in-process prediction run them here. Nothing else reads a partition.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
+from spatialfed.model.local import LocalModel
+from spatialfed.model.matern import Matern
+from spatialfed.runtime.heterogeneity import extra_wait
+
+#: per-process registry of loaded partitions: "run_id/w<j>" -> LocalModel
+_REGISTRY: dict[str, LocalModel] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """How to build site j's LocalModel where it runs: run id, store path, index, knots, kernel, residual."""
+
+    run_id: str
+    store: str
+    worker: int
+    knots: np.ndarray
+    kernel: Matern
+    residual: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.run_id}/w{self.worker}"
+
+
+def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residual: str) -> list[SiteSpec]:
+    """One SiteSpec per federated worker of `store` (its absolute path: every site opens it itself)."""
+    store = os.path.abspath(os.fspath(store))
+    knots = np.asarray(knots, dtype=float)
+    return [SiteSpec(run_id, store, j, knots, kernel, residual) for j in range(int(n_workers))]
+
+
+def local_model(spec: SiteSpec) -> LocalModel:
+    """Site spec.worker's LocalModel in this process, loading its partition from the store on first use."""
+    with _REGISTRY_LOCK:
+        lm = _REGISTRY.get(spec.key)
+    if lm is None:
+        from spatialfed.data.store import load_worker
+
+        locs, z, X = load_worker(spec.store, spec.worker)
+        lm = LocalModel(locs, z, X, spec.knots, spec.kernel, residual=spec.residual)
+        with _REGISTRY_LOCK:
+            lm = _REGISTRY.setdefault(spec.key, lm)
+    return lm
+
+
+def load(spec: SiteSpec) -> dict:
+    """Load site j's partition into this process; returns only n_j, p and where it lives."""
+    lm = local_model(spec)
+    return {"worker": spec.worker, "n": int(lm.n), "p": int(lm.p), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def answer(spec: SiteSpec, p: Augmented, slowdown: float = 1.0, delay_s: float = 0.0) -> Quantity:
+    """L_j(p) (protocol.evaluate) on the partition held in this process, then the emulated slowdown wait.
+
+    The wait is (s_j − 1)·c with c the task's CPU time (`time.thread_time`; BLAS is single-threaded on the workers),
+    slept, not spun, so a slowed site emulates a machine s_j times slower without burning a core even when the
+    host's cores are shared and busy; `delay_s` (a drawn random delay, docs/delays.md) is slept after it."""
+    lm = local_model(spec)
+    tic = time.thread_time()  # CPU seconds of this task: unlike wall time, not inflated by other processes' load
+    q = evaluate(lm, p, spec.worker)
+    wait = extra_wait(time.thread_time() - tic, slowdown) + delay_s
+    if wait > 0:
+        time.sleep(wait)
+    return q
+
+
+def wake(wait_s: float) -> float:
+    """Sleep until the site's next Poisson activation (VAFL §2.3), `wait_s` seconds away; returns the wait."""
+    time.sleep(max(float(wait_s), 0.0))
+    return wait_s
+
+
+def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
+    return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
+
+
+#: what a site computes for prediction and for the default domain (each returns request-sized arrays only)
+SITE_CALLS = {
+    "nearest_distance": LocalModel.nearest_distance,          # n₀ distances
+    "residual_kriging": LocalModel.residual_kriging,          # n₀-sized mean, n₀×m BRk, n₀ kRk
+    "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
+    "moments": LocalModel.moments,                            # p×p, p, 1, 1
+    "bounds": _bounds,                                        # 4 numbers
+    "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
+}
+
+
+def run_call(lm: LocalModel, name: str, args: tuple = ()):
+    """SITE_CALLS[name] on the LocalModel `lm`."""
+    if name not in SITE_CALLS:
+        raise ValueError(f"unknown site call {name!r}; allowed: {sorted(SITE_CALLS)}")
+    return SITE_CALLS[name](lm, *args)
+
+
+def call(spec: SiteSpec, name: str, args: tuple = ()):
+    """Run SITE_CALLS[name] on site spec.worker's partition (loaded and kept in this process)."""
+    return run_call(local_model(spec), name, args)
+
+
+def release(run_id: str) -> int:
+    """Drop this process's partitions of run `run_id` (run on every Dask worker at the end of a run)."""
+    prefix = f"{run_id}/"
+    with _REGISTRY_LOCK:
+        keys = [k for k in _REGISTRY if k.startswith(prefix)]
+        for k in keys:
+            del _REGISTRY[k]
+    return len(keys)
+
+
+def registry_keys() -> list[str]:
+    """Keys of the partitions held by this process (for tests and diagnostics)."""
+    with _REGISTRY_LOCK:
+        return sorted(_REGISTRY)
