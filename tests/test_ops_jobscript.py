@@ -100,7 +100,7 @@ def test_same_script_as_the_fit_cluster():
 def test_fit_cli_reads_a_yaml_job_configuration(tmp_path):
     """`fit --jobqueue slurm --jobqueue-config FILE`: file values, overridden by options given on the command line."""
     from spatialfed.cli import build_parser
-    from spatialfed.fitcli import _jobqueue
+    from spatialfed.cli.fit import _jobqueue
 
     config = tmp_path / "jobs.yaml"
     config.write_text("memory: 16GB\nslurm:\n  cores: 8\n  queue: short\n")

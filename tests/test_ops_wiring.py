@@ -53,7 +53,7 @@ def test_jobqueue_cluster_passes_security(monkeypatch):
 def test_cli_tls_flags():
     import argparse
 
-    from spatialfed.fitcli import register_fit
+    from spatialfed.cli.fit import register_fit
 
     parser = argparse.ArgumentParser()
     register_fit(parser.add_subparsers())

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
-from spatialfed.cliargs import float_list
+from spatialfed.cli.args import float_list
 
 CHECKPOINT_NAME = "checkpoint.pkl"
 

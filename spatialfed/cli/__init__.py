@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from spatialfed.demo import register_demo
-from spatialfed.cliargs import int_list
+from spatialfed.cli.args import int_list
 from spatialfed.errors import SpatialFedError
-from spatialfed.fitcli import register_fit
-from spatialfed.outputs.predictcli import register_map, register_predict
-from spatialfed.pilotcli import register_pilot_clip
-from spatialfed.runtime.jobscriptcli import register_cluster_script
+from spatialfed.cli.fit import register_fit
+from spatialfed.cli.predict import register_map, register_predict
+from spatialfed.cli.pilot_clip import register_pilot_clip
+from spatialfed.cli.cluster_script import register_cluster_script
 
 
 def name_list(text: str) -> list[str]:
