@@ -223,20 +223,37 @@ class LocalModel:
         return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n,
                 "extent": extent}
 
-    def variogram(self, gamma, edges) -> dict:
-        """Binned Σ ½(e_i − e_k)² and pair counts of OLS residuals e = z − Xγ over pairs within this worker."""
-        e = self.z - self.X @ np.asarray(gamma, dtype=float)
+    #: at most this many of the worker's points enter the semivariogram (a seeded random subsample above it), so the
+    #: pass costs O(n_j) for the residuals plus O(VARIOGRAM_MAX_POINTS²) for the pairs, whatever n_j is
+    VARIOGRAM_MAX_POINTS = 2000
+    VARIOGRAM_SEED = 0
+
+    def variogram(self, gamma, edges, max_points: int | None = VARIOGRAM_MAX_POINTS,
+                  seed: int = VARIOGRAM_SEED) -> dict:
+        """Binned Σ ½(e_i − e_k)² and pair counts of OLS residuals e = z − Xγ over pairs within this worker
+        (init.py step 2), bins [edges[k], edges[k+1]).
+
+        Pairs come from all n_j points when n_j ≤ `max_points` (every pair, the O(n_j²) estimator), otherwise from a
+        uniform random subsample of `max_points` points drawn with `seed` (deterministic): each pair of the worker is
+        then kept with the same probability, so every bin's mean ½(e_i − e_k)² is still unbiased for the
+        semivariogram, from at most max_points·(max_points − 1)/2 pairs. `max_points=None` uses every point.
+        Only the binned sums and counts leave the worker.
+        """
         edges = np.asarray(edges, dtype=float)
-        iu = np.triu_indices(self.n, k=1)
-        d = self.d_jj[iu] if self.d_jj is not None else cdist(self.locs, self.locs)[iu]
-        sq = 0.5 * (e[iu[0]] - e[iu[1]]) ** 2
-        idx = np.digitize(d, edges) - 1
-        ok = (idx >= 0) & (idx < edges.size - 1)
-        nb = edges.size - 1
-        return {
-            "sum_sq": np.bincount(idx[ok], weights=sq[ok], minlength=nb),
-            "count": np.bincount(idx[ok], minlength=nb).astype(float),
-        }
+        idx = self.variogram_subsample(self.n, max_points, seed)
+        locs, z, X = (self.locs, self.z, self.X) if idx is None else (self.locs[idx], self.z[idx], self.X[idx])
+        e = z - X @ np.asarray(gamma, dtype=float)
+        sum_sq, count = binned_semivariogram(locs, e, edges)
+        return {"sum_sq": sum_sq, "count": count}
+
+    @staticmethod
+    def variogram_subsample(n: int, max_points: int | None, seed: int) -> np.ndarray | None:
+        """Sorted indices of a seeded uniform subsample of `max_points` of n rows, or None to keep all n."""
+        if max_points is None or n <= max_points:
+            return None
+        if max_points < 2:
+            raise ValueError(f"max_points={max_points}: the variogram subsample needs at least 2 points (one pair)")
+        return np.sort(np.random.default_rng(seed).choice(n, size=int(max_points), replace=False))
 
     # --- local quantities L_j(p), Eq. (13) ---------------------------------------------------------
     def quantity(self, step: str, params: Params) -> dict:
@@ -405,3 +422,28 @@ class LocalModel:
         eh = factor.whiten(self.z - self.X @ params.gamma)
         return {"mean": X0 @ params.gamma + k0.T @ eh, "var": params.sigma2 - np.einsum("ij,ij->j", k0, k0)}
 
+
+def binned_semivariogram(locs: np.ndarray, e: np.ndarray, edges: np.ndarray,
+                         block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ ½(e_i − e_k)², pair count) per distance bin [edges[k], edges[k+1]) over the pairs i < k of `locs`.
+
+    Pairs are visited in row blocks, so memory is O(block · n) beside the inputs (never an n × n matrix); the cost is
+    O(n²), which LocalModel.variogram bounds by subsampling. Pairs at d ≥ edges[-1] are dropped.
+    """
+    locs = np.asarray(locs, dtype=float)
+    e = np.asarray(e, dtype=float)
+    edges = np.asarray(edges, dtype=float)
+    nb = edges.size - 1
+    sum_sq, count = np.zeros(nb), np.zeros(nb)
+    n = locs.shape[0]
+    for i0 in range(0, max(n - 1, 0), block):
+        i1 = min(i0 + block, n - 1)
+        d = cdist(locs[i0:i1], locs[i0 + 1 :])  # row r = point i0 + r against points i0+1 .. n−1
+        keep = np.arange(i0 + 1, n)[None, :] > np.arange(i0, i1)[:, None]
+        bins = np.searchsorted(edges, d, side="right") - 1  # edges[k] ≤ d < edges[k+1] ↦ k (np.digitize − 1)
+        keep &= (bins >= 0) & (bins < nb)
+        rows, cols = np.nonzero(keep)
+        sq = 0.5 * (e[i0 + rows] - e[i0 + 1 + cols]) ** 2
+        sum_sq += np.bincount(bins[rows, cols], weights=sq, minlength=nb)
+        count += np.bincount(bins[rows, cols], minlength=nb)
+    return sum_sq, count
