@@ -5,6 +5,9 @@ Rule, in order:
 2. Empirical semivariogram of the OLS residuals, pooled over workers from pairs *within* each worker, in
    `N_BINS` equal distance bins on (0, D/2], D the diameter of the knots' bounding box (the knots span the domain);
    with no knots (the independence model, m = 0), the largest diameter of the workers' own bounding boxes.
+   A worker with more than `LocalModel.VARIOGRAM_MAX_POINTS` (2,000) points bins the pairs of a seeded uniform
+   subsample of that many points (LocalModel.variogram): every pair is kept with the same probability, so each bin's
+   mean stays unbiased, and the pass costs O(n_j) + O(2,000²) whatever n_j is. Only binned sums and counts are sent.
 3. Weighted least squares (Cressie 1985) of the Matérn semivariogram
    γ(h) = τ² + σ²(1 − ρ(h; β)) over (τ², σ², β): minimise Σ_k N_k (γ̂_k / γ(h_k) − 1)², h_k the bin midpoints,
    N_k the pair counts, in log-parameters from several starting ranges.
