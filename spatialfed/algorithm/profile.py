@@ -1,0 +1,215 @@
+"""The server's side of SPEC §2b: from summed sufficient statistics, the exact profile log-likelihood in u with its
+gradient and Hessian, second-order Taylor models of stale sites, and a safeguarded (trust-region) Newton step.
+
+With F = S + blockdiag(K⁻¹, 0, 0) (the quadratic form of (−μ, −γ, 1) in μᵀK⁻¹μ + rᵀR⁻¹r), A = F[:m+p, :m+p],
+b = F[:m+p, z], M = F_BB = K⁻¹ + S_BB:
+    Σ = M⁻¹,  (μ, γ̂) = A⁻¹b  (μ = Σ(S_Bz − S_BXγ̂), GLS γ̂),  Q̂ = F_zz − bᵀA⁻¹b,
+    −2ℓ_LR(γ̂(u), u) = N log 2π + d + log det K + log det M + Q̂.
+With v = (−μ, −γ̂, 1), F_a = ∂F/∂u_a and w_a = (F_a v)[:m+p] (envelope theorem for the minimum over (μ, γ)):
+    ∂_a Q̂ = vᵀF_a v,   ∂_ab Q̂ = vᵀF_ab v − 2 w_aᵀA⁻¹w_b,
+    ∂_a log det M = tr(ΣM_a),  ∂_ab log det M = tr(ΣM_ab) − tr(ΣM_aΣM_b),  same for K;  ∂K⁻¹ = −K⁻¹K_aK⁻¹.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import linalg
+
+from spatialfed.errors import SpatialFedError
+from spatialfed.model.blocks import LOG_2PI, KnotCovariance, modified_hessian
+from spatialfed.model.stats import PAIRS, SUMMED
+
+#: names of the entries of u
+U_NAMES = ("delta", "sigma2", "beta")
+#: 3×3 table of positions in PAIRS
+_PAIR = np.array([[PAIRS.index((min(a, b), max(a, b))) for b in range(3)] for a in range(3)])
+
+
+class NotPositiveDefinite(SpatialFedError):
+    """A (model of the) summed statistics gives an M or A that is not positive definite at this u."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """ℓ_LR(γ̂(u), u) at u with its gradient and Hessian in u (of ℓ, not −ℓ), and Σ, μ, γ̂ at u."""
+
+    u: np.ndarray
+    loglik: float
+    grad: np.ndarray | None
+    hess: np.ndarray | None
+    mu: np.ndarray
+    Sigma: np.ndarray
+    gamma: np.ndarray
+    n_obs: int
+
+
+def sum_statistics(stats: list[dict], scale: float = 1.0) -> dict:
+    """Σ_j of site statistics taken at the same u (SPEC §2b: S = Σ S_j, d = Σ d_j, ...), times `scale`."""
+    if not stats:
+        raise ValueError("no site statistics to sum")
+    u = np.asarray(stats[0]["u"], dtype=float)
+    for st in stats[1:]:
+        if not np.array_equal(np.asarray(st["u"], dtype=float), u):
+            raise ValueError("site statistics computed at different u cannot be summed: evaluate their Taylor models "
+                             "at one u first (taylor_statistics)")
+    out = {"u": u, "m": int(stats[0]["m"]), "p": int(stats[0]["p"])}
+    for key in SUMMED:
+        out[key] = scale * sum(np.asarray(st[key], dtype=float) for st in stats)
+    return out
+
+
+def taylor_statistics(stats: dict, u) -> dict:
+    """The second-order Taylor model of a site's statistics around the u_j they were computed at, evaluated at u:
+    S(u) ≈ S_j + Σ_a ∂_aS_j Δ_a + ½ Σ_ab ∂_abS_j Δ_aΔ_b (Δ = u − u_j; same for d), with the model's own first and
+    second derivatives at u. Exact at u = u_j."""
+    u = np.asarray(u, dtype=float)
+    D = u - np.asarray(stats["u"], dtype=float)
+    out = dict(stats)
+    out["u"] = u
+    if not np.any(D):
+        return out
+    d2S = np.asarray(stats["d2S"])[_PAIR]  # 3×3×k×k
+    d2d = np.asarray(stats["d2d"])[_PAIR]
+    dS_new = stats["dS"] + np.einsum("abij,b->aij", d2S, D)
+    out["S"] = stats["S"] + np.einsum("aij,a->ij", stats["dS"], D) + 0.5 * np.einsum("aij,a->ij", dS_new - stats["dS"], D)
+    out["dS"] = dS_new
+    out["d"] = float(stats["d"] + stats["dd"] @ D + 0.5 * D @ d2d @ D)
+    out["dd"] = stats["dd"] + d2d @ D
+    return out
+
+
+def _cho(A: np.ndarray, what: str):
+    try:
+        return linalg.cho_factor(A, lower=True, check_finite=True)
+    except (linalg.LinAlgError, ValueError):
+        raise NotPositiveDefinite(f"{what} is not positive definite at this u") from None
+
+
+def profile_loglik(stats: dict, knots, kernel, derivatives: bool = True) -> Profile:
+    """ℓ_LR with γ profiled out (SPEC §1, with the −N/2 log 2π constant), Σ, μ, γ̂ and, if asked, the exact gradient
+    and Hessian in u, from summed statistics at stats["u"] (sum_statistics / taylor_statistics)."""
+    u = np.asarray(stats["u"], dtype=float)
+    _, sigma2, beta = np.exp(u)
+    m, N = int(stats["m"]), int(round(float(stats["n"])))
+    F = np.array(stats["S"], dtype=float)
+    k = F.shape[0]
+    logdetK = 0.0
+    if m:
+        kc = KnotCovariance(knots, kernel, float(sigma2), float(beta))
+        Ki = kc.Kinv
+        F[:m, :m] += Ki
+        logdetK = kc.logdet
+    Mcf = _cho(F[:m, :m], "M = K⁻¹ + Σ_j B_jᵀR_j⁻¹B_j") if m else None
+    Sigma = linalg.cho_solve(Mcf, np.eye(m)) if m else np.zeros((0, 0))
+    Sigma = 0.5 * (Sigma + Sigma.T)
+    logdetM = 2.0 * float(np.sum(np.log(np.diag(Mcf[0])))) if m else 0.0
+    Acf = _cho(F[:-1, :-1], "the (μ, γ) normal matrix (collinear covariates?)")
+    b = F[:-1, -1]
+    x = linalg.cho_solve(Acf, b)
+    Q = float(F[-1, -1] - b @ x)
+    if not Q > 0:
+        raise NotPositiveDefinite("the profiled quadratic form is not positive at this u")
+    loglik = -0.5 * (N * LOG_2PI + float(stats["d"]) + logdetK + logdetM + Q)
+    grad = hess = None
+    if derivatives:
+        v = np.append(-x, 1.0)
+        Fa = np.array(stats["dS"], dtype=float)
+        Fab = np.asarray(stats["d2S"], dtype=float)[_PAIR].copy()
+        g2 = np.array(stats["dd"], dtype=float).copy()
+        H2 = np.asarray(stats["d2d"], dtype=float)[_PAIR].copy()
+        if m:
+            KiKa = [Ki @ Ka for Ka in kc.d1]
+            for a in range(3):
+                Fa[a, :m, :m] -= KiKa[a] @ Ki
+                g2[a] += np.trace(KiKa[a])
+                for b in range(3):
+                    Fab[a, b, :m, :m] += KiKa[a] @ KiKa[b] @ Ki + KiKa[b] @ KiKa[a] @ Ki - Ki @ kc.d2[a][b] @ Ki
+                    H2[a, b] += np.trace(Ki @ kc.d2[a][b]) - np.sum(KiKa[a] * KiKa[b].T)
+            SMa = [Sigma @ Fa[a, :m, :m] for a in range(3)]
+            for a in range(3):
+                g2[a] += np.trace(SMa[a])
+                for b in range(3):
+                    H2[a, b] += np.sum(Sigma * Fab[a, b, :m, :m]) - np.sum(SMa[a] * SMa[b].T)
+        Fv = np.einsum("aij,j->ai", Fa, v)
+        w = Fv[:, :-1]
+        AiW = linalg.cho_solve(Acf, w.T)
+        g2 += Fv @ v
+        H2 += np.einsum("abij,i,j->ab", Fab, v, v) - 2.0 * w @ AiW
+        grad, hess = -0.5 * g2, -0.25 * (H2 + H2.T)
+    return Profile(u=u, loglik=float(loglik), grad=grad, hess=hess, mu=x[:m], Sigma=Sigma, gamma=x[m:k - 1],
+                   n_obs=N)
+
+
+def default_bounds(s2: float, diameter: float) -> tuple[np.ndarray, np.ndarray]:
+    """Box for u: nugget variance 1/δ and σ² in [1e-6, 1e4]·s², β in [1e-4, 1e2]·D (s² the pooled OLS residual
+    variance, D the study diameter). A parameter that reaches its bound is reported, not pushed beyond."""
+    s2 = float(s2)
+    lo = np.log([1e-4 / s2, 1e-6 * s2, 1e-4 * diameter])
+    hi = np.log([1e6 / s2, 1e4 * s2, 1e2 * diameter])
+    return lo, hi
+
+
+def projected_gradient(u, grad, lower, upper, atol: float = 1e-10) -> np.ndarray:
+    """The gradient of ℓ with the components that push u out of [lower, upper] at an active bound set to 0."""
+    g = np.array(grad, dtype=float)
+    g[(u <= lower + atol) & (g < 0)] = 0.0
+    g[(u >= upper - atol) & (g > 0)] = 0.0
+    return g
+
+
+@dataclass(frozen=True)
+class Step:
+    """A trust-region step p on ℓ from u: `predicted` = model increase gᵀp − ½pᵀmod(−H)p ≥ 0; `at_bound` the
+    entries of u + p on a bound of the box."""
+
+    p: np.ndarray
+    predicted: float
+    at_bound: tuple[str, ...]
+
+
+def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float = 1e-8) -> Step:
+    """argmax of the quadratic model gᵀp + ½pᵀHp with H replaced by −mod(−H) (SPEC §2: |eigenvalues|, floored),
+    over ‖p‖₂ ≤ radius (Levenberg–Marquardt multiplier by bisection) and u + p in [lower, upper] (entries that leave
+    the box are fixed on the bound and the others re-solved)."""
+    u, g = np.asarray(u, dtype=float), np.asarray(grad, dtype=float)
+    B = modified_hessian(-np.asarray(hess, dtype=float), floor)
+    fixed = np.zeros(3, dtype=bool)
+    p = np.zeros(3)
+    for _ in range(4):
+        fixed |= ((u <= lower) & (g < 0)) | ((u >= upper) & (g > 0))
+        free = ~fixed
+        rhs = g[free] - B[np.ix_(free, fixed)] @ p[fixed]
+        Bf = B[np.ix_(free, free)]
+        r_free = np.sqrt(max(radius**2 - float(p[fixed] @ p[fixed]), 0.0))
+        pf = _lm_solve(Bf, rhs, r_free) if free.any() else np.zeros(0)
+        p[free] = pf
+        target = np.clip(u + p, lower, upper)
+        clipped = free & (target != u + p)
+        if not clipped.any():
+            break
+        p[clipped] = target[clipped] - u[clipped]
+        fixed |= clipped
+    p = np.clip(u + p, lower, upper) - u
+    predicted = float(g @ p - 0.5 * p @ B @ p)
+    at = tuple(U_NAMES[i] for i in range(3) if u[i] + p[i] <= lower[i] or u[i] + p[i] >= upper[i])
+    return Step(p=p, predicted=predicted, at_bound=at)
+
+
+def _lm_solve(B: np.ndarray, g: np.ndarray, radius: float) -> np.ndarray:
+    """p = (B + λI)⁻¹g with the smallest λ ≥ 0 giving ‖p‖₂ ≤ radius (B symmetric positive definite)."""
+    if radius <= 0 or not np.any(g):
+        return np.zeros_like(g)
+    p = np.linalg.solve(B, g)
+    if np.linalg.norm(p) <= radius:
+        return p
+    lo, hi = 0.0, float(np.linalg.norm(g)) / radius
+    eye = np.eye(B.shape[0])
+    for _ in range(60):
+        lam = 0.5 * (lo + hi)
+        if np.linalg.norm(np.linalg.solve(B + lam * eye, g)) > radius:
+            lo = lam
+        else:
+            hi = lam
+    return np.linalg.solve(B + hi * eye, g)

@@ -1,0 +1,135 @@
+"""algorithm/profile.py: the statistics route to ℓ_LR, Σ, μ, γ̂ and the profile gradient/Hessian (SPEC §2b) against
+the centralized reference; Taylor models of stale sites; the trust-region step."""
+
+import numpy as np
+import pytest
+from conftest import grid_knots, simulate_parts
+from scipy import linalg
+
+from spatialfed.algorithm.profile import (
+    default_bounds,
+    profile_loglik,
+    projected_gradient,
+    sum_statistics,
+    taylor_statistics,
+    trust_region_step,
+)
+from spatialfed.model import reference as ref
+from spatialfed.model.local import LocalModel
+from spatialfed.model.matern import Matern
+from spatialfed.model.stats import site_statistics
+
+KERNEL = Matern(1.5)
+CASES = [("full", 9), ("mpp", 9), ("pp", 9), ("full", 0)]  # m = 0, full: the independence model (Eq. 3)
+U = np.log([2.0, 1.2, 0.2])
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return simulate_parts(J=3, n=30, nu=1.5)
+
+
+def setup(parts, residual, m):
+    knots = grid_knots(3) if m else np.zeros((0, 2))
+    return [LocalModel(*p, knots, KERNEL, residual) for p in parts], knots
+
+
+def statistics_route(models, knots, u, derivatives=True):
+    return profile_loglik(sum_statistics([site_statistics(lm, u) for lm in models]), knots, KERNEL, derivatives)
+
+
+def dense_reference(parts, knots, residual, u):
+    """(ℓ at the dense GLS γ̂, γ̂, μ, Σ) from the N×N covariance of reference.py."""
+    delta, s2, beta = np.exp(u)
+    z, X = np.concatenate([p[1] for p in parts]), np.vstack([p[2] for p in parts])
+    if len(knots):
+        C = ref.lowrank_covariance(parts, knots, KERNEL, residual, delta, s2, beta)
+    else:
+        C = linalg.block_diag(*[KERNEL.cross(p[0], p[0], s2, beta) + np.eye(len(p[0])) / delta for p in parts])
+    Ci = np.linalg.inv(C)
+    gamma = np.linalg.solve(X.T @ Ci @ X, X.T @ Ci @ z)
+    if not len(knots):
+        return ref.independent_loglik(parts, KERNEL, gamma, delta, s2, beta), gamma, None, None
+    ll = ref.lowrank_loglik(parts, knots, KERNEL, residual, gamma, delta, s2, beta)
+    locs = np.vstack([p[0] for p in parts])
+    Cks = KERNEL.cross(knots, locs, s2, beta)
+    mu = Cks @ Ci @ (z - X @ gamma)  # E[η | z] = K Bᵀ C⁻¹ (z − Xγ)
+    Sigma = KERNEL.cross(knots, knots, s2, beta) - Cks @ Ci @ Cks.T
+    return ll, gamma, mu, Sigma
+
+
+@pytest.mark.parametrize("residual,m", CASES)
+def test_statistics_route_equals_reference(parts, residual, m):
+    models, knots = setup(parts, residual, m)
+    pr = statistics_route(models, knots, U, derivatives=False)
+    ll, gamma, mu, Sigma = dense_reference(parts, knots, residual, U)
+    assert pr.loglik == pytest.approx(ll, rel=1e-8)
+    np.testing.assert_allclose(pr.gamma, gamma, rtol=1e-8)
+    assert pr.n_obs == sum(lm.n for lm in models)
+    if m:
+        np.testing.assert_allclose(pr.mu, mu, rtol=1e-8, atol=1e-8 * np.abs(mu).max())
+        np.testing.assert_allclose(pr.Sigma, Sigma, rtol=1e-8, atol=1e-8 * np.abs(Sigma).max())
+
+
+@pytest.mark.parametrize("residual,m", CASES)
+def test_gradient_and_hessian_match_finite_differences(parts, residual, m):
+    """The exact profile gradient against central differences of the dense reference ℓ(γ̂(u), u); the Hessian
+    against central differences of that gradient."""
+    models, knots = setup(parts, residual, m)
+    pr = statistics_route(models, knots, U)
+    h = 1e-4
+    fd_grad, fd_hess = np.zeros(3), np.zeros((3, 3))
+    for a in range(3):
+        e = np.zeros(3)
+        e[a] = h
+        fd_grad[a] = (dense_reference(parts, knots, residual, U + e)[0]
+                      - dense_reference(parts, knots, residual, U - e)[0]) / (2 * h)
+        fd_hess[a] = (statistics_route(models, knots, U + e).grad - statistics_route(models, knots, U - e).grad) / (2 * h)
+    np.testing.assert_allclose(pr.grad, fd_grad, rtol=1e-6, atol=1e-6 * np.abs(pr.grad).max())
+    np.testing.assert_allclose(pr.hess, fd_hess, rtol=1e-6, atol=1e-6 * np.abs(pr.hess).max())
+    np.testing.assert_allclose(pr.hess, pr.hess.T)
+
+
+@pytest.mark.parametrize("residual,m", CASES)
+def test_taylor_model_is_exact_at_its_point_and_second_order_nearby(parts, residual, m):
+    models, knots = setup(parts, residual, m)
+    st = sum_statistics([site_statistics(lm, U) for lm in models])
+    same = taylor_statistics(st, U)
+    for key in ("S", "dS", "d2S", "d", "dd", "d2d"):
+        np.testing.assert_array_equal(same[key], st[key])
+    direction = np.array([1.0, -0.7, 0.5])
+    errors = []
+    for h in (0.08, 0.04, 0.02):
+        exact = sum_statistics([site_statistics(lm, U + h * direction) for lm in models])
+        model = taylor_statistics(st, U + h * direction)
+        errors.append(np.abs(exact["S"] - model["S"]).max() + np.abs(exact["dS"] - model["dS"]).max() * h)
+        loglik_exact = profile_loglik(exact, knots, KERNEL, False).loglik
+        assert profile_loglik(model, knots, KERNEL, False).loglik == pytest.approx(loglik_exact, rel=1e-3)
+    ratios = np.array(errors[:-1]) / np.array(errors[1:])
+    assert np.all((ratios > 6.0) & (ratios < 10.0)), ratios  # O(h³): halving h divides the error by ~8
+
+
+def test_sum_refuses_statistics_at_different_u(parts):
+    models, _ = setup(parts, "pp", 9)
+    with pytest.raises(ValueError, match="different u"):
+        sum_statistics([site_statistics(models[0], U), site_statistics(models[1], U + 0.1)])
+
+
+def test_trust_region_step_stays_in_radius_and_box():
+    g, H = np.array([3.0, -1.0, 2.0]), -np.diag([1.0, 2.0, 0.5])
+    lo, hi = default_bounds(1.0, 1.0)
+    u = np.zeros(3)
+    full = trust_region_step(u, g, H, 100.0, lo, hi)
+    np.testing.assert_allclose(full.p, [3.0, -0.5, 4.0])  # the Newton step when it fits
+    assert full.predicted == pytest.approx(0.5 * g @ full.p)
+    small = trust_region_step(u, g, H, 0.5, lo, hi)
+    assert np.linalg.norm(small.p) == pytest.approx(0.5, rel=1e-6) and small.predicted > 0
+    # indefinite H: |eigenvalues| (SPEC §2 mod(H)) keeps the step an ascent step
+    assert g @ trust_region_step(u, g, np.diag([1.0, -2.0, 0.5]), 0.3, lo, hi).p > 0
+    # a bound: β pushed past its upper end stops on it and is reported; the others still move
+    u_edge = hi - np.array([5.0, 5.0, 0.1])
+    step = trust_region_step(u_edge, g, H, 100.0, lo, hi)
+    assert u_edge[2] + step.p[2] == pytest.approx(hi[2]) and step.at_bound == ("beta",)
+    np.testing.assert_allclose(step.p[:2], [3.0, -0.5])
+    pg = projected_gradient(hi, g, lo, hi)
+    np.testing.assert_array_equal(pg, [0.0, -1.0, 0.0])
