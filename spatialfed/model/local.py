@@ -434,16 +434,15 @@ def binned_semivariogram(locs: np.ndarray, e: np.ndarray, edges: np.ndarray,
     e = np.asarray(e, dtype=float)
     edges = np.asarray(edges, dtype=float)
     nb = edges.size - 1
-    sum_sq, count = np.zeros(nb), np.zeros(nb)
+    sum_sq, count = np.zeros(nb + 1), np.zeros(nb + 1)  # bin nb collects what is not a pair in range
     n = locs.shape[0]
     for i0 in range(0, max(n - 1, 0), block):
         i1 = min(i0 + block, n - 1)
-        d = cdist(locs[i0:i1], locs[i0 + 1 :])  # row r = point i0 + r against points i0+1 .. n−1
-        keep = np.arange(i0 + 1, n)[None, :] > np.arange(i0, i1)[:, None]
+        d = cdist(locs[i0:i1], locs[i0 + 1 :])  # row r = point i0 + r, column c = point i0 + 1 + c
         bins = np.searchsorted(edges, d, side="right") - 1  # edges[k] ≤ d < edges[k+1] ↦ k (np.digitize − 1)
-        keep &= (bins >= 0) & (bins < nb)
-        rows, cols = np.nonzero(keep)
-        sq = 0.5 * (e[i0 + rows] - e[i0 + 1 + cols]) ** 2
-        sum_sq += np.bincount(bins[rows, cols], weights=sq, minlength=nb)
-        count += np.bincount(bins[rows, cols], minlength=nb)
-    return sum_sq, count
+        bins[(bins < 0) | (bins >= nb)] = nb
+        bins[np.tril_indices(i1 - i0, k=-1)] = nb  # c < r: the pair (or the point itself) counted in an earlier row
+        sq = 0.5 * (e[i0:i1, None] - e[None, i0 + 1 :]) ** 2
+        sum_sq += np.bincount(bins.ravel(), weights=sq.ravel(), minlength=nb + 1)
+        count += np.bincount(bins.ravel(), minlength=nb + 1)
+    return sum_sq[:nb], count[:nb]
