@@ -39,3 +39,7 @@ def check_positive(value, name: str) -> float:
 
 class DataError(SpatialFedError, ValueError):
     """Input data, coordinates, CRS or geometry cannot be used as given; names the cause and the fix."""
+
+
+class OutputError(SpatialFedError, OSError):
+    """An output file or directory cannot be written (read-only disk, no space, path is a file, ...); names the fix."""

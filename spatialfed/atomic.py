@@ -1,0 +1,181 @@
+"""The one atomic-write routine of spatialfed: stage a file or directory beside its target, then rename it into place.
+
+Every output (stores, checkpoints, fit results, reports, predictions, maps) is written through `staged`:
+
+    with staged("out/fit.json") as tmp:        # tmp = out/.fit.tmp-1a2b3c4d.json (same directory, same suffix)
+        tmp.write_text(text)                   # on leaving the block: fsync, os.replace(tmp, target), fsync the dir
+
+    with staged("sim.zarr", directory=True) as tmp:   # tmp is a fresh empty directory
+        zarr.open_group(tmp, mode="w") ...             # an existing sim.zarr is moved aside, replaced, then removed
+
+A reader therefore sees the previous complete output or the new complete one, never a partial one; the temporary
+is removed whatever goes wrong (an exception, Ctrl-C), so no `*.tmp*` is left behind. OS errors (read-only disk,
+no space, permission denied, a path component that is a file, a missing parent) become one `OutputError` line
+naming the path, the cause and the fix. `write_atomic(path, write)`, `write_text` and `write_bytes` are the
+one-call forms; `replace_path(src, dst)` is the rename step alone (used to move staged pieces into a directory
+that holds other files).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from spatialfed.errors import OutputError
+
+_FIXES = {
+    errno.EROFS: ("the file system is read-only", "choose an output path on a writable disk"),
+    errno.ENOSPC: ("no space left on the device", "free some space or choose an output path on another disk"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space or choose an output path on another disk"),
+    errno.EACCES: ("permission denied", "choose a directory you can write to, or fix its permissions"),
+    errno.EPERM: ("operation not permitted", "choose a directory you can write to, or fix its permissions"),
+    errno.ENOTDIR: ("a component of the path is a file, not a directory", "choose another path"),
+    errno.ENOENT: ("its parent directory does not exist", "create the parent directory first or choose another path"),
+    errno.ENAMETOOLONG: ("the file name is too long", "choose a shorter path"),
+    errno.EMFILE: ("too many open files", "raise the open-file limit (ulimit -n) or close other programs"),
+}
+
+
+def output_error(path, exc: OSError, what: str = "write") -> OutputError:
+    """One-line OutputError for an OSError met while writing `path`: the path, the cause and the fix."""
+    cause, fix = _FIXES.get(getattr(exc, "errno", None) or -1, (None, None))
+    if cause is None:
+        detail = exc.strerror or str(exc) or type(exc).__name__
+        cause, fix = detail, "check the path and the disk, then run again"
+    return OutputError(f"cannot {what} {path}: {cause}; {fix}")
+
+
+def temporary_sibling(path, tag: str = "tmp") -> Path:
+    """A fresh hidden name beside `path` that keeps its suffix (writers that pick a format by suffix still work):
+    out/.fit.tmp-1a2b3c4d.json."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.{tag}-{uuid.uuid4().hex[:8]}{path.suffix}")
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or directory tree if it exists (best effort: used on cleanup paths)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file, or every file and directory of a tree (then the tree's root); a no-op where the OS refuses."""
+    path = Path(path)
+    if path.is_dir():
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                _fsync_one(Path(root) / name, os.O_RDONLY)
+            for name in dirs:
+                _fsync_one(Path(root) / name, os.O_RDONLY)
+    _fsync_one(path, os.O_RDONLY)
+
+
+def _fsync_one(path: Path, flags: int) -> None:
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # pragma: no cover - e.g. directories on Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_path(src, dst) -> Path:
+    """Move the complete file or directory `src` to `dst` (same file system). A file replaces a file atomically
+    (os.replace); an existing directory `dst` is first moved aside, then `src` is renamed into place and the old
+    one removed (moved back if the rename fails). The parent directory is fsynced so the rename is durable."""
+    src, dst = Path(src), Path(dst)
+    if src.is_dir() and dst.exists() and not dst.is_dir():
+        raise OutputError(f"cannot write {dst}: it exists and is a file, not a directory; remove it or choose "
+                          "another path")
+    if not src.is_dir() and dst.is_dir():
+        raise OutputError(f"cannot write {dst}: it exists and is a directory; remove it or choose another path")
+    if not dst.is_dir():
+        os.replace(src, dst)
+    else:
+        old = temporary_sibling(dst, "old")
+        os.replace(dst, old)
+        try:
+            os.replace(src, dst)
+        except BaseException:
+            os.replace(old, dst)
+            raise
+        _remove(old)
+    _fsync_one(dst.parent, os.O_RDONLY)
+    return dst
+
+
+@contextmanager
+def staged(path, *, directory: bool = False, make_parents: bool = True, fsync: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling of `path` to write into; on a normal exit move it into place (`replace_path`).
+
+    `directory=True` yields a fresh empty directory (the output is a directory tree: a Zarr store, a fit
+    directory); otherwise a file name not yet created. `make_parents` creates missing parent directories
+    (otherwise a missing parent is an OutputError). `fsync` flushes the staged file (every file of a staged tree)
+    to disk before the rename. On any exception, Ctrl-C included, the temporary is removed and the target is left
+    as it was; an OSError is re-raised as one OutputError line naming `path` and the fix.
+    """
+    path = Path(path)
+    if directory and path.exists() and not path.is_dir():
+        raise OutputError(f"cannot write {path}: it exists and is a file, not a directory; remove it or choose "
+                          "another path")
+    if not directory and path.is_dir():
+        raise OutputError(f"cannot write {path}: it exists and is a directory; remove it or choose another path")
+    tmp = None
+    try:
+        parent = path.parent
+        if make_parents:
+            parent.mkdir(parents=True, exist_ok=True)
+        elif not parent.is_dir():
+            raise OutputError(f"cannot write {path}: the directory {parent} does not exist; create it first or "
+                              "choose another path")
+        tmp = temporary_sibling(path)
+        if directory:
+            tmp.mkdir()
+        yield tmp
+        if not (tmp.is_dir() if directory else tmp.exists()):
+            raise OutputError(f"cannot write {path}: nothing was written to the staged {tmp.name}")
+        if fsync:
+            fsync_path(tmp)
+        replace_path(tmp, path)
+    except OutputError:
+        raise
+    except FileExistsError as exc:  # mkdir(parents=True) met a file where a directory belongs
+        raise OutputError(f"cannot write {path}: {exc.filename or path.parent} is a file, not a directory; "
+                          "choose another path") from exc
+    except OSError as exc:
+        raise output_error(path, exc) from exc
+    finally:
+        if tmp is not None and tmp.exists():
+            _remove(tmp)
+
+
+def write_atomic(path, write: Callable[[str], object], *, make_parents: bool = True) -> Path:
+    """Call `write(tmp)` with a temporary sibling name of `path` (same suffix), then rename it into place."""
+    path = Path(path)
+    with staged(path, make_parents=make_parents) as tmp:
+        write(str(tmp))
+    return path
+
+
+def write_text(path, text: str, *, encoding: str = "utf-8", make_parents: bool = True) -> Path:
+    """Write `text` to `path` atomically."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding=encoding), make_parents=make_parents)
+
+
+def write_bytes(path, data: bytes, *, make_parents: bool = True) -> Path:
+    """Write `data` to `path` atomically."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_bytes(data), make_parents=make_parents)
