@@ -42,10 +42,13 @@ def test_csv_lonlat_is_projected_to_utm(tmp_path, out):
     assert zarr.open_group(out, mode="r").attrs["crs"] == "EPSG:32616"
 
 
-def test_planar_coordinates_without_crs(out):
+def test_planar_coordinates_need_crs_planar_when_they_look_like_lonlat(out):
     frame = table()
+    with pytest.raises(DataError, match=r"look like longitude/latitude but no CRS was given; pass --crs EPSG:4326"):
+        ingest_frame(frame, out, x="lon", y="lat", value="ozone", n_workers=2)
+    assert_no_store(out)
     info, _ = ingest_frame(frame, out, x="lon", y="lat", value="ozone", n_workers=2, intercept=False,
-                           covariates=["elev"])
+                           covariates=["elev"], crs="planar")
     assert info.crs is None and info.covariate_names == ["elev"]
     locs = np.vstack([load_worker(out, j)[0] for j in range(2)])
     assert set(map(tuple, locs)) == set(map(tuple, frame[["lon", "lat"]].to_numpy()))
@@ -55,7 +58,8 @@ def test_missing_values_are_reported_and_dropped(out):
     frame = table()
     frame.loc[[1, 5], "ozone"] = np.nan
     frame.loc[7, "elev"] = np.nan
-    info, report = ingest_frame(frame, out, x="lon", y="lat", value="ozone", covariates=["elev"], n_workers=2)
+    info, report = ingest_frame(frame, out, x="lon", y="lat", value="ozone", covariates=["elev"], n_workers=2,
+                                crs="EPSG:4326")
     assert sum(info.sizes) == 37 and report.n_dropped == 3
     assert "dropped 3 rows with missing values (ozone: 2, elev: 1)" in report.lines()
 
@@ -74,13 +78,13 @@ def test_duplicates_merge_and_keep(tmp_path):
     frame = table(6)
     frame.loc[3, ["lon", "lat"]] = frame.loc[0, ["lon", "lat"]]
     info, report = ingest_frame(frame, tmp_path / "m.zarr", x="lon", y="lat", value="ozone", n_workers=1,
-                                duplicates="merge")
+                                duplicates="merge", crs="planar")
     assert sum(info.sizes) == 5 and report.n_duplicates == 2
     locs, z, _ = load_worker(tmp_path / "m.zarr", 0)
     row = np.flatnonzero((locs == frame.loc[0, ["lon", "lat"]].to_numpy(dtype=float)).all(axis=1))
     assert z[row] == pytest.approx((frame.ozone[0] + frame.ozone[3]) / 2)
     info, _ = ingest_frame(frame, tmp_path / "k.zarr", x="lon", y="lat", value="ozone", n_workers=1,
-                           duplicates="keep")
+                           duplicates="keep", crs="planar")
     assert sum(info.sizes) == 6
 
 
@@ -99,11 +103,12 @@ def test_geopackage_and_geoparquet_points_use_the_files_crs(tmp_path):
 
 
 def test_existing_output_refused_unless_overwrite(out):
-    ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=2)
+    ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=2, crs="EPSG:4326")
     with pytest.raises(DataError, match="already exists.*--overwrite"):
-        ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=3)
+        ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=3, crs="EPSG:4326")
     assert open_store(out).n_workers == 2
-    assert ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=3, overwrite=True)[0].n_workers == 3
+    assert ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=3, overwrite=True,
+                        crs="EPSG:4326")[0].n_workers == 3
 
 
 def bad_frames():
@@ -123,7 +128,8 @@ def bad_frames():
         (nonnum, {}, r"column 'ozone' has 1 non-numeric value\(s\) \(row 4: 'n/a\?'\)"),
         (allmissing, {}, "column 'elev' has no values at all"),
         (holes, {}, "every row has a missing value"),
-        (table(3), dict(n_workers=4), "only 3 rows remain for 4 workers"),
+        (table(6), dict(n_workers=7), "only 6 rows remain for 7 workers"),
+        (table(4), {}, r"only 4 distinct location\(s\) among 4 coordinates \(lon, lat\), fewer than the 6 needed"),
         (table(), dict(n_workers=0), "--workers must be a positive integer"),
         (table(), dict(n_workers=-1), "--workers must be a positive integer"),
         (dup, {}, r"2 rows share their coordinates with another row \(e.g. rows \[2, 9\]"),
@@ -140,7 +146,7 @@ def bad_frames():
 
 @pytest.mark.parametrize("frame, options, message", bad_frames())
 def test_bad_input_gives_clear_error_and_no_store(out, frame, options, message):
-    options = dict(x="lon", y="lat", value="ozone", covariates=["elev"], n_workers=2) | options
+    options = dict(x="lon", y="lat", value="ozone", covariates=["elev"], n_workers=2, crs="planar") | options
     with pytest.raises(DataError, match=message):
         ingest_frame(frame, out, **options)
     assert_no_store(out)

@@ -85,7 +85,8 @@ def ozone_frame(date: str | None = None) -> pd.DataFrame:
 def ozone_store(path, date: str = "870715", *, target_crs=None, partition: str = "column:state",
                 n_workers: int | None = None, test_fraction: float = 0.0, seed=0,
                 overwrite: bool = False) -> tuple[StoreInfo, IngestReport]:
-    """Store of one day's ozone (intercept only), one worker per state, projected from lon/lat (default UTM)."""
+    """Store of one day's ozone (intercept only), one worker per state, projected from lon/lat (default: an
+    equal-area projection centred on the stations, which span three UTM zones)."""
     frame = ozone_frame(date)
     return ingest_frame(frame, path, value="ozone", x="lon", y="lat", crs="EPSG:4326", target_crs=target_crs,
                         partition=partition, n_workers=n_workers, test_fraction=test_fraction, seed=seed,

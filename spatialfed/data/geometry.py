@@ -1,29 +1,46 @@
 """Study domains, knot grids and prediction grids (shapely/geopandas), and CRS handling (pyproj).
 
 Knots depend on the domain only, never on worker data (paper Remark 1): every worker can rebuild
-them from the domain, m and a seed.
+them from the domain, m and a seed. Coordinates are validated (`check_coordinates`) and domains checked
+(`check_domain`) before any geometry is built, so absurd inputs fail in one line instead of hanging.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import geopandas as gpd
 import numpy as np
 import shapely
 from affine import Affine
-from pyproj import CRS, Transformer
+from pyproj import CRS, Proj, Transformer
 from pyproj.aoi import AreaOfInterest
+from pyproj.crs import ProjectedCRS
+from pyproj.crs.coordinate_operation import LambertAzimuthalEqualAreaConversion
 from pyproj.database import query_utm_crs_info
 from pyproj.exceptions import CRSError
+from scipy.spatial import cKDTree
 
 from spatialfed.errors import DataError
 
+PLANAR = ("planar", "none")        # what users write for "planar units, no CRS" (--crs planar)
+MAX_ABS_COORD = 1e12               # |x|, |y| beyond this are not map coordinates (Earth's stay below 4e7 m)
+MIN_EXTENT = 1e-6                  # a point cloud narrower than this (map units) cannot carry a 2-D domain
+MAX_ASPECT = 1e4                   # domains longer than this along one axis are strips, not 2-D regions
+MIN_FILL = 1e-3                    # domains filling less of their bounding box make the knot lattice huge
+MAX_CANDIDATE_STEPS = 2_000_000    # bound on the knot-grid search (never hangs)
+LON_NAMES = ("lon", "long", "lng", "longitude", "x_lon", "lon_deg", "longitude_deg")
+LAT_NAMES = ("lat", "latitude", "y_lat", "lat_deg", "latitude_deg")
+
+
 def parse_crs(crs) -> CRS | None:
-    """A pyproj CRS from 'EPSG:xxxx', WKT, a PROJ string or a CRS; None stays None (planar units)."""
+    """A pyproj CRS from 'EPSG:xxxx', WKT, a PROJ string or a CRS; None (or 'planar'/'none') is planar units."""
     if crs is None or isinstance(crs, CRS):
         return crs
+    if isinstance(crs, str) and crs.strip().lower() in PLANAR:
+        return None
     try:
         return CRS.from_user_input(crs)
     except CRSError as exc:
@@ -31,24 +48,101 @@ def parse_crs(crs) -> CRS | None:
 
 
 def crs_string(crs) -> str | None:
-    """'EPSG:xxxx' when the CRS has an EPSG code, else its WKT; None for planar units."""
+    """The CRS as stored in files: 'EPSG:xxxx' when it has an EPSG code, another authority's exact code
+    ('ESRI:102003'), else its WKT; None for planar units. For display use `crs_name`."""
     crs = parse_crs(crs)
     if crs is None:
         return None
     code = crs.to_epsg()
-    return f"EPSG:{code}" if code is not None else crs.to_wkt()
+    if code is not None:
+        return f"EPSG:{code}"
+    authority = crs.to_authority(min_confidence=100)
+    return ":".join(authority) if authority else crs.to_wkt()
+
+
+def crs_name(crs) -> str | None:
+    """Short display name of a CRS: 'EPSG:28992', another authority code ('ESRI:102003'), else the CRS's own name
+    (e.g. 'WGS 84 / LAEA centred 40.62N 88.27W'), never a WKT; None for planar units."""
+    crs = parse_crs(crs)
+    if crs is None:
+        return None
+    authority = crs.to_authority()
+    if authority:
+        return ":".join(authority)
+    if crs.name and crs.name.lower() != "unknown":
+        return crs.name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)       # "you will likely lose information": display only
+        return crs.to_proj4() or crs.type_name
+
+
+def check_coordinates(xy, *, min_distinct: int = 1, what: str = "coordinates", purpose: str = "") -> np.ndarray:
+    """The (n, 2) float array `xy`, or DataError naming the cause and the fix: not n×2, NaN/inf, |value| beyond
+    MAX_ABS_COORD, fewer than `min_distinct` distinct locations, a spread below MIN_EXTENT, or differences lost to
+    floating-point rounding. Call before any geometry (hulls, knot grids, projections)."""
+    xy = np.asarray(xy, dtype=float)
+    if xy.ndim != 2 or xy.shape[1] != 2:
+        raise DataError(f"{what} must be an (n, 2) array of x/y, got shape {xy.shape}")
+    n = len(xy)
+    if n == 0:
+        raise DataError(f"there are no {what}; give at least one point")
+    bad = ~np.isfinite(xy).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{int(bad.sum())} of {n} {what} are NaN or infinite (e.g. row {i}: "
+                        f"({xy[i, 0]}, {xy[i, 1]})); drop or fix those rows")
+    big = np.abs(xy).max(axis=1) > MAX_ABS_COORD
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise DataError(f"{what} reach {np.abs(xy).max():.3g} (e.g. row {i}), beyond ±{MAX_ABS_COORD:.0e} map units "
+                        "(projected coordinates on Earth stay below 4e7 m); check the x/y columns and their units")
+    distinct = len(np.unique(xy, axis=0)) if min_distinct > 1 else n
+    if distinct < min_distinct:
+        why = f" {purpose}" if purpose else ""
+        raise DataError(f"only {distinct} distinct location(s) among {n} {what}, fewer than the {min_distinct} "
+                        f"needed{why}; add observations at more locations")
+    if distinct > 1:
+        extent = float(np.ptp(xy, axis=0).max())
+        scale = float(np.abs(xy).max())
+        if extent < MIN_EXTENT:
+            raise DataError(f"{what} span only {extent:.3g} map units (< {MIN_EXTENT:g}); the units are wrong "
+                            "(rescale the coordinates, e.g. to metres)")
+        if extent < 1e-9 * scale:
+            raise DataError(f"{what} span only {extent:.3g} map units at magnitude {scale:.3g}, near the rounding "
+                            "error of their values; subtract a common offset or use a local projected CRS")
+    return xy
 
 
 def check_lonlat(lon, lat) -> None:
     """Raise DataError unless longitudes lie in [−180, 180] and latitudes in [−90, 90]."""
     lon, lat = np.asarray(lon, dtype=float), np.asarray(lat, dtype=float)
-    bad = (np.abs(lon) > 180) | (np.abs(lat) > 90)
+    bad = ~((np.abs(lon) <= 180) & (np.abs(lat) <= 90))
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
         raise DataError(
             f"{int(bad.sum())} point(s) are outside lon [-180, 180] / lat [-90, 90], e.g. row {i}: "
             f"({lon[i]}, {lat[i]}); check that x is longitude and y latitude, or give the data's real CRS"
         )
+
+
+def looks_geographic(x, y, names=(None, None)) -> bool:
+    """Whether coordinates given without a CRS are probably lon/lat: every x in [−180, 180] and y in [−90, 90],
+    and either the columns are named like lon/lat or the points are not confined to the unit square [0, 1]²
+    (the simulated designs of SPEC §7)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.size == 0 or not (np.all(np.abs(x) <= 180) and np.all(np.abs(y) <= 90)):
+        return False
+    xname, yname = (str(n).strip().lower() if n is not None else "" for n in names)
+    if xname in LON_NAMES or yname in LAT_NAMES:
+        return True
+    unit_square = x.min() >= 0 and y.min() >= 0 and x.max() <= 1 and y.max() <= 1
+    return not unit_square
+
+
+def utm_zone(lon) -> np.ndarray:
+    """UTM zone numbers 1…60 of longitudes (6° bands from −180°; the Norway/Svalbard exceptions are ignored)."""
+    lon = (np.asarray(lon, dtype=float) + 180.0) % 360.0
+    return np.clip(np.floor(lon / 6.0).astype(int) + 1, 1, 60)
 
 
 def utm_crs(lon, lat) -> CRS:
@@ -62,23 +156,100 @@ def utm_crs(lon, lat) -> CRS:
     return CRS.from_epsg(int(info[0].code))
 
 
-def to_projected(xy, crs, target=None) -> tuple[np.ndarray, CRS | None]:
-    """Project x/y from `crs` to `target` (default: keep a projected CRS, lon/lat → UTM of the centroid)."""
+def laea_crs(lon0: float, lat0: float) -> CRS:
+    """WGS 84 Lambert azimuthal equal-area projection (metres) centred at (lon0, lat0), named after its centre."""
+    name = (f"WGS 84 / LAEA centred {abs(lat0):.2f}{'N' if lat0 >= 0 else 'S'} "
+            f"{abs(lon0):.2f}{'E' if lon0 >= 0 else 'W'}")
+    return CRS(ProjectedCRS(LambertAzimuthalEqualAreaConversion(lat0, lon0), name=name))
+
+
+def _lon_extent(lon) -> tuple[float, float]:
+    """Westmost and eastmost longitude of a point set, across the antimeridian when that is shorter (° in [−180, 180))."""
+    lon = np.radians(np.asarray(lon, dtype=float))
+    mean = np.degrees(np.arctan2(np.sin(lon).mean(), np.cos(lon).mean()))
+    rel = (np.degrees(lon) - mean + 180.0) % 360.0 - 180.0           # longitudes relative to the circular mean
+    west, east = ((mean + r + 180.0) % 360.0 - 180.0 for r in (rel.min(), rel.max()))
+    return float(west), float(east)
+
+
+def lonlat_centre(lon, lat) -> tuple[float, float]:
+    """Centre of the lon/lat bounding box, rounded to 0.01°, taking longitudes across the antimeridian correctly."""
+    west, east = _lon_extent(lon)
+    lon0 = (west + ((east - west) % 360.0) / 2 + 180.0) % 360.0 - 180.0
+    lat = np.asarray(lat, dtype=float)
+    return round(float(lon0), 2), round(float((lat.min() + lat.max()) / 2), 2)
+
+
+def scale_error(crs: CRS, lon, lat) -> float:
+    """Largest relative error of distances (max |scale factor − 1| along meridians and parallels) at the points."""
+    factors = Proj(crs).get_factors(np.asarray(lon, dtype=float), np.asarray(lat, dtype=float))
+    h, k = np.asarray(factors.meridional_scale), np.asarray(factors.parallel_scale)
+    return float(np.nanmax(np.abs(np.concatenate([h, k]) - 1.0)))
+
+
+def lonlat_projection(lon, lat) -> tuple[CRS, str]:
+    """Metric CRS for lon/lat data and a note naming the choice: the UTM zone when every point lies in one zone
+    (latitudes −80°…84°), else a Lambert azimuthal equal-area projection centred on the data (one UTM zone would
+    stretch distances far from its central meridian). The note states the largest distance error over the data."""
+    lon, lat = np.asarray(lon, dtype=float), np.asarray(lat, dtype=float)
+    zones = np.unique(utm_zone(lon))
+    if len(zones) == 1 and lat.min() >= -80 and lat.max() <= 84:
+        crs = utm_crs(lon, lat)
+        note = f"lon/lat lie in UTM zone {zones[0]}: projected to {crs_name(crs)}"
+    else:
+        lon0, lat0 = lonlat_centre(lon, lat)
+        crs = laea_crs(lon0, lat0)
+        west, east = _lon_extent(lon)
+        span = (f"UTM zones {utm_zone(west)} to {utm_zone(east)}" if len(zones) > 1
+                else "polar latitudes outside UTM")
+        note = (f"lon/lat spans {span}: a Lambert azimuthal equal-area projection centred on the data is used "
+                "instead of one UTM zone (areas exact")
+    error = scale_error(crs, lon, lat)
+    note += f"{', ' if note.endswith('exact') else ' ('}distances within {100 * error:.2g}% over the data)"
+    if error > 0.02:
+        warnings.warn(f"{note}: more than 2% distortion, the data span too much of the globe for one planar CRS; "
+                      "split the study area or give --target-crs", stacklevel=3)
+    return crs, note
+
+
+class Projection(NamedTuple):
+    """Projected coordinates, their CRS (None = planar units) and a note naming an automatic CRS choice."""
+
+    xy: np.ndarray
+    crs: CRS | None
+    note: str | None = None
+
+
+def project(xy, crs, target=None) -> Projection:
+    """Project x/y from `crs` to `target`; without a target keep a projected CRS and send lon/lat to
+    `lonlat_projection` (UTM for one zone, a centred equal-area projection for wider data)."""
     xy = np.asarray(xy, dtype=float)
     crs, target = parse_crs(crs), parse_crs(target)
     if crs is None:
         if target is not None:
             raise DataError("cannot reproject coordinates with no CRS; give the source CRS (--crs) as well")
-        return xy, None
+        return Projection(xy, None)
+    note = None
     if crs.is_geographic:
         check_lonlat(xy[:, 0], xy[:, 1])
-        target = target or utm_crs(xy[:, 0], xy[:, 1])
+        if target is None:
+            target, note = lonlat_projection(xy[:, 0], xy[:, 1])
     if target is None or target == crs:
-        return xy, crs
+        return Projection(xy, crs)
     if target.is_geographic:
-        raise DataError(f"target CRS {crs_string(target)} is geographic (degrees); distances need a projected CRS")
+        raise DataError(f"target CRS {crs_name(target)} is geographic (degrees); distances need a projected CRS")
     x, y = Transformer.from_crs(crs, target, always_xy=True).transform(xy[:, 0], xy[:, 1])
-    return np.column_stack([x, y]), target
+    out = np.column_stack([x, y])
+    if not np.isfinite(out).all():
+        raise DataError(f"{int((~np.isfinite(out).all(axis=1)).sum())} point(s) fall outside where "
+                        f"{crs_name(target)} is defined; choose a target CRS that covers the data")
+    return Projection(out, target, note)
+
+
+def to_projected(xy, crs, target=None) -> tuple[np.ndarray, CRS | None]:
+    """`project` without the note: (xy, crs)."""
+    xy, crs, _ = project(xy, crs, target)
+    return xy, crs
 
 
 def jittered_unit_grid(n: int, seed=0, jitter: float = 0.4) -> np.ndarray:
@@ -115,8 +286,34 @@ class Domain:
         return gpd.GeoSeries([self.geometry], crs=self.crs)
 
 
+def check_domain(domain: Domain) -> tuple[float, float, float, float]:
+    """The domain's bounds, or DataError when it cannot carry knots or a grid: empty, non-finite or absurd bounds,
+    zero area, a strip (aspect > MAX_ASPECT) or a polygon filling < MIN_FILL of its bounding box."""
+    geom = domain.geometry
+    if geom is None or geom.is_empty:
+        raise DataError("the domain is empty; give a polygon with positive area (--domain FILE)")
+    bounds = np.asarray(geom.bounds, dtype=float)
+    if not np.isfinite(bounds).all() or np.abs(bounds).max() > MAX_ABS_COORD:
+        raise DataError(f"the domain's bounds {bounds.tolist()} are not finite map coordinates within "
+                        f"±{MAX_ABS_COORD:.0e}; check the coordinates' units and CRS")
+    xmin, ymin, xmax, ymax = bounds.tolist()
+    width, height = xmax - xmin, ymax - ymin
+    area = float(geom.area)
+    if min(width, height) <= 0 or not area > 0:
+        raise DataError(f"the domain ({width:.6g} × {height:.6g} map units) has zero area; the points are collinear "
+                        "or coincide: give a domain polygon (--domain FILE)")
+    if max(width / height, height / width) > MAX_ASPECT:
+        raise DataError(f"the domain is a strip of {width:.6g} × {height:.6g} map units (aspect > {MAX_ASPECT:.0e}); "
+                        "the points are (nearly) collinear: give a two-dimensional domain polygon (--domain FILE)")
+    if area / (width * height) < MIN_FILL:
+        raise DataError(f"the domain fills only {area / (width * height):.2g} of its bounding box (< {MIN_FILL:g}); "
+                        "give a more compact domain polygon or split the study area")
+    return xmin, ymin, xmax, ymax
+
+
 def domain_from_bbox(xmin: float, ymin: float, xmax: float, ymax: float, crs=None) -> Domain:
     """A rectangular domain [xmin, xmax] × [ymin, ymax]."""
+    check_coordinates([[xmin, ymin], [xmax, ymax]], what="bounding-box corners")
     if not (xmax > xmin and ymax > ymin):
         raise DataError(f"bounding box needs xmin < xmax and ymin < ymax, got ({xmin}, {ymin}, {xmax}, {ymax})")
     return Domain(shapely.box(xmin, ymin, xmax, ymax), parse_crs(crs))
@@ -128,10 +325,13 @@ def store_domain(info, worker_bounds) -> Domain:
     the (J, 4) boxes; it is only called when needed (each worker reveals just these 4 numbers)."""
     if info.crs is None and info.truth is not None:
         return domain_from_bbox(0.0, 0.0, 1.0, 1.0)
-    b = np.asarray(worker_bounds(), dtype=float)
+    b = np.asarray(worker_bounds(), dtype=float).reshape(-1, 4)
+    check_coordinates(np.vstack([b[:, :2], b[:, 2:]]), what="workers' bounding-box corners")
     (xmin, ymin), (xmax, ymax) = b[:, :2].min(axis=0), b[:, 2:].max(axis=0)
     pad_x, pad_y = 1e-9 * max(1.0, xmax - xmin), 1e-9 * max(1.0, ymax - ymin)
-    return domain_from_bbox(xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y, crs=info.crs)
+    domain = domain_from_bbox(xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y, crs=info.crs)
+    check_domain(domain)
+    return domain
 
 
 def domain_from_file(path, crs=None, layer=None) -> Domain:
@@ -153,7 +353,7 @@ def domain_from_file(path, crs=None, layer=None) -> Domain:
 
 def domain_from_points(points, hull: str = "convex", *, ratio: float = 0.3, buffer: float = 0.0, crs=None) -> Domain:
     """Convex or concave (shapely.concave_hull, `ratio` in (0,1]) hull of points, optionally buffered."""
-    points = np.asarray(points, dtype=float)
+    points = check_coordinates(points, what="points")
     cloud = shapely.multipoints(points)
     if hull == "convex":
         geom = shapely.convex_hull(cloud)
@@ -168,6 +368,52 @@ def domain_from_points(points, hull: str = "convex", *, ratio: float = 0.3, buff
     return Domain(geom, parse_crs(crs))
 
 
+def spacing(points) -> float:
+    """Median distance from each point to its nearest distinct neighbour (the sampling spacing)."""
+    points = np.unique(np.asarray(points, dtype=float), axis=0)
+    if len(points) < 2:
+        raise DataError("the sampling spacing needs at least 2 distinct points; give the hull's buffer explicitly")
+    dist, _ = cKDTree(points).query(points, k=2)
+    return float(np.median(dist[:, 1]))
+
+
+def points_hull(points, *, ratio: float = 0.3, buffer: float | None = None) -> shapely.Geometry:
+    """The region the points sample: their concave hull (shapely.concave_hull; `ratio` 1 = convex, → 0 tighter)
+    grown by `buffer` map units (default: the median nearest-neighbour spacing, so that edge points and the half
+    cell around them are inside). Computable by each worker on its own points: send it, not the points."""
+    if not 0 < ratio <= 1:
+        raise DataError(f"the hull's ratio must be in (0, 1] (1 = convex hull), got {ratio!r}")
+    points = check_coordinates(points, min_distinct=1 if buffer else 2, what="points",
+                               purpose="to measure their spacing (or give buffer > 0)")
+    buffer = spacing(points) if buffer is None else float(buffer)
+    if not (np.isfinite(buffer) and buffer >= 0):
+        raise DataError(f"the hull's buffer must be a finite distance ≥ 0 in map units, got {buffer!r}")
+    geom = shapely.concave_hull(shapely.multipoints(points), ratio=ratio)
+    return geom.buffer(buffer) if buffer else geom
+
+
+def hull_domain(points, crs=None, *, ratio: float = 0.3, buffer: float | None = None) -> Domain:
+    """The data's hull (`points_hull`) as a Domain: unlike the bounding box, it leaves out empty corners."""
+    geom = points_hull(points, ratio=ratio, buffer=buffer)
+    domain = Domain(geom, parse_crs(crs))
+    check_domain(domain)
+    return domain
+
+
+def domain_from_hulls(hulls, crs=None, *, close: float = 0.0) -> Domain:
+    """Union of per-worker hulls (shapely geometries or WKB, e.g. `points_hull` computed where each partition lives),
+    with gaps narrower than 2·`close` map units closed (buffer(close) then buffer(−close))."""
+    geoms = [shapely.from_wkb(h) if isinstance(h, (bytes, bytearray)) else h for h in hulls]
+    if not geoms:
+        raise DataError("no worker hulls to build the domain from; check that the store has workers")
+    geom = shapely.union_all(geoms)
+    if close:
+        geom = geom.buffer(close).buffer(-close)
+    domain = Domain(geom, parse_crs(crs))
+    check_domain(domain)
+    return domain
+
+
 def _lattice(bounds, nx: int, ny: int, jitter: float, seed) -> np.ndarray:
     """Centres of an nx × ny grid of cells over the bounding box, each moved by U(−jitter, jitter) cell widths."""
     xmin, ymin, xmax, ymax = bounds
@@ -179,14 +425,22 @@ def _lattice(bounds, nx: int, ny: int, jitter: float, seed) -> np.ndarray:
 
 
 def _grid_candidates(domain: Domain, m: int):
-    """Grid shapes (nx, ny) with cell aspect within 3:2 whose expected count inside the domain is near m."""
-    xmin, ymin, xmax, ymax = domain.geometry.bounds
+    """Grid shapes (nx, ny) with cell aspect within 3:2 whose expected count inside the domain is near m.
+
+    The search visits only the ny allowed by both the aspect and the count bounds and stops after
+    MAX_CANDIDATE_STEPS steps, so it ends for any domain (`check_domain` refuses strips and absurd bounds first)."""
+    xmin, ymin, xmax, ymax = check_domain(domain)
     width, height = xmax - xmin, ymax - ymin
     fill = domain.geometry.area / (width * height)
-    out = []
-    for nx in range(1, int(np.ceil(np.sqrt(3 * m / fill * width / height))) + 2):
-        lo = max(1, int(np.floor(nx * height / width / 1.5)))
-        hi = int(np.ceil(nx * height / width * 1.5))
+    ratio = height / width
+    out, steps = [], 0
+    for nx in range(1, int(np.ceil(np.sqrt(3 * m / fill / ratio))) + 2):
+        lo = max(1, int(np.floor(nx * ratio / 1.5)), int(np.ceil(m / (2 * nx * fill) - 1e-9)))
+        hi = min(int(np.ceil(nx * ratio * 1.5)), int(np.floor(2 * m / (nx * fill) + 1e-9)))
+        steps += 1 + max(0, hi - lo + 1)
+        if steps > MAX_CANDIDATE_STEPS:
+            raise DataError(f"the knot-grid search for {m} knots over this {width:.6g} × {height:.6g} domain "
+                            f"exceeds {MAX_CANDIDATE_STEPS} steps; use fewer knots or a more compact domain")
         for ny in range(lo, hi + 1):
             aspect = abs(np.log((width / nx) / (height / ny)))
             if aspect <= np.log(1.5) + 1e-12 and m / 2 <= nx * ny * fill <= 2 * m:
@@ -281,9 +535,9 @@ class PredictionGrid:
 
 def prediction_grid(domain: Domain, resolution: float, max_cells: int = 50_000_000) -> PredictionGrid:
     """Square cells of side `resolution` covering the domain's bounding box; cells whose centre is inside are kept."""
-    if not resolution > 0:
-        raise DataError(f"grid resolution must be > 0 (in the domain's CRS units), got {resolution!r}")
-    xmin, ymin, xmax, ymax = domain.geometry.bounds
+    if not (np.isfinite(resolution) and resolution > 0):
+        raise DataError(f"grid resolution must be a finite number > 0 (in the domain's CRS units), got {resolution!r}")
+    xmin, ymin, xmax, ymax = check_domain(domain)
     nx = max(1, int(np.ceil((xmax - xmin) / resolution)))
     ny = max(1, int(np.ceil((ymax - ymin) / resolution)))
     if nx * ny > max_cells:

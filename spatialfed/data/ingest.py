@@ -1,7 +1,9 @@
 """Turn a table of observations (CSV, GeoPackage, GeoParquet) into a partitioned store (SPEC §5–6).
 
-Steps: read → check columns and numeric types → drop (and report) rows with missing values → project
-lon/lat to a metric CRS → handle duplicate coordinates → hold out a test set → partition → write.
+Steps: read → check columns and numeric types → drop (and report) rows with missing values → validate the
+coordinates (finite, sane magnitude, enough distinct locations; lon/lat without a CRS refused) → project lon/lat
+to a metric CRS (UTM within one zone, else a centred equal-area projection) → handle duplicate coordinates → hold
+out a test set → partition → write.
 Every check runs before anything is written, and the store is written atomically, so a failure
 never leaves a partial store behind.
 """
@@ -16,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from spatialfed.data import partition as partitions
-from spatialfed.data.geometry import crs_string, parse_crs, to_projected
+from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_string, looks_geographic, parse_crs, \
+    project
 from spatialfed.data.store import StoreInfo, write_store
 from spatialfed.errors import DataError
 
@@ -37,6 +40,7 @@ class IngestReport:
     n_test: int = 0
     crs_in: str | None = None
     crs_out: str | None = None
+    crs_note: str | None = None
     sizes: list = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -49,8 +53,10 @@ class IngestReport:
             action = {"merge": "merged (averaged)", "keep": "kept"}[self.duplicates]
             out.append(f"{self.n_duplicates} rows had duplicate coordinates: {action}")
         if self.crs_in != self.crs_out:
-            out.append(f"projected coordinates from {self.crs_in} to {self.crs_out}")
-        out.append(f"crs: {self.crs_out or 'none (planar units)'}")
+            out.append(f"projected coordinates from {crs_name(self.crs_in)} to {crs_name(self.crs_out)}")
+        if self.crs_note:
+            out.append(self.crs_note)
+        out.append(f"crs: {crs_name(self.crs_out) or 'none (planar units)'}")
         if self.n_test:
             out.append(f"held out {self.n_test} rows as the test set")
         out.append(f"{sum(self.sizes)} rows over {len(self.sizes)} workers: sizes {self.sizes}")
@@ -82,7 +88,7 @@ def _coordinates(frame: pd.DataFrame, x: str | None, y: str | None, crs):
     """x/y columns, or a GeoDataFrame's point geometry, and the CRS they are in."""
     geo_crs = frame.crs if isinstance(frame, gpd.GeoDataFrame) else None
     if crs is not None and geo_crs is not None and parse_crs(crs) != geo_crs:
-        raise DataError(f"the file is in {crs_string(geo_crs)} but --crs says {crs_string(crs)}; drop --crs "
+        raise DataError(f"the file is in {crs_name(geo_crs)} but --crs says {crs_name(crs) or 'planar'}; drop --crs "
                         "(the file's CRS is used) or use --target-crs to reproject")
     crs = parse_crs(crs) if crs is not None else geo_crs
     if x is not None and y is not None:
@@ -95,6 +101,11 @@ def _coordinates(frame: pd.DataFrame, x: str | None, y: str | None, crs):
     if kinds - {"Point"}:
         raise DataError(f"the geometry holds {sorted(kinds)}, not points; give --x and --y columns instead")
     return pd.Series(frame.geometry.x, index=frame.index), pd.Series(frame.geometry.y, index=frame.index), crs
+
+
+def _planar(crs) -> bool:
+    """Whether the user said explicitly that the coordinates are planar units (--crs planar / none)."""
+    return isinstance(crs, str) and crs.strip().lower() in PLANAR
 
 
 def _numeric(series: pd.Series, name: str) -> np.ndarray:
@@ -115,6 +126,9 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     if duplicates not in DUPLICATES:
         raise DataError(f"duplicates must be one of {DUPLICATES}, got {duplicates!r}")
     covariates = list(covariates)
+    names = (["intercept"] if intercept else []) + covariates
+    if not names:
+        raise DataError("the design matrix would have no columns; keep the intercept or give --covariates")
     wanted = [c for c in [x, y, value, *covariates, group] if c is not None]
     missing_cols = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
     if missing_cols:
@@ -139,7 +153,15 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     if table.empty:
         raise DataError(f"every row has a missing value in {wanted}; nothing left to ingest")
 
-    xy, out_crs = to_projected(table[["__x", "__y"]].to_numpy(), source_crs, target_crs)
+    n_params = len(names) + 3
+    xy = check_coordinates(table[["__x", "__y"]].to_numpy(), min_distinct=max(3, n_params + 1),
+                           what=f"coordinates ({shown['__x']}, {shown['__y']})",
+                           purpose=f"to estimate {n_params} parameters (γ, δ, σ², β) and a 2-D domain")
+    if source_crs is None and not _planar(crs) and looks_geographic(xy[:, 0], xy[:, 1], (x, y)):
+        raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude but no CRS was "
+                        "given; pass --crs EPSG:4326 (they are then projected to metres), or --crs planar if they are "
+                        "planar units")
+    xy, out_crs, report.crs_note = project(xy, source_crs, target_crs)
     table["__x"], table["__y"] = xy[:, 0], xy[:, 1]
     report.crs_in, report.crs_out = crs_string(source_crs), crs_string(out_crs)
 
@@ -157,9 +179,6 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
             aggregations["__group"] = "first"
         table = table.groupby(["__x", "__y"], sort=False, as_index=False).agg(aggregations)
 
-    names = (["intercept"] if intercept else []) + covariates
-    if not names:
-        raise DataError("the design matrix would have no columns; keep the intercept or give --covariates")
     X = table[covariates].to_numpy(dtype=float)
     if intercept:
         X = np.column_stack([np.ones(len(table)), X])
