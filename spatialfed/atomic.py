@@ -12,8 +12,8 @@ A reader therefore sees the previous complete output or the new complete one, ne
 is removed whatever goes wrong (an exception, Ctrl-C), so no `*.tmp*` is left behind. OS errors (read-only disk,
 no space, permission denied, a path component that is a file, a missing parent) become one `OutputError` line
 naming the path, the cause and the fix. `write_atomic(path, write)`, `write_text` and `write_bytes` are the
-one-call forms; `replace_path(src, dst)` is the rename step alone (used to move staged pieces into a directory
-that holds other files).
+one-call forms; `staged_entries(directory, last=("fit.json",))` stages pieces to put into a directory that may hold
+other files (a fit's OUT); `replace_path(src, dst)` is the rename step alone.
 """
 
 from __future__ import annotations
@@ -128,6 +128,43 @@ def staged(path, *, directory: bool = False, make_parents: bool = True, fsync: b
     to disk before the rename. On any exception, Ctrl-C included, the temporary is removed and the target is left
     as it was; an OSError is re-raised as one OutputError line naming `path` and the fix.
     """
+    with _staging(path, directory, make_parents, fsync, lambda tmp: replace_path(tmp, path)) as tmp:
+        yield tmp
+
+
+@contextmanager
+def staged_entries(directory, *, last: tuple[str, ...] = (), make_parents: bool = True,
+                   fsync: bool = True) -> Iterator[Path]:
+    """Stage files and folders to put into `directory`, which may already exist and hold other files (kept).
+
+    A new `directory` is renamed into place whole (as `staged(directory, directory=True)`). Into an existing one,
+    the entries named in `last` (e.g. "fit.json", the marker of a complete result) are removed first, every other
+    staged entry replaces its namesake (`replace_path`), and the `last` ones go in at the end: a reader that finds
+    the marker finds the matching complete set.
+    """
+    directory = Path(directory)
+    if not directory.exists() or not directory.is_dir():
+        with staged(directory, directory=True, make_parents=make_parents, fsync=fsync) as tmp:
+            yield tmp
+        return
+
+    def commit(tmp: Path) -> None:
+        for name in last:
+            old = directory / name
+            if old.exists() and (tmp / name).exists():
+                _remove(old)
+        names = sorted(p.name for p in tmp.iterdir())
+        for name in [n for n in names if n not in last] + [n for n in last if n in names]:
+            replace_path(tmp / name, directory / name)
+
+    with _staging(directory, True, make_parents, fsync, commit) as tmp:
+        yield tmp
+
+
+@contextmanager
+def _staging(path, directory: bool, make_parents: bool, fsync: bool, commit) -> Iterator[Path]:
+    """The temporary sibling's life: create, yield, check, fsync, `commit(tmp)`; removed on failure; OS errors
+    translated (`output_error`)."""
     path = Path(path)
     if directory and path.exists() and not path.is_dir():
         raise OutputError(f"cannot write {path}: it exists and is a file, not a directory; remove it or choose "
@@ -150,7 +187,7 @@ def staged(path, *, directory: bool = False, make_parents: bool = True, fsync: b
             raise OutputError(f"cannot write {path}: nothing was written to the staged {tmp.name}")
         if fsync:
             fsync_path(tmp)
-        replace_path(tmp, path)
+        commit(tmp)
     except OutputError:
         raise
     except FileExistsError as exc:  # mkdir(parents=True) met a file where a directory belongs

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import grid_knots, simulate_parts
 
+from spatialfed import atomic
 from spatialfed.algorithm import checkpoint
 from spatialfed.algorithm.checkpoint import (
     CheckpointError,
@@ -146,7 +147,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     def replace_fails(src, dst):
         raise OSError("rename failed")
 
-    monkeypatch.setattr(checkpoint.os, "replace", replace_fails)
+    monkeypatch.setattr(atomic.os, "replace", replace_fails)
     with pytest.raises(OSError, match="rename failed"):
         write_checkpoint(path, server)
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["fit.ckpt"]

@@ -96,3 +96,35 @@ def test_non_finite_loglik_is_null_not_nan(tmp_path):
 def test_load_fit_names_incomplete_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="fit.json"):
         load_fit(tmp_path)
+
+
+def test_extras_join_the_atomic_set(tmp_path):
+    out = tmp_path / "out"
+    (tmp_path / "out").mkdir()
+    (out / "checkpoint.ckpt").write_text("keep")
+    write_results(out, make_result(loglik=-5.0), extras={"report.html": lambda p: p.write_text("<html>1</html>")})
+    assert (out / "report.html").read_text() == "<html>1</html>"
+
+    def fails(p):
+        p.write_text("half")
+        raise RuntimeError("report failed")
+
+    with pytest.raises(RuntimeError, match="report failed"):
+        write_results(out, make_result(loglik=-1.0), extras={"report.html": fails})
+    assert load_fit(out).loglik == -5.0 and (out / "report.html").read_text() == "<html>1</html>"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.ckpt", "fit.json", "model.zarr", "report.html",
+                                                     "trace.csv"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staged directory left behind
+    with pytest.raises(ValueError, match="plain file name"):
+        write_results(out, make_result(), extras={"fit.json": lambda p: None})
+
+
+def test_out_naming_a_file_is_one_line(tmp_path):
+    from spatialfed.errors import OutputError
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OutputError, match=r"exists and is a file, not a directory; choose another --out"):
+        write_results(tmp_path / "f", make_result())
+    with pytest.raises(OutputError, match="is a file, not a directory"):
+        write_results(tmp_path / "f" / "sub", make_result())
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]

@@ -11,11 +11,10 @@ Checkpoints are pickles: read only files you (or your own fits) wrote.
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from pathlib import Path
 
+from spatialfed.atomic import staged
 from spatialfed.errors import SpatialFedError
 
 MAGIC = "spatialfed-checkpoint"
@@ -34,36 +33,10 @@ def write_checkpoint(path, server, meta: dict | None = None) -> Path:
     if meta is not None:
         snapshot["meta"] = dict(meta)
     payload = {"magic": MAGIC, "snapshot": snapshot}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
+    with staged(path) as tmp:
+        with open(tmp, "wb") as fh:
             pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
     return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint(path) -> dict:

@@ -7,16 +7,14 @@ optional group `test` with the same arrays. Extra root attributes (e.g. `worker_
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
+from spatialfed.atomic import staged
 from spatialfed.errors import StoreError
 
 FORMAT_VERSION = 1
@@ -67,7 +65,7 @@ def _write_arrays(group: zarr.Group, part) -> None:
 
 def write_store(path, parts, *, partition: str, crs: str | None, covariate_names: list[str], truth: dict | None = None,
                 test: tuple | None = None, overwrite: bool = False, extra_attrs: dict | None = None) -> StoreInfo:
-    """Write parts[j] = (locs, z, X) to groups workers/<j>; built in a temporary directory, then renamed into place."""
+    """Write parts[j] = (locs, z, X) to groups workers/<j>; staged beside `path`, then renamed into place (atomic.staged)."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise StoreError(f"{path} already exists; choose another path or pass overwrite=True (--overwrite)")
@@ -85,9 +83,7 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
                  covariate_names=covariate_names)
     if truth is not None:
         attrs["truth"] = truth
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with staged(path, directory=True) as tmp:
         root = zarr.open_group(tmp, mode="w")
         workers = root.create_group("workers")
         for j, part in enumerate(parts):
@@ -95,25 +91,7 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
         if test is not None:
             _write_arrays(root.create_group("test"), test)
         root.attrs.update(attrs)
-        _replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return open_store(path)
-
-
-def _replace(tmp: Path, path: Path) -> None:
-    """Move a finished store into place, replacing an existing one only after the new one is complete."""
-    if not path.exists():
-        os.replace(tmp, path)
-        return
-    trash = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-    os.replace(path, trash)
-    os.replace(tmp, path)
-    if trash.is_dir():
-        shutil.rmtree(trash)
-    else:
-        trash.unlink()
 
 
 def _check_truth(truth: dict, p: int) -> dict:

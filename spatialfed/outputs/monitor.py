@@ -15,6 +15,8 @@ from bokeh.layouts import column, gridplot
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 
+from spatialfed.atomic import write_text
+
 TRACE_FIELDS = ("time_s", "iter", "delta", "sigma2", "beta", "loglik")
 ARRIVAL_FIELDS = ("time_s", "worker", "step", "iter", "staleness", "color")
 STEP_COLORS = {"moments": "#7f7f7f", "variogram": "#bcbd22", "mu_sigma": "#1f77b4", "gamma": "#2ca02c",
@@ -113,13 +115,8 @@ class FitMonitor:
         from bokeh.embed import file_html
         from bokeh.resources import INLINE
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         html = file_html(build_layout(*self.sources(), self.n_workers), INLINE, title)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(html, encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return write_text(path, html)
 
     @property
     def url(self) -> str | None:

@@ -11,8 +11,8 @@
 parameters and fit settings. ``trace.csv`` is the trace as a table (``gamma`` expanded to ``gamma_0 .. gamma_{p-1}``)
 with one more column, ``loglik``, where the server recorded one (theta rows: estimate; final row: exact ℓ).
 
-Writes go to a temporary directory beside the target and are moved into place at the end, ``fit.json`` last, so a
-reader never sees a half-written result: a directory with ``fit.json`` in it is complete.
+Writes go to a temporary directory beside the target and are moved into place at the end, ``fit.json`` last
+(spatialfed.atomic), so a reader never sees a half-written result: a directory with ``fit.json`` in it is complete.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import shutil
-import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from spatialfed.atomic import staged_entries
+from spatialfed.errors import OutputError
 
 FIT_JSON = "fit.json"
 MODEL_ZARR = "model.zarr"
@@ -185,47 +184,30 @@ def _write_model_zarr(path: Path, result: FitResult) -> None:
     }))
 
 
-def write_results(out_dir, result: FitResult) -> Path:
-    """Write fit.json, model.zarr and trace.csv into ``out_dir`` atomically; returns the directory.
+def write_results(out_dir, result: FitResult, *, extras: dict | None = None) -> Path:
+    """Write fit.json, model.zarr and trace.csv (and `extras`) into ``out_dir`` atomically; returns the directory.
 
-    Files are built in a temporary sibling directory and then moved into place (``os.replace``), ``fit.json`` last.
-    Other files already in ``out_dir`` are left alone; earlier result files are replaced.
+    `extras` maps a file name to a function writing that file at the path it is given, e.g.
+    ``{"report.html": monitor.write_report}``: those files join the same atomic set. Everything is built in a
+    temporary sibling directory (`atomic.staged_entries`); a new ``out_dir`` is renamed into place whole, an existing
+    one gets its old ``fit.json`` removed, the new pieces moved in and ``fit.json`` last. Other files already in
+    ``out_dir`` (a checkpoint, your notes) are left alone. OS errors are one OutputError line.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
+        raise OutputError(f"cannot write results to {out}: it exists and is a file, not a directory; choose another "
+                          "--out")
     doc = result.to_json()
     text = json.dumps(doc, indent=1, allow_nan=False)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        (tmp / FIT_JSON).write_text(text + "\n")
+    with staged_entries(out, last=(FIT_JSON,)) as tmp:
         _write_trace_csv(tmp / TRACE_CSV, result.trace, len(doc["params"]["gamma"]))
         _write_model_zarr(tmp / MODEL_ZARR, result)
-        if not out.exists():
-            try:
-                os.rename(tmp, out)          # one atomic step when the target is new
-                return out
-            except OSError:
-                out.mkdir(parents=True, exist_ok=True)
-        # target exists: invalidate the old fit.json first, then move the new pieces in, fit.json last
-        old_json = out / FIT_JSON
-        if old_json.exists():
-            old_json.unlink()
-        for name in (TRACE_CSV, MODEL_ZARR):
-            dst = out / name
-            trash = None
-            if dst.is_dir():
-                trash = out / f".{name}.old-{uuid.uuid4().hex[:6]}"
-                os.rename(dst, trash)
-            os.replace(tmp / name, dst)
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp / FIT_JSON, out / FIT_JSON)
-        return out
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for name, write in (extras or {}).items():
+            if Path(name).name != name or name in (FIT_JSON, TRACE_CSV, MODEL_ZARR):
+                raise ValueError(f"extra result file {name!r} must be a plain file name other than the result files")
+            write(tmp / name)
+        (tmp / FIT_JSON).write_text(text + "\n")
+    return out
 
 
 def load_fit(out_dir) -> FitResult:
