@@ -16,7 +16,8 @@ and not counted), or of ``GPModel.fit``. ``predict_s``: ``predict`` (loads the p
 held-out cells) or ``GPModel.predict``. ``peak_rss_mb``: the largest sum of resident set sizes of this process and its
 child processes (the Dask workers), sampled every 0.1 s during ingest + fit + predict of that method (RSS counts
 shared pages once per process). ``crps``: mean Gaussian CRPS; ``coverage95``: share of held-out cells in the central
-95 % predictive interval (sd of a new observation). Extra keys: n_train, n_test, converged, stop_reason, params.
+95 % predictive interval (sd of a new observation). Extra keys: n_train, n_test, converged, stop_reason, mode,
+init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), params.
 
     pip install -e ".[bench]"        # gpboost
     nice -n 19 python benchmarks/bench_large.py --subsample 10000 --workers 50 --mode sync --max-iter 10
@@ -143,6 +144,8 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path) -> dict:
         p = gp.params_
         say(f"[{tag}] fit {fit_s:.1f} s, {gp.n_iter_} iterations, converged={gp.converged_} ({gp.stop_reason_}); "
             f"delta={p['delta']:.4g} sigma2={p['sigma2']:.4g} beta={p['beta']:.4g} gamma={np.round(p['gamma'], 3)}")
+        init_s = float(gp.trace_[0]["time_s"]) if gp.trace_ and gp.trace_[0].get("step") == "init" else None
+        say(f"[{tag}] φ₀ (moments + variogram passes) ready after {init_s} s of the fit")
         delta_trace = [row["delta"] for row in gp.trace_ if row.get("step") in ("init", "theta")]
         say(f"[{tag}] delta at init and after each theta step: {np.array2string(np.array(delta_trace), precision=4)}")
 
@@ -154,7 +157,7 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path) -> dict:
             "fit_s": round(fit_s, 2), "iterations": int(gp.n_iter_), "predict_s": round(predict_s, 2),
             "peak_rss_mb": round(mem.mb, 1), **scores(test["temp"], frame["mean"], frame["sd"]),
             "n_train": len(train), "n_test": len(test), "converged": bool(gp.converged_),
-            "stop_reason": gp.stop_reason_, "mode": gp.config_.mode,
+            "stop_reason": gp.stop_reason_, "mode": gp.config_.mode, "init_s": init_s,
             "params": {"delta": p["delta"], "sigma2": p["sigma2"], "beta": p["beta"],
                        "gamma": [float(g) for g in p["gamma"]]}}
 
