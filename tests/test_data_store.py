@@ -49,7 +49,9 @@ def test_open_store_describes_it(written):
     path, parts, _ = written
     info = open_store(path)
     assert info == StoreInfo(path=path, n_workers=3, partition="area", crs="EPSG:28992", covariate_names=["a", "b"],
-                             truth=TRUTH, sizes=[5, 8, 3], has_test=True)
+                             truth=TRUTH, sizes=[5, 8, 3], has_test=True, fingerprint=info.fingerprint,
+                             checksums=info.checksums, test_checksum=info.test_checksum)
+    assert info.fingerprint.startswith("sha256:") and len(info.checksums) == 3 and info.test_checksum
 
 
 def test_load_worker_and_test_round_trip(written):

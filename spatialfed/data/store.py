@@ -1,14 +1,26 @@
-"""The partitioned Zarr store of SPEC §5: write atomically, open and validate, load one worker's group.
+"""The partitioned Zarr store of SPEC §5: write atomically, open once as a `Store` handle, load one worker's group.
 
 Layout: root attributes `spatialfed_format` (1), `n_workers`, `partition`, `crs`, `covariate_names`,
 optional `truth`; groups `workers/<j>` holding `locs` (n_j×2 float64), `z` (n_j), `X` (n_j×p);
 optional group `test` with the same arrays. Extra root attributes (e.g. `worker_labels`) are allowed.
+
+Integrity (beyond SPEC §5): every group records `n_rows` and `sha256` (of its three arrays' float64 bytes, see
+`checksum`) when written, and the root records `fingerprint` (sha256 over the root attributes and every group's
+row count and checksum). Reading a group checks its shape, row count and checksum, so a deleted or corrupted chunk
+(which Zarr would read as its fill value, zeros) is refused with the partition named; `open_store` checks the
+fingerprint against the groups' records. Stores written before this carry no checksums: they load with one
+warning, and their fingerprint is derived from the metadata ("legacy-sha256:...").
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +37,15 @@ _CHUNK_ROWS = 262_144
 
 
 @dataclass(frozen=True)
-class StoreInfo:
-    """What a valid store holds (read from metadata only, no data arrays)."""
+class Store:
+    """An opened, validated store (metadata only, no data arrays read): open it once per command and pass it down.
+
+    Keeps the fields of the former `StoreInfo` (an alias), so `info.path`, `info.sizes`, ... work as before, and
+    adds the `fingerprint` (compare it with `outputs.results.check_same_store`), the per-partition `checksums`
+    (None for a legacy store) and every root attribute in `attrs`. `load_worker(j)` / `load_test()` read a group
+    and check it against the checksum recorded at open, so a store replaced after opening is refused too.
+    `os.fspath(store)` is its path: a Store can be passed wherever a store path is expected.
+    """
 
     path: Path
     n_workers: int
@@ -36,6 +55,93 @@ class StoreInfo:
     truth: dict | None
     sizes: list[int]
     has_test: bool
+    fingerprint: str = ""
+    checksums: tuple = ()  # sha256 of workers/0..J-1 (None each for a legacy store)
+    test_checksum: str | None = None
+    attrs: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def p(self) -> int:
+        """Number of covariates (columns of X, the intercept included)."""
+        return len(self.covariate_names)
+
+    @property
+    def n_obs(self) -> int:
+        """N = Σ_j n_j over the workers' partitions (the test group excluded)."""
+        return int(sum(self.sizes))
+
+    @property
+    def verified(self) -> bool:
+        """Whether the store records checksums (False: written before integrity records, loads unchecked)."""
+        return not self.fingerprint.startswith(LEGACY_PREFIX)
+
+    @property
+    def worker_labels(self) -> list | None:
+        """The user's group label of each worker (ingest --partition column:NAME), when recorded."""
+        return self.attrs.get("worker_labels")
+
+    @cached_property
+    def parsed_crs(self):
+        """The CRS as a pyproj CRS (parsed once per handle; None for planar units)."""
+        from spatialfed.data.geometry import parse_crs  # pyproj is slow to import: only when asked
+
+        return parse_crs(self.crs)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __getstate__(self) -> dict:
+        """Pickled (e.g. to Dask workers) without the parsed CRS."""
+        return {k: v for k, v in self.__dict__.items() if k != "parsed_crs"}
+
+    def load_worker(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(locs, z, X) of worker j, checked against its row count and checksum (StoreError naming workers/<j>)."""
+        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or not 0 <= j < self.n_workers:
+            raise StoreError(f"{self.path}: worker index {j!r} out of range; the store has workers "
+                             f"0..{self.n_workers - 1}")
+        expected = self.checksums[int(j)] if self.checksums else None
+        return _load(self.path, f"workers/{int(j)}", self.p, expected=expected)
+
+    def load_test(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(locs, z, X) of the held-out test group, checked like a worker's."""
+        if not self.has_test:
+            raise StoreError(f"{self.path} has no test group; create it with --test-size (simulate) or "
+                             "--test-fraction (ingest)")
+        return _load(self.path, "test", self.p, expected=self.test_checksum)
+
+
+#: the former name of `Store` (callers that only read its fields)
+StoreInfo = Store
+
+LEGACY_PREFIX = "legacy-"
+_WARNED: set[str] = set()
+
+
+def checksum(locs, z, X) -> str:
+    """sha256 of a partition: each array's name, shape and little-endian float64 bytes, in the order locs, z, X."""
+    h = hashlib.sha256()
+    for name, arr in zip(ARRAYS, (locs, z, X)):
+        a = np.ascontiguousarray(arr, dtype="<f8")
+        h.update(f"{name}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def _fingerprint(attrs: dict, records: list[tuple[str, int, str | None]]) -> str:
+    """sha256 over the root attributes (JSON, keys sorted, `fingerprint` left out) and each group's
+    (name, n_rows, sha256); legacy stores (no checksums) get "legacy-sha256:..." over the same metadata."""
+    doc = {"attrs": {k: v for k, v in attrs.items() if k != "fingerprint"}, "groups": [list(r) for r in records]}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    prefix = LEGACY_PREFIX if any(r[2] is None for r in records) else ""
+    return f"{prefix}sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def store_fingerprint(path) -> str:
+    """The fingerprint recorded at write time (the root attributes only: cheap); open_store for a checked one."""
+    if isinstance(path, Store):
+        return path.fingerprint
+    fingerprint = _root_attrs(path).get("fingerprint")
+    return fingerprint if isinstance(fingerprint, str) else open_store(path).fingerprint
 
 
 def check_part(part, p: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,16 +162,20 @@ def check_part(part, p: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndar
     return locs, z, X
 
 
-def _write_arrays(group: zarr.Group, part) -> None:
-    """Write locs, z and X into a group, chunked by rows."""
+def _write_arrays(group: zarr.Group, part) -> str:
+    """Write locs, z and X into a group, chunked by rows, with its `n_rows` and `sha256` attributes; the checksum."""
     for name, arr in zip(ARRAYS, part):
         chunks = (min(len(arr), _CHUNK_ROWS),) + arr.shape[1:]
         group.create_array(name, data=np.ascontiguousarray(arr), chunks=chunks)
+    digest = checksum(*part)
+    group.attrs.update(n_rows=int(len(part[1])), sha256=digest)
+    return digest
 
 
 def write_store(path, parts, *, partition: str, crs: str | None, covariate_names: list[str], truth: dict | None = None,
-                test: tuple | None = None, overwrite: bool = False, extra_attrs: dict | None = None) -> StoreInfo:
-    """Write parts[j] = (locs, z, X) to groups workers/<j>; staged beside `path`, then renamed into place (atomic.staged)."""
+                test: tuple | None = None, overwrite: bool = False, extra_attrs: dict | None = None) -> Store:
+    """Write parts[j] = (locs, z, X) to groups workers/<j> (and `test`), each with its row count and checksum, and
+    the store's fingerprint; staged beside `path`, then renamed into place (atomic.staged). Returns the opened Store."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise StoreError(f"{path} already exists; choose another path or pass overwrite=True (--overwrite)")
@@ -86,11 +196,12 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
     with staged(path, directory=True) as tmp:
         root = zarr.open_group(tmp, mode="w")
         workers = root.create_group("workers")
-        for j, part in enumerate(parts):
-            _write_arrays(workers.create_group(str(j)), part)
+        records = [(f"workers/{j}", len(part[1]), _write_arrays(workers.create_group(str(j)), part))
+                   for j, part in enumerate(parts)]
         if test is not None:
-            _write_arrays(root.create_group("test"), test)
+            records.append(("test", len(test[1]), _write_arrays(root.create_group("test"), test)))
         root.attrs.update(attrs)
+        root.attrs["fingerprint"] = _fingerprint(dict(root.attrs), records)  # over the attributes as read back
     return open_store(path)
 
 
@@ -122,8 +233,12 @@ def _open_root(path) -> zarr.Group:
         raise StoreError(f"cannot open {path} as a Zarr group: {exc}") from None
 
 
-def _array_shapes(path: Path, where: str, p: int) -> int:
-    """Check the three arrays of group `where` (metadata only) and return its row count."""
+FIX = "re-ingest the data (spatialfed ingest/simulate ... --overwrite) or restore the store from a backup"
+
+
+def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]:
+    """Open group `where` and check its arrays' shapes and dtypes (metadata only) and its recorded row count;
+    returns (group, n_rows, recorded sha256 or None for a store written before checksums)."""
     try:
         group = zarr.open_group(path, path=where, mode="r", use_consolidated=False)
     except Exception:
@@ -146,7 +261,31 @@ def _array_shapes(path: Path, where: str, p: int) -> int:
                              f"(n = rows of z, p = {p} covariate names)")
         if not np.issubdtype(dtype, np.floating):
             raise StoreError(f"{path}: '{where}/{name}' has dtype {dtype}, expected float64")
-    return int(n)
+    attrs = dict(group.attrs)
+    if "sha256" not in attrs and "n_rows" not in attrs:
+        return group, int(n), None
+    rows, digest = attrs.get("n_rows"), attrs.get("sha256")
+    if not isinstance(digest, str) or not isinstance(rows, int) or isinstance(rows, bool):
+        raise StoreError(f"{path}: partition {where} has malformed integrity records (n_rows={rows!r}, "
+                         f"sha256={digest!r}); {FIX}")
+    if rows != n:
+        raise StoreError(f"{path}: partition {where} holds {n} rows but {rows} were written; {FIX}")
+    return group, int(n), digest
+
+
+def _array_shapes(path: Path, where: str, p: int) -> int:
+    """Check the three arrays of group `where` (metadata only) and return its row count."""
+    return _group(path, where, p)[1]
+
+
+def _warn_legacy(path: Path) -> None:
+    """Warn once per store (per process) that it carries no checksums."""
+    key = os.path.realpath(path)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"{path} was written before stores recorded checksums: a damaged partition cannot be "
+                      "detected; write it again with this version (spatialfed ingest/simulate ... --overwrite)",
+                      UserWarning, stacklevel=3)
 
 
 def _root_attrs(path) -> dict:
@@ -173,11 +312,16 @@ def _root_attrs(path) -> dict:
     return attrs
 
 
-def open_store(path) -> StoreInfo:
-    """Validate the whole layout of a store (metadata only) and describe it; StoreError says what is wrong."""
+def open_store(path) -> Store:
+    """Validate the whole layout of a store (metadata only) and return its `Store` handle; StoreError says what is
+    wrong. The recorded fingerprint is checked against the root attributes and every group's records. A Store
+    passed in is returned as is (open once, pass the handle down)."""
+    if isinstance(path, Store):
+        return path
     path = Path(path)
     attrs = _root_attrs(path)
     root = _open_root(path)
+    raw = dict(root.attrs)
     p = len(attrs["covariate_names"])
     try:
         groups = sorted(root["workers"].group_keys(), key=lambda g: (len(g), g))
@@ -186,36 +330,64 @@ def open_store(path) -> StoreInfo:
     expected = [str(j) for j in range(attrs["n_workers"])]
     if set(groups) != set(expected):
         raise StoreError(f"{path}: workers/ holds groups {groups}, expected exactly 0..{attrs['n_workers'] - 1}")
-    sizes = [_array_shapes(path, f"workers/{j}", p) for j in range(attrs["n_workers"])]
+    records = [(f"workers/{j}",) + _group(path, f"workers/{j}", p)[1:] for j in range(attrs["n_workers"])]
     has_test = "test" in set(root.group_keys())
     if has_test:
-        _array_shapes(path, "test", p)
-    return StoreInfo(path=path, n_workers=attrs["n_workers"], partition=attrs["partition"], crs=attrs["crs"],
-                     covariate_names=list(attrs["covariate_names"]), truth=attrs.get("truth"), sizes=sizes,
-                     has_test=has_test)
+        records.append(("test",) + _group(path, "test", p)[1:])
+    missing = [where for where, _, digest in records if digest is None]
+    computed = _fingerprint(raw, records)
+    if missing and len(missing) < len(records):
+        raise StoreError(f"{path}: partitions {missing} have no integrity records while the others do (mixed from "
+                         f"another store?); {FIX}")
+    if missing:
+        _warn_legacy(path)
+    elif raw.get("fingerprint") != computed:
+        raise StoreError(f"{path}: the recorded fingerprint does not match the store's partitions and attributes "
+                         f"(modified after it was written: a partition or attribute replaced); {FIX}")
+    digests = [digest for _, _, digest in records]
+    return Store(path=path, n_workers=attrs["n_workers"], partition=attrs["partition"], crs=attrs["crs"],
+                 covariate_names=list(attrs["covariate_names"]), truth=attrs.get("truth"),
+                 sizes=[n for _, n, _ in records[:attrs["n_workers"]]], has_test=has_test, fingerprint=computed,
+                 checksums=tuple(digests[:attrs["n_workers"]]), test_checksum=digests[-1] if has_test else None,
+                 attrs=attrs)
 
 
-def _load(path: Path, where: str, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read locs, z, X of one group as float64 arrays."""
-    _array_shapes(path, where, p)
-    group = zarr.open_group(path, path=where, mode="r", use_consolidated=False)
+def _load(path: Path, where: str, p: int, expected: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read locs, z, X of one group as float64 arrays, checked against the group's recorded row count and checksum
+    (and `expected`, the checksum the Store handle saw at open)."""
+    group, _, digest = _group(path, where, p)
+    if expected is not None and digest != expected:
+        raise StoreError(f"{path}: partition {where} changed since the store was opened (rewritten during the run?); "
+                         "open the store again and restart the command")
     try:
-        return tuple(np.asarray(group[name][...], dtype=np.float64) for name in ARRAYS)
+        arrays = tuple(np.asarray(group[name][...], dtype=np.float64) for name in ARRAYS)
     except Exception as exc:  # codec and I/O errors come in many types
-        raise StoreError(f"{path}: cannot read group '{where}' ({exc}); the store is damaged, write it again") from None
+        raise StoreError(f"{path}: cannot read partition {where} ({type(exc).__name__}: {exc}): the store is "
+                         f"damaged; {FIX}") from None
+    if digest is None:
+        _warn_legacy(path)
+    elif checksum(*arrays) != digest:
+        raise StoreError(f"{path}: partition {where} is damaged: its data do not match the checksum recorded when "
+                         f"the store was written (a chunk file deleted or corrupted); {FIX}")
+    return arrays
 
 
 def load_worker(path, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(locs, z, X) of worker j, reading the root attributes and group workers/<j> only."""
+    """(locs, z, X) of worker j, reading the root attributes and group workers/<j> only (checked against its row
+    count and checksum). `path` may be a Store (then `Store.load_worker`)."""
+    if isinstance(path, Store):
+        return path.load_worker(j)
     path = Path(path)
     attrs = _root_attrs(path)
-    if not isinstance(j, (int, np.integer)) or not 0 <= j < attrs["n_workers"]:
+    if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or not 0 <= j < attrs["n_workers"]:
         raise StoreError(f"{path}: worker index {j!r} out of range; the store has workers 0..{attrs['n_workers'] - 1}")
     return _load(path, f"workers/{int(j)}", len(attrs["covariate_names"]))
 
 
 def load_test(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(locs, z, X) of the held-out test group."""
+    """(locs, z, X) of the held-out test group (checked like a worker's). `path` may be a Store."""
+    if isinstance(path, Store):
+        return path.load_test()
     path = Path(path)
     attrs = _root_attrs(path)
     if not (path / "test" / "zarr.json").is_file():

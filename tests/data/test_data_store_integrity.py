@@ -1,0 +1,183 @@
+"""Store integrity: per-partition row counts and checksums, the store fingerprint, legacy stores, the Store handle."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+
+from spatialfed.data import store as store_mod
+from spatialfed.data.store import Store, checksum, load_test, load_worker, open_store, store_fingerprint, write_store
+from spatialfed.errors import StoreError
+
+
+def make_parts(sizes=(5, 8, 3), p=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.random((n, 2)), rng.standard_normal(n), rng.standard_normal((n, p))) for n in sizes]
+
+
+def write(path, seed=0, **kw):
+    options = dict(partition="area", crs="EPSG:28992", covariate_names=["a", "b"],
+                   test=make_parts((4,), seed=seed + 1)[0]) | kw
+    return write_store(path, make_parts(seed=seed), **options)
+
+
+def edit_attrs(meta_path, **changes):
+    meta = json.loads(meta_path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            meta["attributes"].pop(key, None)
+        else:
+            meta["attributes"][key] = value
+    meta_path.write_text(json.dumps(meta))
+
+
+def test_each_partition_records_rows_and_checksum(tmp_path):
+    path = tmp_path / "s.zarr"
+    st = write(path)
+    parts = make_parts()
+    for j, part in enumerate(parts):
+        attrs = dict(zarr.open_group(path, path=f"workers/{j}", mode="r").attrs)
+        assert attrs == {"n_rows": len(part[1]), "sha256": checksum(*part)}
+    assert st.checksums == tuple(checksum(*part) for part in parts)
+    assert st.fingerprint == store_fingerprint(path) == dict(zarr.open_group(path, mode="r").attrs)["fingerprint"]
+    assert st.verified
+
+
+def test_a_deleted_chunk_is_refused_not_read_as_zeros(tmp_path):
+    path = tmp_path / "s.zarr"
+    st = write(path)
+    chunk = path / "workers" / "1" / "z" / "c" / "0"
+    assert chunk.is_file()
+    chunk.unlink()
+    # Zarr itself reads the missing chunk as its fill value: exactly the silent wrong answer refused here
+    assert np.all(zarr.open_group(path, mode="r")["workers/1/z"][...] == 0)
+    for load in (lambda: load_worker(path, 1), lambda: st.load_worker(1)):
+        with pytest.raises(StoreError, match=r"partition workers/1 is damaged.*re-ingest the data"):
+            load()
+    np.testing.assert_array_equal(load_worker(path, 0)[1], make_parts()[0][1])  # the others still load
+
+
+def test_a_corrupted_chunk_is_refused(tmp_path):
+    path = tmp_path / "s.zarr"
+    write(path)
+    # a chunk that still decodes, with one value changed (silent corruption)
+    arr = zarr.open_array(path / "workers" / "2" / "X", mode="r+")
+    arr[1, 0] = arr[1, 0] + 1e-9
+    with pytest.raises(StoreError, match=r"partition workers/2 is damaged: its data do not match the checksum"):
+        load_worker(path, 2)
+    # a chunk whose bytes are garbled: either the codec refuses it or the checksum does
+    chunk = path / "test" / "locs" / "c" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(StoreError, match=r"partition test .*damaged"):
+        load_test(path)
+
+
+def test_row_count_and_records_are_checked(tmp_path):
+    path = tmp_path / "s.zarr"
+    write(path)
+    edit_attrs(path / "workers" / "1" / "zarr.json", n_rows=7)
+    with pytest.raises(StoreError, match=r"partition workers/1 holds 8 rows but 7 were written"):
+        load_worker(path, 1)
+    with pytest.raises(StoreError, match="holds 8 rows but 7"):
+        open_store(path)
+    edit_attrs(path / "workers" / "1" / "zarr.json", n_rows=8, sha256=12)
+    with pytest.raises(StoreError, match="malformed integrity records"):
+        load_worker(path, 1)
+
+
+def test_fingerprint_names_a_modified_store(tmp_path):
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    fa, fb = write(a).fingerprint, write(b, seed=5).fingerprint
+    assert fa != fb and open_store(a).fingerprint == fa  # stable across opens, different data → different
+    shutil.rmtree(a / "workers" / "1")
+    shutil.copytree(b / "workers" / "1", a / "workers" / "1")  # a partition from another store
+    with pytest.raises(StoreError, match="fingerprint does not match"):
+        open_store(a)
+    write(a, overwrite=True)
+    edit_attrs(a / "zarr.json", crs="EPSG:4326")  # an attribute changed after writing
+    with pytest.raises(StoreError, match="fingerprint does not match"):
+        open_store(a)
+
+
+def test_extra_attributes_round_trip_the_fingerprint(tmp_path):
+    st = write(tmp_path / "s.zarr", partition="column:agency", extra_attrs={"worker_labels": ["x", "y", "z"],
+                                                                             "simulation": {"seed": 2}})
+    assert open_store(st.path).fingerprint == st.fingerprint and st.worker_labels == ["x", "y", "z"]
+
+
+def test_legacy_store_loads_with_one_warning(tmp_path):
+    path = tmp_path / "old.zarr"
+    write(path)
+    edit_attrs(path / "zarr.json", fingerprint=None)
+    for where in ("workers/0", "workers/1", "workers/2", "test"):
+        edit_attrs(path / where / "zarr.json", n_rows=None, sha256=None)
+    with pytest.warns(UserWarning, match="before stores recorded checksums"):
+        st = open_store(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per store and process
+        assert open_store(path).fingerprint == st.fingerprint
+        np.testing.assert_array_equal(st.load_worker(1)[1], make_parts()[1][1])
+        np.testing.assert_array_equal(load_test(path)[0], make_parts((4,), seed=1)[0][0])
+    assert st.fingerprint.startswith("legacy-sha256:") and not st.verified and st.checksums == (None,) * 3
+    assert store_fingerprint(path) == st.fingerprint
+    write(tmp_path / "half.zarr")
+    edit_attrs(tmp_path / "half.zarr" / "workers" / "2" / "zarr.json", n_rows=None, sha256=None)
+    with pytest.raises(StoreError, match=r"partitions \['workers/2'\] have no integrity records"):
+        open_store(tmp_path / "half.zarr")
+
+
+def test_store_handle(tmp_path):
+    path = tmp_path / "s.zarr"
+    st = write(path)
+    assert isinstance(st, Store) and open_store(st) is st and os.fspath(st) == str(path)
+    assert (st.p, st.n_obs, st.sizes, st.has_test) == (2, 16, [5, 8, 3], True)
+    assert st.parsed_crs.to_epsg() == 28992 and st.parsed_crs is st.parsed_crs  # parsed once
+    back = pickle.loads(pickle.dumps(st))
+    assert "parsed_crs" not in vars(back) and back == st
+    for j, part in enumerate(make_parts()):
+        for got, want in zip(st.load_worker(j), part):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(load_worker(st, j), part):  # the module functions accept the handle
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(st.load_test()[1], make_parts((4,), seed=1)[0][1])
+    with pytest.raises(StoreError, match=r"worker index 3 out of range; the store has workers 0..2"):
+        st.load_worker(3)
+    with pytest.raises(StoreError, match="out of range"):
+        st.load_worker(True)
+    no_test = write(tmp_path / "n.zarr", test=None)
+    assert no_test.parsed_crs is not None and no_test.test_checksum is None
+    with pytest.raises(StoreError, match="no test group"):
+        no_test.load_test()
+    assert write(tmp_path / "planar.zarr", crs=None).parsed_crs is None
+
+
+def test_handle_refuses_a_store_rewritten_after_opening(tmp_path):
+    path = tmp_path / "s.zarr"
+    st = write(path)
+    write(path, seed=9, overwrite=True)
+    with pytest.raises(StoreError, match=r"partition workers/0 changed since the store was opened"):
+        st.load_worker(0)
+    assert open_store(path).load_worker(0)[1].shape == (5,)
+
+
+def test_checksum_cost_is_small(tmp_path):
+    """Checking costs one sha256 pass over the partition's bytes: well under the read itself at 10^5 rows."""
+    import time
+
+    rng = np.random.default_rng(0)
+    n = 100_000
+    part = (rng.random((n, 2)), rng.standard_normal(n), rng.standard_normal((n, 5)))
+    t0 = time.perf_counter()
+    checksum(*part)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 0.5, elapsed  # 6.4 MB
+    assert store_mod.checksum(*part) == checksum(*(np.array(a) for a in part))
