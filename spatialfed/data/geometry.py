@@ -101,8 +101,8 @@ def check_coordinates(xy, *, min_distinct: int = 1, what: str = "coordinates", p
         why = f" {purpose}" if purpose else ""
         raise DataError(f"only {distinct} distinct location(s) among {n} {what}, fewer than the {min_distinct} "
                         f"needed{why}; add observations at more locations")
-    if distinct > 1:
-        extent = float(np.ptp(xy, axis=0).max())
+    extent = float(np.ptp(xy, axis=0).max())
+    if extent > 0:                        # one repeated location is checked by min_distinct alone
         scale = float(np.abs(xy).max())
         if extent < MIN_EXTENT:
             raise DataError(f"{what} span only {extent:.3g} map units (< {MIN_EXTENT:g}); the units are wrong "

@@ -1,17 +1,21 @@
-"""Prediction maps (issue 5): a grid over the domain, GeoTIFF rasters of mean and sd, a GeoPackage of cells, a PNG.
+"""Prediction maps (issue 5): a grid over the domain, GeoTIFF and NetCDF rasters of mean and sd, a GeoPackage, a PNG.
 
 `make_map` predicts at the centres of the square cells of `geometry.prediction_grid` inside the domain (federated, as
 in `prediction.predict_at`) and writes into the output directory:
 - `mean.tif`, `sd.tif`: single-band float32 GeoTIFFs in the store's CRS (NaN outside the domain);
+- `map.nc`: the same mean and sd as one georeferenced NetCDF (CF grid mapping and GeoTransform written by
+  rioxarray; `xarray.open_dataset(path, decode_coords="all").rio.crs` gives the CRS back), for xarray/GDAL/QGIS users;
 - `grid.gpkg`: the cells as polygons with columns mean, sd, sd_latent, owner (layer "prediction"), for GIS users;
-- `map.png`: mean and sd side by side with the domain outline, observation sites, optional overlays (e.g. a river)
-  and colour bars with units;
-- `map.json`: predictor, number of cells, resolution, CRS and the ranges of mean and sd.
-Covariates other than the intercept come from a table of points (`covariates`; nearest point within one cell).
+- `map.png`: mean and sd side by side with the domain outline, observation sites, optional overlays (e.g. a river),
+  the CRS's short name on the axes and colour bars labelled "mean (units)" and "sd (units)";
+- `map.json`: predictor, number of cells, resolution, CRS (as stored and its short name) and the ranges of mean and sd.
+Covariates other than the intercept come from a table of points (`covariates`, read by `tables.read_points`, so a
+file in another CRS is reprojected; nearest point within one cell). Overlays in another CRS are reprojected too.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import geopandas as gpd
@@ -20,15 +24,16 @@ import pandas as pd
 import shapely
 from scipy.spatial import cKDTree
 
+from spatialfed.atomic import write_atomic, write_text
 from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError
 from spatialfed.outputs import metrics
-from spatialfed.outputs.prediction import (INTERCEPT, check_predictor, check_same_crs, check_store, default_domain,
-                                           default_predictor, design_matrix, load_domain, load_model, open_workers,
-                                           predict_at, read_points, write_atomic, write_json)
+from spatialfed.outputs.prediction import (INTERCEPT, check_predictor, check_store, default_domain, default_predictor,
+                                           design_matrix, load_domain, load_model, open_workers, predict_at)
+from spatialfed.outputs.tables import read_points
 
-MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG = "mean.tif", "sd.tif", "grid.gpkg", "map.png"
+MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
 
 
 def nice_resolution(domain: geometry.Domain, cells: int = 150) -> float:
@@ -79,6 +84,38 @@ def write_geotiff(path, grid: geometry.PredictionGrid, values, crs, description:
     return write_atomic(path, write)
 
 
+def raster_dataset(grid: geometry.PredictionGrid, layers: dict, crs, units: str = ""):
+    """An xarray Dataset of (y, x) float32 rasters (NaN outside the domain) on the grid's cell centres, with the CRS
+    (CF grid mapping `spatial_ref`) and the affine transform written by rioxarray. `layers`: name -> (values,
+    long_name)."""
+    import rioxarray  # noqa: F401  (registers the .rio accessor)
+    import xarray as xr
+
+    data = {name: (("y", "x"), grid.to_raster(values).astype("float32"),
+                   {"long_name": long_name, "units": units or "data units"})
+            for name, (values, long_name) in layers.items()}
+    ds = xr.Dataset(data, coords={"x": grid.x, "y": grid.y})
+    ds = ds.rio.set_spatial_dims(x_dim="x", y_dim="y")
+    name = geometry.crs_string(crs)
+    if name is not None:
+        ds = ds.rio.write_crs(name)
+    ds = ds.rio.write_transform(grid.transform)
+    ds = ds.rio.write_coordinate_system()
+    ds.attrs.update({"title": "spatialfed prediction map", "Conventions": "CF-1.8",
+                     "crs_name": geometry.crs_name(crs) or "planar units (no CRS)"})
+    return ds
+
+
+def write_netcdf(path, grid: geometry.PredictionGrid, mean, sd, crs, units: str = "") -> Path:
+    """Georeferenced NetCDF (classic format, no extra library) holding `mean` and `sd` (sd of a new observation) as
+    float32 rasters in `crs` with the grid's transform; NaN outside the domain."""
+    ds = raster_dataset(grid, {"mean": (mean, "predicted mean"),
+                               "sd": (sd, "prediction standard deviation (new observation)")}, crs, units)
+    for name in ("mean", "sd"):       # update, not replace: rioxarray keeps `grid_mapping` in the encoding
+        ds[name].encoding.update({"dtype": "float32", "_FillValue": np.float32(np.nan)})
+    return write_atomic(path, lambda tmp: ds.to_netcdf(tmp, engine="scipy", format="NETCDF3_64BIT"))
+
+
 def grid_frame(grid: geometry.PredictionGrid, pred: dict) -> gpd.GeoDataFrame:
     """The grid's cells as square polygons with the prediction columns."""
     pts, h = grid.points, grid.resolution / 2
@@ -100,13 +137,20 @@ def _crs_unit(crs) -> str:
 
 
 def _axis_labels(crs, extent: float) -> tuple[str, str, float]:
-    """Axis labels and the tick scale: kilometres for metre CRSs spanning more than 20 km."""
+    """Axis labels naming the unit and the CRS (short name), and the tick scale: kilometres for metre CRSs spanning
+    more than 20 km."""
     unit = _crs_unit(crs)
     if not unit:
-        return "x", "y", 1.0
+        return "x (planar units, no CRS)", "y (planar units, no CRS)", 1.0
     scale = 1000.0 if unit == "m" and extent > 20_000 else 1.0
     unit = "km" if scale == 1000.0 else unit
-    return f"Easting ({unit})", f"Northing ({unit})", scale
+    return f"Easting ({unit}), {geometry.crs_name(crs)}", f"Northing ({unit}), {geometry.crs_name(crs)}", scale
+
+
+def colourbar_labels(units: str = "") -> tuple[str, str]:
+    """Colour-bar labels of the mean and the sd panels: both in the value's units, the second says it is the sd."""
+    units = units or "data units"
+    return f"mean ({units})", f"sd ({units})"
 
 
 def owner_edges(grid: geometry.PredictionGrid, owner) -> np.ndarray:
@@ -122,11 +166,17 @@ def owner_edges(grid: geometry.PredictionGrid, owner) -> np.ndarray:
     return np.concatenate([vertical, horizontal])
 
 
-def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None, owner=None,
-               overlays: gpd.GeoDataFrame | None = None, overlay_label: str = "", units: str = "",
-               title: str = "") -> Path:
-    """PNG with the predicted mean and sd side by side, domain outline, sites, the owners' areas, overlays and
-    labelled colour bars."""
+def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, **options) -> Path:
+    """PNG (atomic) of `build_map_figure`."""
+    fig = build_map_figure(grid, mean, sd, domain, **options)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+
+
+def build_map_figure(grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None, owner=None,
+                     overlays: gpd.GeoDataFrame | None = None, overlay_label: str = "", units: str = "",
+                     title: str = ""):
+    """Matplotlib Figure with the predicted mean and sd side by side, domain outline, sites, the owners' areas,
+    overlays, axes naming the CRS and colour bars labelled "mean (units)" and "sd (units)"."""
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -141,10 +191,12 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
     extent = (grid.x[0] - h, grid.x[-1] + h, grid.y[-1] - h, grid.y[0] + h)
     xlabel, ylabel, scale = _axis_labels(grid.crs, max(xmax - xmin, ymax - ymin))
     ticks = FuncFormatter(lambda v, _: f"{v / scale:.0f}")
-    panels = ((axes[0], mean, "viridis", "Predicted mean"), (axes[1], sd, "magma", "Prediction standard deviation"))
-    for ax, values, cmap, label in panels:
+    mean_label, sd_label = colourbar_labels(units)
+    panels = ((axes[0], mean, "viridis", "Predicted mean", mean_label),
+              (axes[1], sd, "magma", "Prediction standard deviation", sd_label))
+    for ax, values, cmap, label, bar_label in panels:
         im = ax.imshow(grid.to_raster(values), extent=extent, origin="upper", cmap=cmap, interpolation="nearest")
-        fig.colorbar(im, ax=ax, shrink=0.85, label=units or "data units")
+        fig.colorbar(im, ax=ax, shrink=0.85, label=bar_label)
         if overlays is not None and len(overlays):
             overlays.plot(ax=ax, facecolor="#9ecae1", edgecolor="#3182bd", linewidth=0.6, alpha=0.8, zorder=2)
         domain.to_geoseries().boundary.plot(ax=ax, color="0.15", linewidth=0.8, zorder=3)
@@ -168,13 +220,21 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=9, facecolor="0.85")
     if title:
         fig.suptitle(title)
-    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    return fig
 
 
 def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
-    """Vector features drawn on the map (e.g. a river); must be in the store's CRS."""
-    frame = gpd.read_file(path)
-    check_same_crs(frame.crs, info.crs, f"overlay file {path}")
+    """Vector features drawn on the map (e.g. a river), reprojected to the store's CRS when they have another."""
+    try:
+        frame = gpd.read_file(path)
+    except Exception as exc:  # pyogrio raises several unrelated types for unreadable files
+        raise DataError(f"cannot read overlay file {path}: {exc}") from None
+    store = geometry.parse_crs(info.crs)
+    if frame.crs is not None and store is not None and frame.crs != store:
+        frame = frame.to_crs(store)
+    elif frame.crs is not None and store is None:
+        raise DataError(f"overlay file {path} is in {geometry.crs_name(frame.crs)} but the store has planar units "
+                        "(no CRS); give an overlay without a CRS, in the store's units")
     return frame
 
 
@@ -201,18 +261,19 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
             if sites else None
     paths = {"mean": write_geotiff(out / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
              "sd": write_geotiff(out / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
+             "netcdf": write_netcdf(out / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
              "gpkg": write_grid_gpkg(out / GRID_GPKG, grid_frame(grid, pred))}
     if title is None:
         title = f"{predictor} prediction on {int(grid.mask.sum())} cells of {grid.resolution:g} " \
-                f"{_crs_unit(info.crs)} ({geometry.crs_string(info.crs) or 'planar units'})"
+                f"{_crs_unit(info.crs)} ({geometry.crs_name(info.crs) or 'planar units'})"
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
     paths["png"] = map_figure(out / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
                               overlays=overlays, overlay_label=overlay_label, units=units, title=title)
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
-               "crs": geometry.crs_string(info.crs),
+               "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,
                "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
                "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
-    paths["json"] = write_json(out / "map.json", summary)
+    paths["json"] = write_text(out / "map.json", json.dumps(summary, indent=1) + "\n")
     return paths
 
 

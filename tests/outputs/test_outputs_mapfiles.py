@@ -1,0 +1,105 @@
+"""Map outputs for GIS users (issue 17): the CRS's short name on the axes, colour bars "mean (units)" and
+"sd (units)", a georeferenced NetCDF matching the GeoTIFFs, overlays and covariate points in another CRS reprojected."""
+
+from types import SimpleNamespace
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pytest
+import rasterio
+import shapely
+import xarray as xr
+
+from spatialfed.data import geometry
+from spatialfed.outputs import maps
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use `@` matmul:PendingDeprecationWarning")  # rioxarray reading
+
+CRS = "EPSG:28992"
+X0, Y0 = 150000.0, 400000.0
+
+
+@pytest.fixture(scope="module")
+def grid():
+    """A 20 × 16 grid of 50 m cells over a triangle (cells outside are NaN)."""
+    tri = geometry.Domain(shapely.Polygon([(X0, Y0), (X0 + 1000, Y0), (X0, Y0 + 800)]), geometry.parse_crs(CRS))
+    return tri, geometry.prediction_grid(tri, 50)
+
+
+def fields(grid):
+    pts = grid.points
+    return 10 + (pts[:, 0] - X0) / 100, 0.5 + (pts[:, 1] - Y0) / 1000      # distinct mean and sd surfaces
+
+
+def test_axes_name_the_crs_and_colour_bars_say_mean_and_sd(grid):
+    domain, g = grid
+    mean, sd = fields(g)
+    fig = maps.build_map_figure(g, mean, sd, domain, units="mg/kg", sites=g.points[:5])
+    panels, bars = fig.axes[:2], fig.axes[2:]
+    assert [b.get_ylabel() for b in bars] == ["mean (mg/kg)", "sd (mg/kg)"]
+    for ax in panels:
+        assert ax.get_xlabel() == "Easting (m), EPSG:28992" and ax.get_ylabel() == "Northing (m), EPSG:28992"
+    # the sd colour bar belongs to the sd image: its limits are the sd's range, not the mean's
+    for ax, bar, values in zip(panels, bars, (mean, sd)):
+        image = ax.get_images()[0]
+        np.testing.assert_allclose(image.get_clim(), (values.min(), values.max()))
+        np.testing.assert_allclose(bar.get_ylim(), (values.min(), values.max()))
+    planar = geometry.prediction_grid(geometry.domain_from_bbox(0, 0, 1, 1), 0.1)
+    fig = maps.build_map_figure(planar, np.zeros(100), np.ones(100), geometry.domain_from_bbox(0, 0, 1, 1))
+    assert fig.axes[0].get_xlabel() == "x (planar units, no CRS)"
+    assert [b.get_ylabel() for b in fig.axes[2:]] == ["mean (data units)", "sd (data units)"]
+
+
+def test_axes_of_a_wide_metre_crs_are_in_km_with_the_crs_name():
+    laea = geometry.laea_crs(-88.27, 40.62)
+    dom = geometry.domain_from_bbox(-500e3, -400e3, 500e3, 400e3, crs=laea)
+    g = geometry.prediction_grid(dom, 20e3)
+    fig = maps.build_map_figure(g, np.zeros(g.mask.sum()), np.ones(g.mask.sum()), dom)
+    assert fig.axes[0].get_xlabel() == "Easting (km), WGS 84 / LAEA centred 40.62N 88.27W"
+
+
+@pytest.mark.parametrize("crs", [CRS, "laea", None])
+def test_netcdf_opens_with_the_crs_transform_and_values_of_the_geotiffs(grid, tmp_path, crs):
+    domain, g = grid
+    crs = geometry.laea_crs(-88.27, 40.62) if crs == "laea" else crs
+    g = geometry.PredictionGrid(g.x, g.y, g.mask, g.resolution, geometry.parse_crs(crs))
+    mean, sd = fields(g)
+    nc = maps.write_netcdf(tmp_path / "map.nc", g, mean, sd, crs, "mg/kg")
+    maps.write_geotiff(tmp_path / "sd.tif", g, sd, crs, "sd")
+    ds = xr.open_dataset(nc, decode_coords="all")
+    try:
+        assert ds["mean"].dims == ("y", "x") and ds["sd"].attrs["units"] == "mg/kg"
+        assert ds.rio.transform().almost_equals(g.transform)
+        np.testing.assert_allclose(ds["sd"].values, g.to_raster(sd), rtol=1e-6)      # float32, NaN outside
+        with rasterio.open(tmp_path / "sd.tif") as tif:
+            assert tif.transform.almost_equals(ds.rio.transform())
+            np.testing.assert_allclose(tif.read(1), ds["sd"].values)
+            if crs is None:
+                assert ds.rio.crs is None and tif.crs is None
+            else:
+                assert ds.rio.crs == tif.crs and geometry.parse_crs(ds.rio.crs.to_wkt()) == geometry.parse_crs(crs)
+        assert ds.attrs["crs_name"] == (geometry.crs_name(crs) or "planar units (no CRS)")
+    finally:
+        ds.close()
+    with rasterio.open(f"netcdf:{nc}:mean") as band:                 # GDAL (QGIS) reads it georeferenced too
+        assert band.transform.almost_equals(g.transform) and (band.crs is None) == (crs is None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.nc", "sd.tif"]
+
+
+def test_overlay_and_covariate_points_in_another_crs_are_reprojected(grid, tmp_path):
+    domain, g = grid
+    river = gpd.GeoSeries([shapely.LineString([(X0, Y0 + 100), (X0 + 900, Y0 + 700)]).buffer(20)], crs=CRS)
+    river.to_crs("EPSG:4326").to_file(tmp_path / "river.gpkg")
+    info = SimpleNamespace(crs=CRS, covariate_names=["intercept", "elev"])
+    back = maps.read_overlay(tmp_path / "river.gpkg", info)
+    assert back.crs.to_epsg() == 28992
+    assert back.geometry.iloc[0].symmetric_difference(river.iloc[0]).area < 1e-3 * river.iloc[0].area
+    pts = g.points
+    cov = gpd.GeoDataFrame({"elev": (pts[:, 0] - X0) / 1000}, geometry=gpd.points_from_xy(pts[:, 0], pts[:, 1]),
+                           crs=CRS).to_crs("EPSG:4326")
+    cov.to_file(tmp_path / "cov.gpkg")
+    X = maps.map_design(g, info, tmp_path / "cov.gpkg")
+    np.testing.assert_allclose(X, np.column_stack([np.ones(len(pts)), (pts[:, 0] - X0) / 1000]))
+    with pytest.raises(Exception, match="planar units"):
+        maps.read_overlay(tmp_path / "river.gpkg", SimpleNamespace(crs=None))
