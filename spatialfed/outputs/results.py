@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from spatialfed.atomic import staged_entries
-from spatialfed.errors import OutputError
+from spatialfed.errors import OutputError, StoreError
 
 FIT_JSON = "fit.json"
 MODEL_ZARR = "model.zarr"
@@ -62,6 +62,7 @@ class FitResult:
     extra: dict = field(default_factory=dict)   # settings stored as model.zarr attributes (not in fit.json)
     dropped_workers: list = field(default_factory=list)  # workers the fit continued without (fit.json, when any)
     privacy: dict | None = None  # privacy loss of a fit with the Gaussian mechanism (fit.json, when on)
+    store_fingerprint: str | None = None  # data.store.Store.fingerprint of the store fitted (fit.json, when known)
 
     def to_json(self) -> dict:
         doc = {
@@ -84,6 +85,8 @@ class FitResult:
             doc["dropped_workers"] = [dict(d) for d in self.dropped_workers]
         if self.privacy is not None:  # beyond SPEC §6: μ-GDP and (ε, δ) of a fit with privacy noise (docs/privacy.md)
             doc["privacy"] = self.privacy
+        if self.store_fingerprint is not None:  # beyond SPEC §6: predict/map/--resume refuse another store
+            doc["store_fingerprint"] = str(self.store_fingerprint)
         return doc
 
 
@@ -181,6 +184,7 @@ def _write_model_zarr(path: Path, result: FitResult) -> None:
         "iterations": result.iterations,
         "converged": result.converged,
         "settings": result.extra,
+        "store_fingerprint": result.store_fingerprint,
     }))
 
 
@@ -238,7 +242,7 @@ def load_fit(out_dir) -> FitResult:
         loglik=doc["loglik"], knots=np.asarray(doc["knots"], dtype=float).reshape(-1, 2),
         iterations=doc["iterations"], wall_time_s=doc["wall_time_s"], converged=doc["converged"],
         trace=doc["trace"], mu=mu, Sigma=Sigma, extra=extra, dropped_workers=doc.get("dropped_workers", []),
-        privacy=doc.get("privacy"),
+        privacy=doc.get("privacy"), store_fingerprint=doc.get("store_fingerprint"),
     )
 
 
@@ -260,3 +264,36 @@ def load_trace_csv(out_dir) -> list[dict]:
 
 def _f(text: str) -> float:
     return float(text) if text else float("nan")
+
+
+def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: str = "the fit") -> None:
+    """Refuse to use `store` with a fit (or checkpoint) made on another store: StoreError naming both.
+
+    `recorded_fingerprint` is the fit's `store_fingerprint` (a FitResult is accepted: its fingerprint and
+    `extra["store"]` are used); `store` a Store or a store path (opened here); `recorded_store` the path the fit
+    was made on, when known, for the message. A fit without a recorded fingerprint (written before fingerprints)
+    cannot be checked: a warning says so and the call returns.
+    """
+    from spatialfed.data.store import open_store
+
+    if isinstance(recorded_fingerprint, FitResult):
+        recorded_store = recorded_store or (recorded_fingerprint.extra or {}).get("store")
+        recorded_fingerprint = recorded_fingerprint.store_fingerprint
+    store = open_store(store)
+    if recorded_fingerprint is None:
+        import warnings
+
+        warnings.warn(f"{what} records no store fingerprint (written by an older spatialfed): cannot check that "
+                      f"{store.path} is the store it was made on", UserWarning, stacklevel=2)
+        return
+    if str(recorded_fingerprint) == store.fingerprint:
+        return
+    short = lambda f: str(f).split(":")[-1][:12]  # noqa: E731
+    made_on = f"store {recorded_store} (fingerprint {short(recorded_fingerprint)})" if recorded_store else \
+        f"the store with fingerprint {short(recorded_fingerprint)}"
+    hint = ""
+    if str(recorded_fingerprint).startswith("legacy-") != store.fingerprint.startswith("legacy-"):
+        hint = " (one of them was written before stores recorded checksums: if the data are the same, fit again)"
+    use = f"pass --store {recorded_store}" if recorded_store else "pass the store the fit was made on"
+    raise StoreError(f"{what} was made on {made_on}, but {store.path} is a different store (fingerprint "
+                     f"{short(store.fingerprint)}){hint}; {use}, or fit again on {store.path}")
