@@ -334,6 +334,15 @@ def store_domain(info, worker_bounds) -> Domain:
     return domain
 
 
+def store_hull_domain(info, worker_hulls, *, close: float = 0.0) -> Domain:
+    """A store's hull domain: [0,1]² for simulated stores (SPEC §7), else the union of the workers' hulls
+    (`domain_from_hulls`). `worker_hulls()` returns one polygon (or WKB) per worker, each `points_hull` of that
+    worker's sites computed where the partition lives; it is only called when needed."""
+    if info.crs is None and getattr(info, "truth", None) is not None:
+        return domain_from_bbox(0.0, 0.0, 1.0, 1.0)
+    return domain_from_hulls(list(worker_hulls()), info.crs, close=close)
+
+
 def domain_from_file(path, crs=None, layer=None) -> Domain:
     """The union of the polygons in a vector file (GeoPackage, shapefile, GeoJSON…), optionally reprojected."""
     try:

@@ -210,6 +210,8 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
     test = (locs[held], z[held], X[held]) if n_test else None
     locs, z, X = locs[~held], z[~held], X[~held]
     attrs = dict(extra_attrs or {})
+    if report.crs_note:
+        attrs["crs_note"] = report.crs_note          # why this CRS (UTM zone or centred equal-area), for reports
     if kind == "column":
         if sizes is not None:
             raise DataError(f"--sizes cannot be used with a column partition: the groups of '{column}' fix the sizes")

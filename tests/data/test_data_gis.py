@@ -3,10 +3,12 @@ projected to a centred equal-area CRS, short CRS names, hull domains, absurd coo
 
 import time
 
+import geopandas as gpd
 import numpy as np
 import pandas as pd
 import pytest
 import shapely
+import zarr
 from pyproj import CRS, Geod, Transformer
 
 from spatialfed.data import geometry as G
@@ -202,3 +204,21 @@ def test_hull_needs_two_points_or_a_buffer():
     assert G.hull_domain([[1.0, 2.0]], buffer=5.0).geometry.area == pytest.approx(np.pi * 25, rel=0.02)
     with pytest.raises(DataError, match="ratio must be in"):
         G.hull_domain(l_shaped_points(), ratio=0.0)
+
+
+def test_store_hull_domain_is_the_unit_square_for_simulations_else_the_union_of_hulls():
+    pts = l_shaped_points()
+    sim = type("Info", (), {"crs": None, "truth": {"beta": 0.1}})()
+    assert G.store_hull_domain(sim, lambda: 1 / 0).geometry.equals(shapely.box(0, 0, 1, 1))  # hulls never asked
+    real = type("Info", (), {"crs": "EPSG:28992", "truth": None})()
+    dom = G.store_hull_domain(real, lambda: [G.points_hull(pts[pts[:, 1] <= 500]), G.points_hull(pts[pts[:, 1] > 500])])
+    assert dom.crs.to_epsg() == 28992 and dom.contains(pts).all() and not dom.contains([[800.0, 800.0]]).any()
+
+
+def test_geodataframe_points_without_crs_that_look_like_lonlat_are_refused(tmp_path):
+    frame = continental()
+    geo = gpd.GeoDataFrame(frame[["z"]], geometry=gpd.points_from_xy(frame.lon, frame.lat))   # no CRS
+    with pytest.raises(DataError, match=r"\(geometry x, geometry y\) look like longitude/latitude"):
+        ingest_frame(geo, tmp_path / "s.zarr", value="z", n_workers=2)
+    ingest_frame(geo.set_crs(4326), tmp_path / "s.zarr", value="z", n_workers=2)
+    assert zarr.open_group(tmp_path / "s.zarr", mode="r").attrs["crs_note"].startswith("lon/lat spans UTM zones 11")
