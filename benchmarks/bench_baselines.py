@@ -62,7 +62,7 @@ def run(name, store, out_dir, runtime, client, truth, **settings):
     gp.fit(store)
     total = time.perf_counter() - tic
     fit_dir = gp.save(Path(out_dir) / name)
-    _, scores = predict(fit_dir, store, runtime="inprocess")
+    _, scores = predict(fit_dir, store, runtime="simulated")
     p = gp.params_
     row = {
         "method": name, "wall_s": round(gp.wall_time_s_, 3), "total_s": round(total, 3),

@@ -48,7 +48,7 @@ def test_invalid_settings(kwargs, message):
 def test_threshold_checked_against_J():
     with pytest.raises(ValueError, match=r"1..J = 1..4"):
         FitConfig(mode="async", agg_threshold=5).resolved(4)
-    with pytest.raises(ValueError, match="mode='sync' aggregates all J=4"):
+    with pytest.raises(ValueError, match="mode='sync' aggregates all J = 4"):
         FitConfig(mode="sync", agg_threshold=2).resolved(4)
     assert FitConfig(mode="sync", agg_threshold=4).resolved(4).agg_threshold == 4
 

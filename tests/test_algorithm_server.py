@@ -80,7 +80,7 @@ def test_runtime_protocol_errors(data):
         server.receive(Quantity(models[0].moments(), 5, p.step, 0), now=0.0)
     with pytest.raises(ValueError, match="unknown starting value"):
         FederatedServer(3, knots, kernel, start={"range": 0.3})
-    with pytest.raises(ValueError, match="agg_threshold must be in 1..J"):
+    with pytest.raises(ValueError, match="agg_threshold must be an integer in 1..J"):
         FederatedServer(3, knots, kernel, FitConfig(mode="async", agg_threshold=4))
 
 

@@ -23,9 +23,10 @@ from spatialfed.errors import WorkerTaskError
 from spatialfed.model.matern import Matern
 from spatialfed.model.reference import lowrank_covariance, lowrank_loglik
 from spatialfed.outputs.results import load_fit
-from spatialfed.runtime import dask_runtime
+from spatialfed.runtime import site
 from spatialfed.runtime.cluster import limit_blas_threads, local_cluster, worker_addresses
-from spatialfed.runtime.dask_runtime import registry_keys, run_dask
+from spatialfed.runtime.dask_runtime import run_dask
+from spatialfed.runtime.site import registry_keys
 
 J, N_PER, M, NU = 4, 150, 49, 0.5
 KEY = re.compile(r"^(load|bounds|moments|variogram|mu_sigma|gamma|theta|value)-w\d+(-t\d+)?-[0-9a-f]{6}$")
@@ -226,7 +227,7 @@ def test_client_never_holds_raw_data(cluster, store, monkeypatch):
     results = []
     server, info = run_dask(cluster.client, store, J, knots49(), NU, "full", FitConfig(mode="sync", max_iter=2),
                             on_event=peek, on_result=lambda j, p, r: results.append(r))
-    assert server.done and dask_runtime._REGISTRY == {}
+    assert server.done and site._REGISTRY == {}
     # during the fit the partitions lived in the worker processes, two per process
     assert sorted(len(v) for v in held.values()) == [2, 2]
     pids = cluster.client.run(os.getpid)
@@ -272,19 +273,19 @@ def test_slowdown_emulation_waits_s_minus_one_times_the_cpu_time(store):
     from spatialfed.algorithm.protocol import Augmented
     from spatialfed.model.params import Params
 
-    spec = dask_runtime.PartitionSpec("slowdown-test", str(store), 0, knots49(), NU, "full")
+    spec = site.SiteSpec("slowdown-test", str(store), 0, knots49(), Matern(NU), "full")
     phi = Params(np.zeros(M), 0.1 * np.eye(M), np.zeros(5), 0.25, 1.0, 0.1)
     try:
-        dask_runtime.evaluate_task(spec, Augmented(phi, 0, "theta"), 1.0)  # load and factorise once
+        site.answer(spec, Augmented(phi, 0, "theta"), 1.0)  # load and factorise once
         with limit_blas_threads(1):
             tic, cpu = time.perf_counter(), time.thread_time()
-            q = dask_runtime.evaluate_task(spec, Augmented(phi.replace(delta=0.3), 1, "theta"), 4.0)
+            q = site.answer(spec, Augmented(phi.replace(delta=0.3), 1, "theta"), 4.0)
             wall, cpu = time.perf_counter() - tic, time.thread_time() - cpu
         assert q.step == "theta" and q.t == 1 and q.worker == 0
         assert wall >= 3.5 * cpu > 0  # ≥ c + 3c of sleep, c the CPU time (margin for timer granularity)
     finally:
-        dask_runtime.release_partitions("slowdown-test")
-    assert dask_runtime._REGISTRY == {}
+        site.release("slowdown-test")
+    assert site._REGISTRY == {}
 
 
 def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, reference):

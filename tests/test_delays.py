@@ -11,7 +11,8 @@ from test_algorithm_reference import simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented
-from spatialfed.runtime import dask_runtime
+from spatialfed.model.matern import Matern
+from spatialfed.runtime import site
 from spatialfed.runtime.delays import (
     ExponentialDelay,
     PoissonActivations,
@@ -254,16 +255,16 @@ def test_poisson_activations_give_stale_but_geometric_tailed_async_runs_that_con
 
 
 def test_evaluate_task_sleeps_the_delay_and_activation_task_the_wait(store, knots):
-    spec = dask_runtime.PartitionSpec("delay-test", str(store), 0, knots, 0.5, "full")
+    spec = site.SiteSpec("delay-test", str(store), 0, knots, Matern(0.5), "full")
     try:
-        dask_runtime.evaluate_task(spec, Augmented(None, 0, "moments"))  # load the partition once
+        site.answer(spec, Augmented(None, 0, "moments"))  # load the partition once
         tic = time.perf_counter()
-        q = dask_runtime.evaluate_task(spec, Augmented(None, 0, "moments"), 1.0, 0.3)
+        q = site.answer(spec, Augmented(None, 0, "moments"), 1.0, 0.3)
         assert time.perf_counter() - tic >= 0.3 and q.step == "moments" and q.worker == 0
         tic = time.perf_counter()
-        assert dask_runtime.activation_task(0.2) == 0.2 and time.perf_counter() - tic >= 0.2
+        assert site.wake(0.2) == 0.2 and time.perf_counter() - tic >= 0.2
     finally:
-        dask_runtime.release_partitions("delay-test")
+        site.release("delay-test")
 
 
 class RecordingClient:
@@ -298,8 +299,8 @@ def test_dask_tasks_sleep_their_sampled_waits(tmp_path):
                                     FitConfig(mode="sync", max_iter=2), delays=ExponentialDelay([0.01, 0.03]),
                                     activations=PoissonActivations(40.0), seed=1)
     assert server.done
-    tasks = {k: args for k, (fn, args) in client.submitted.items() if fn is dask_runtime.evaluate_task}
-    activations = {k: args for k, (fn, args) in client.submitted.items() if fn is dask_runtime.activation_task}
+    tasks = {k: args for k, (fn, args) in client.submitted.items() if fn is site.answer}
+    activations = {k: args for k, (fn, args) in client.submitted.items() if fn is site.wake}
     assert len(tasks) + len(activations) == info.n_tasks - 2  # all but the two load tasks
     assert len(activations) >= len(tasks) and all(args[0] > 0 for args in activations.values())
     delays = np.array([args[3] for args in tasks.values()])

@@ -263,7 +263,7 @@ def test_cli_fit_fgpr_writes_results_and_predict_works(test_store, tmp_path, cap
     assert np.isfinite(doc["loglik"]) and doc["trace"][-1]["step"] == "final"
     extra = load_fit(out).extra
     assert extra["config"]["participation"] == 2 and extra["config"]["batching"] == "nearest"
-    rc = main(["predict", str(out), "--store", str(test_store), "--out", str(pred), "--runtime", "inprocess"])
+    rc = main(["predict", str(out), "--store", str(test_store), "--out", str(pred), "--runtime", "simulated"])
     assert rc == 0, capsys.readouterr().err
     frame = pd.read_csv(pred)
     assert len(frame) == 20 and np.all(np.isfinite(frame["mean"])) and np.all(frame["sd"] > 0)
@@ -302,7 +302,7 @@ def test_map_works_on_an_fgpr_fit(tmp_path, capsys):
     FederatedGP(method="fgpr", runtime="simulated", max_iter=10, progress=False,
                 fgpr={"batch_size": 20}).fit(tmp_path / "s.zarr").save(tmp_path / "fit")
     rc = main(["map", str(tmp_path / "fit"), "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "m"),
-               "--resolution", "100", "--runtime", "inprocess"])
+               "--resolution", "100", "--runtime", "simulated"])
     assert rc == 0, capsys.readouterr().err
     assert (tmp_path / "m" / "mean.tif").exists() and (tmp_path / "m" / "sd.tif").exists()
 

@@ -53,10 +53,10 @@ def test_jobqueue_cluster_passes_security(monkeypatch):
 def test_cli_tls_flags():
     import argparse
 
-    from spatialfed.cli.fit import register_fit
+    from spatialfed.cli.fit import register
 
     parser = argparse.ArgumentParser()
-    register_fit(parser.add_subparsers())
+    register(parser.add_subparsers())
     args = parser.parse_args(["fit", "s.zarr", "--out", "o", "--tls-dir", "/certs"])
     assert args.tls_dir == "/certs" and not args.tls
     assert parser.parse_args(["fit", "s.zarr", "--out", "o", "--tls"]).tls
@@ -66,13 +66,13 @@ def test_cli_tls_flags():
 
 def _interrupt_at(monkeypatch, t_stop):
     """Make the fit die (KeyboardInterrupt from the progress hook, between receive calls) once server.t >= t_stop."""
-    from spatialfed import api
+    from spatialfed.api.progress import Progress
 
     def event(self, server, now):
         if server.phase == "loop" and server.t >= t_stop:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(api._Progress, "event", event)
+    monkeypatch.setattr(Progress, "event", event)
 
 
 def _vector(params):
@@ -119,7 +119,7 @@ def test_resume_refuses_model_changes(store, tmp_path):
         FederatedGP(checkpoint_every=2)._check_settings()
 
 
-def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch):
+def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch, capsys):
     import json
 
     from spatialfed.cli import main
@@ -127,9 +127,9 @@ def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch):
     out = tmp_path / "out"
     with monkeypatch.context() as m:
         _interrupt_at(m, 4)
-        with pytest.raises(KeyboardInterrupt):
-            main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "9", "--max-iter", "10",
-                  "--dask-workers", "2", "--checkpoint-every", "2", "--quiet"])
+        assert main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "9", "--max-iter", "10",
+                     "--dask-workers", "2", "--checkpoint-every", "2", "--quiet"]) == 130  # Ctrl-C: no traceback
+    assert f"`spatialfed fit --resume {out}`" in capsys.readouterr().err
     assert (out / "checkpoint.pkl").exists() and not (out / "fit.json").exists()
     main(["fit", "--resume", str(out), "--quiet"])
     fit = json.loads((out / "fit.json").read_text())
@@ -137,21 +137,42 @@ def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch):
 
 
 def test_no_failure_checkpoint_of_a_half_updated_server(tmp_path):
-    from spatialfed.api import _Checkpointer
+    """Interrupted inside server.receive, the driver keeps the last periodic checkpoint instead of saving a state
+    that may be half-updated; interrupted between two receive calls, it saves the state it has."""
+    from conftest import grid_knots, simulate_parts
 
-    class Server:
-        phase, t, _last_now = "loop", 5, 2.0
+    from spatialfed.algorithm.checkpoint import read_checkpoint
+    from spatialfed.algorithm.config import FitConfig
+    from spatialfed.algorithm.server import FederatedServer
+    from spatialfed.model.local import LocalModel
+    from spatialfed.model.matern import Matern
+    from spatialfed.runtime.driver import Checkpointer, drive
+    from spatialfed.runtime.virtual import VirtualRuntime
 
-        def snapshot(self):
-            return {"t": self.t}
+    knots, kernel = grid_knots(3), Matern(1.5)
+    models = [LocalModel(*part, knots, kernel) for part in simulate_parts()]
 
-    ck = _Checkpointer(tmp_path / "c.pkl", 2, {})
-    server = Server()
-    ck.on_event(server)  # consistent: written (t advanced by 2)
-    assert ck.writes == 1
-    server._last_now, server.t = 3.0, 6  # receive started (clock moved) but did not finish
-    ck.write(server, failing=True)
-    assert ck.writes == 1 and ck.last_t == 5
+    class Interrupted(FederatedServer):
+        def receive(self, qs, now):
+            super().receive(qs, now)
+            if self.phase == "loop" and self.t >= 5:
+                raise KeyboardInterrupt  # after the update began: the state may be half-updated
+
+    ck = Checkpointer(tmp_path / "c.ckpt", 2, {})
+    server = Interrupted(3, knots, kernel, FitConfig(mode="sync", max_iter=50))
+    with pytest.raises(KeyboardInterrupt):
+        drive(server, VirtualRuntime(models), checkpointer=ck)
+    assert ck.writes >= 1 and ck.last_t < server.t and read_checkpoint(tmp_path / "c.ckpt")["t"] == ck.last_t
+
+    def stop_between(srv, now):  # between receive calls: the server is consistent and is saved
+        if srv.phase == "loop" and srv.t >= 3:
+            raise KeyboardInterrupt
+
+    ck = Checkpointer(tmp_path / "d.ckpt", 100, {})
+    server = FederatedServer(3, knots, kernel, FitConfig(mode="sync", max_iter=50))
+    with pytest.raises(KeyboardInterrupt):
+        drive(server, VirtualRuntime(models), on_event=stop_between, checkpointer=ck)
+    assert ck.writes == 1 and read_checkpoint(tmp_path / "d.ckpt")["t"] == server.t
 
 
 def test_cli_fit_with_tls_dir(store, tmp_path):

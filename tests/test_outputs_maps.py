@@ -42,7 +42,7 @@ def test_map_cli_writes_georeferenced_rasters_png_and_gpkg(plain, tmp_path):
     out = tmp_path / "m"
     assert main(["map", str(fit), "--store", str(store), "--out", str(out), "--domain",
                  str(store.parent / "dom.gpkg"), "--resolution", "50", "--units", "mg/kg",
-                 "--runtime", "inprocess"]) == 0
+                 "--runtime", "simulated"]) == 0
     grid = geometry.prediction_grid(geometry.domain_from_file(store.parent / "dom.gpkg"), 50)
     for name in ("mean.tif", "sd.tif"):
         with rasterio.open(out / name) as r:
@@ -63,7 +63,7 @@ def test_map_masks_cells_outside_a_polygon_domain(plain, tmp_path):
     fit, store = plain
     tri = geometry.Domain(shapely.Polygon([(X0, Y0), (X0 + 1000, Y0), (X0, Y0 + 1000)]), geometry.parse_crs(CRS))
     tri.to_geoseries().to_file(tmp_path / "tri.gpkg")
-    maps.make_map(fit, store, tmp_path / "m", domain=tmp_path / "tri.gpkg", resolution=100, runtime="inprocess",
+    maps.make_map(fit, store, tmp_path / "m", domain=tmp_path / "tri.gpkg", resolution=100, runtime="simulated",
                   sites=False)
     with rasterio.open(tmp_path / "m" / "mean.tif") as r:
         band = r.read(1)
@@ -75,24 +75,24 @@ def test_domain_in_another_crs_is_an_error(plain, tmp_path):
     geometry.domain_from_file(store.parent / "dom.gpkg").to_crs("EPSG:4326").to_geoseries() \
         .to_file(tmp_path / "ll.gpkg")
     with pytest.raises(DataError, match="EPSG:4326 but the store is in EPSG:28992; reproject"):
-        maps.make_map(fit, store, tmp_path / "m", domain=tmp_path / "ll.gpkg", runtime="inprocess")
+        maps.make_map(fit, store, tmp_path / "m", domain=tmp_path / "ll.gpkg", runtime="simulated")
 
 
 def test_covariates_on_the_grid(tmp_path):
     fit, store = _store(tmp_path, covariates=["elev"])
     dom = tmp_path / "dom.gpkg"
     with pytest.raises(DataError, match=r"uses covariate\(s\) \['elev'\]; give their values on the map"):
-        maps.make_map(fit, store, tmp_path / "m", domain=dom, resolution=100, runtime="inprocess")
+        maps.make_map(fit, store, tmp_path / "m", domain=dom, resolution=100, runtime="simulated")
     g = np.arange(25.0, 1000, 50)
     xx, yy = np.meshgrid(g + X0, g + Y0)
     table = pd.DataFrame({"x": xx.ravel(), "y": yy.ravel(), "elev": (xx.ravel() - X0) / 1000})
     table.to_csv(tmp_path / "cov.csv", index=False)
     maps.make_map(fit, store, tmp_path / "m", domain=dom, resolution=50, covariates=tmp_path / "cov.csv",
-                  runtime="inprocess")
+                  runtime="simulated")
     table[table.x < X0 + 500].to_csv(tmp_path / "half.csv", index=False)
     with pytest.raises(DataError, match="map cells have no covariate value"):
         maps.make_map(fit, store, tmp_path / "m2", domain=dom, resolution=50, covariates=tmp_path / "half.csv",
-                      runtime="inprocess")
+                      runtime="simulated")
 
 
 def test_nice_resolution_is_round():

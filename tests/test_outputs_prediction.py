@@ -29,7 +29,7 @@ def fitted(tmp_path_factory):
 def test_predict_cli_at_test_group_writes_table_and_metrics(fitted, capsys):
     d, store, fit = fitted
     out = d / "pred" / "PRED.csv"
-    assert main(["predict", str(fit), "--store", str(store), "--out", str(out), "--runtime", "inprocess"]) == 0
+    assert main(["predict", str(fit), "--store", str(store), "--out", str(out), "--runtime", "simulated"]) == 0
     frame = pd.read_csv(out)
     assert list(frame.columns[:5]) == ["x", "y", "mean", "sd", "observed"]
     assert {"outside_domain", "owner", "sd_latent"} <= set(frame.columns) and len(frame) == 30
@@ -46,7 +46,7 @@ def test_driver_equals_in_process_protocol(fitted):
     _, store, fit = fitted
     model, info = pr.load_model(fit), open_store(store)
     locs0, _, X0 = load_test(store)
-    with pr.open_workers(info, model, "inprocess") as workers:
+    with pr.open_workers(info, model, "simulated") as workers:
         got = pr.predict_at(workers, model, locs0, X0)
         chunked = pr.predict_at(workers, model, locs0, X0, chunk=7)
         ref = federated_predict(workers.models, locs0, X0, model.params, model.knots, model.kernel, model.residual)
@@ -64,8 +64,8 @@ def test_dask_runtime_matches_in_process(fitted):
     _, store, fit = fitted
     with Client(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as client:
         f_dask, s_dask = pr.predict(fit, store, client=client)
-        leftover = client.run(lambda: __import__("spatialfed.runtime.dask_runtime", fromlist=["x"]).registry_keys())
-    f_local, s_local = pr.predict(fit, store, runtime="inprocess")
+        leftover = client.run(lambda: __import__("spatialfed.runtime.site", fromlist=["x"]).registry_keys())
+    f_local, s_local = pr.predict(fit, store, runtime="simulated")
     pd.testing.assert_frame_equal(f_dask, f_local)
     assert s_dask == s_local
     assert not any(k.startswith("predict-") for keys in leftover.values() for k in keys)  # partitions released
@@ -77,7 +77,7 @@ def test_ols_and_baseline_predictors(fitted):
     locs0, _, X0 = load_test(store)
     parts = [load_worker(store, j) for j in range(3)]
     X, z = np.vstack([p[2] for p in parts]), np.concatenate([p[1] for p in parts])
-    with pr.open_workers(info, model, "inprocess") as workers:
+    with pr.open_workers(info, model, "simulated") as workers:
         ols = pr.predict_at(workers, model, locs0, X0, "ols")
         ind = pr.predict_at(workers, model, locs0, X0, "independent")
         own = pr.predict_at(workers, model, locs0, X0, "personal", worker=1)
@@ -104,27 +104,27 @@ def test_locations_file_with_intercept_and_outside_points(tmp_path):
     locs = pd.DataFrame({"x": [150500.0, 160000.0], "y": [400500.0, 400500.0], "elev": [0.0, 1.0]})
     locs.to_csv(tmp_path / "locs.csv", index=False)
     with pytest.warns(UserWarning, match="1 of 2 prediction location"):
-        out, scores = pr.predict(tmp_path / "f", store, locations=tmp_path / "locs.csv", runtime="inprocess")
+        out, scores = pr.predict(tmp_path / "f", store, locations=tmp_path / "locs.csv", runtime="simulated")
     assert out["outside_domain"].tolist() == [False, True] and scores is None and "observed" not in out
     locs.drop(columns="elev").to_csv(tmp_path / "bare.csv", index=False)
     with pytest.raises(DataError, match=r"lacks covariate column\(s\) \['elev'\]"):
-        pr.predict(tmp_path / "f", store, locations=tmp_path / "bare.csv", runtime="inprocess")
+        pr.predict(tmp_path / "f", store, locations=tmp_path / "bare.csv", runtime="simulated")
     locs.assign(elev=[0.0, np.nan]).to_csv(tmp_path / "nan.csv", index=False)
     with pytest.raises(DataError, match="missing or non-numeric covariates"):
-        pr.predict(tmp_path / "f", store, locations=tmp_path / "nan.csv", runtime="inprocess")
+        pr.predict(tmp_path / "f", store, locations=tmp_path / "nan.csv", runtime="simulated")
     pts = gpd.GeoDataFrame(locs, geometry=gpd.points_from_xy(locs.x, locs.y), crs="EPSG:28992").to_crs(4326)
     pts.to_file(tmp_path / "lonlat.gpkg")
     with pytest.raises(DataError, match="CRS EPSG:4326 but the store is in EPSG:28992"):
-        pr.predict(tmp_path / "f", store, locations=tmp_path / "lonlat.gpkg", runtime="inprocess")
+        pr.predict(tmp_path / "f", store, locations=tmp_path / "lonlat.gpkg", runtime="simulated")
     with pytest.raises(DataError, match="no test group"):
-        pr.predict(tmp_path / "f", store, runtime="inprocess")
+        pr.predict(tmp_path / "f", store, runtime="simulated")
 
 
 def test_cli_reports_bad_input_cleanly(fitted, tmp_path, capsys):
     _, store, fit = fitted
     pd.DataFrame({"x": [0.5], "y": [0.5]}).to_csv(tmp_path / "l.csv", index=False)
     code = main(["predict", str(fit), "--store", str(store), "--locations", str(tmp_path / "l.csv"),
-                 "--out", str(tmp_path / "p.csv"), "--runtime", "inprocess"])
+                 "--out", str(tmp_path / "p.csv"), "--runtime", "simulated"])
     assert code == 1 and "lacks covariate column(s) ['x1', 'x2', 'x3', 'x4', 'x5']" in capsys.readouterr().err
     assert not (tmp_path / "p.csv").exists()
     assert main(["predict", str(tmp_path / "nofit"), "--store", str(store), "--out", str(tmp_path / "p.csv")]) == 1

@@ -10,6 +10,8 @@ HESSIANS = ("profile", "block")
 MEAN_STEPS = ("joint", "block")
 ALPHA_RULES = ("fixed", "staleness", "section5")
 STRATEGIES = ("correction", "adaptive_weights", "moving_average")
+#: asynchronous presets: "paper" (the paper's strategies and Remark 8's values), then FitConfig.<name>()
+PRESETS = ("paper", "tuned", "basic", "section5")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class FitConfig:
     tol: float = 1e-5
     patience: int = 3
     time_budget: float | None = None
+    n_workers: int | None = None  # J, once known (resolved): the constructor then checks agg_threshold against it
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -48,8 +51,16 @@ class FitConfig:
             raise ValueError(f"alpha_rule must be one of {ALPHA_RULES}, got {self.alpha_rule!r}")
         if self.mean_step not in MEAN_STEPS:
             raise ValueError(f"mean_step must be one of {MEAN_STEPS}, got {self.mean_step!r}")
-        if self.agg_threshold is not None and (int(self.agg_threshold) != self.agg_threshold or self.agg_threshold < 1):
-            raise ValueError(f"agg_threshold must be an integer in 1..J, got {self.agg_threshold!r}")
+        A, J = self.agg_threshold, self.n_workers
+        if J is not None and (isinstance(J, bool) or int(J) != J or J < 1):
+            raise ValueError(f"need at least one worker, got n_workers={J!r}")
+        if A is not None and (isinstance(A, bool) or not isinstance(A, (int, float)) or int(A) != A or A < 1
+                              or (J is not None and A > J)):
+            where = "1..J" if J is None else f"1..J = 1..{J} (the store has {J} workers)"
+            raise ValueError(f"agg_threshold must be an integer in {where}, got {A!r}")
+        if self.mode == "sync" and None not in (A, J) and A != J:
+            raise ValueError(f"mode='sync' aggregates all J = {J} workers; agg_threshold={A} needs mode='async' "
+                             "(or leave agg_threshold unset)")
         if self.alpha is not None and not 0 < self.alpha <= 1:
             raise ValueError(f"alpha (Newton step size) must be in (0, 1], got {self.alpha!r}")
         if not 0 < self.omega < 1:
@@ -95,25 +106,27 @@ class FitConfig:
         return cls(**{"mode": "async", "correction": True, "adaptive_weights": False, "moving_average": False,
                       "alpha": 1.0, "alpha_rule": "staleness", **changes})
 
+    @classmethod
+    def preset(cls, name: str = "paper", mode: str = "async", **settings) -> "FitConfig":
+        """The settings of preset `name` in `mode`, `settings` overriding it (with n_workers=J: resolved for J);
+        in sync mode every quantity is fresh, so the asynchronous presets do not apply."""
+        if name not in PRESETS:
+            raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
+        config = cls(mode=mode, **settings) if name == "paper" or mode == "sync" else getattr(cls, name)(**settings)
+        return config if config.n_workers is None else config.resolved(config.n_workers)
+
     def resolved(self, n_workers: int) -> "FitConfig":
         """Copy with concrete agg_threshold, alpha (0.5·A/J async, 1 sync) and strategy flags for J workers."""
-        J = int(n_workers)
-        if J < 1:
-            raise ValueError(f"need at least one worker, got n_workers={n_workers!r}")
+        J = replace(self, n_workers=n_workers).n_workers  # the constructor checks J and agg_threshold against it
         A = self.agg_threshold
         if self.mode == "sync":
-            if A is not None and A != J:
-                raise ValueError(f"mode='sync' aggregates all J={J} workers; got agg_threshold={A}. "
-                                 "Use mode='async' for a smaller threshold, or leave agg_threshold unset")
             A = J
         elif A is None:
             A = max(1, math.ceil(0.2 * J))
-        if not 1 <= A <= J:
-            raise ValueError(f"agg_threshold must be in 1..J = 1..{J}, got {A}")
         on = self.mode == "async"
         flags = {s: on if getattr(self, s) is None else bool(getattr(self, s)) for s in STRATEGIES}
         alpha = self.alpha if self.alpha is not None else (1.0 if self.mode == "sync" else 0.5 * A / J)
-        return replace(self, agg_threshold=int(A), alpha=float(alpha), **flags)
+        return replace(self, agg_threshold=int(A), alpha=float(alpha), n_workers=int(J), **flags)
 
     def as_dict(self) -> dict:
         """Plain dict of the settings (for result files and checkpoints; `privacy` as its dict)."""

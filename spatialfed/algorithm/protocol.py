@@ -19,7 +19,9 @@ INIT_STEPS = ("moments", "variogram")
 FINAL_STEP = "value"
 #: FGPR's local update (algorithm/fgpr.py): E optimiser steps from the global parameters
 FGPR_STEP = "fgpr"
-ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP, FGPR_STEP)
+#: one round trip per iteration (algorithm/stats_server.py): sufficient statistics at u (SPEC §2b)
+STATS_STEP = "stats"
+ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP, FGPR_STEP, STATS_STEP)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
         from spatialfed.algorithm import fgpr  # fgpr imports this module
 
         xi = fgpr.local_update(lm, p, worker)
+    elif p.step == STATS_STEP:
+        from spatialfed.model.stats import site_statistics
+
+        xi = site_statistics(lm, p.params)
     else:
         xi = lm.quantity(p.step, p.params)
         for step in p.extra.get("with", ()):

@@ -18,7 +18,7 @@ Predictors (`PREDICTORS`):
   prediction sd s·√(1 + x₀ᵀ(XᵀX)⁻¹x₀).
 
 Runtimes: `dask` runs every worker's part in a task on the Dask worker that loads and keeps partition j (the fit's
-`PartitionSpec` / `_local_model` machinery); `inprocess` loads the partitions here (small data, tests).
+partition executor, `runtime.site`); `simulated` loads the partitions in this process (small data, tests).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.outputs import metrics
 from spatialfed.outputs.results import load_fit
+from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
 PREDICTORS = ("lowrank", "independent", "personal", "ols")
-RUNTIMES = ("dask", "inprocess")
 INTERCEPT = "intercept"
 CHUNK = 2048   # prediction locations per round of worker tasks
 
@@ -97,118 +97,27 @@ def check_store(model: FittedModel, info: StoreInfo) -> None:
                         "fitted on")
 
 
-# --------------------------------------------------------------------------------------------------------------
-# worker side: what a federated worker computes for prediction (each returns prediction-sized arrays only)
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
-    return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
-
-
-WORKER_CALLS = {
-    "nearest_distance": LocalModel.nearest_distance,          # n₀ distances
-    "residual_kriging": LocalModel.residual_kriging,          # n₀-sized mean, n₀×m BRk, n₀ kRk
-    "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
-    "moments": LocalModel.moments,                            # p×p, p, 1, 1
-    "bounds": _bounds,                                        # 4 numbers
-    "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
-}
-
-
-def worker_call(lm: LocalModel, name: str, args: tuple):
-    """Run the prediction function `name` of WORKER_CALLS on worker j's LocalModel."""
-    if name not in WORKER_CALLS:
-        raise ValueError(f"unknown worker call {name!r}; allowed: {sorted(WORKER_CALLS)}")
-    return WORKER_CALLS[name](lm, *args)
-
-
-def dask_worker_call(spec, name: str, args: tuple):
-    """worker_call on partition spec.worker, loaded and kept in this Dask worker process."""
-    from spatialfed.runtime.dask_runtime import _local_model
-
-    return worker_call(_local_model(spec), name, args)
-
-
-class InProcessWorkers:
-    """Every partition loaded in this process (small data, tests): the same calls as on Dask, run here."""
-
-    def __init__(self, info: StoreInfo, model: FittedModel):
-        self.n_workers = info.n_workers
-        self.models = [LocalModel(*load_worker(info.path, j), model.knots, model.kernel, model.residual)
-                       for j in range(info.n_workers)]
-
-    def call(self, name: str, calls: dict) -> dict:
-        """{j: worker_call(partition j, name, args)} for each j in calls."""
-        return {j: worker_call(self.models[j], name, args) for j, args in calls.items()}
-
-    def close(self) -> None:
-        self.models = []
-
-
-class DaskWorkers:
-    """Partitions loaded and kept on the Dask workers (one task per call and worker, pinned to its Dask worker)."""
-
-    def __init__(self, client, info: StoreInfo, model: FittedModel):
-        from spatialfed.runtime.cluster import worker_addresses
-        from spatialfed.runtime.dask_runtime import PartitionSpec, assign_partitions
-
-        self.client = client
-        self.n_workers = info.n_workers
-        self.run_id = f"predict-{uuid.uuid4().hex[:12]}"
-        self.assignment = assign_partitions(info.n_workers, worker_addresses(client))
-        store = os.path.abspath(os.fspath(info.path))
-        self.specs = [PartitionSpec(self.run_id, store, j, model.knots, model.nu, model.residual)
-                      for j in range(info.n_workers)]
-
-    def call(self, name: str, calls: dict) -> dict:
-        """{j: result} of worker_call(name, args) run where partition j lives."""
-        from distributed import wait
-
-        futs = {j: self.client.submit(dask_worker_call, self.specs[j], name, args, workers=[self.assignment[j]],
-                                      allow_other_workers=False, key=f"{name}-w{j}-{uuid.uuid4().hex[:6]}", pure=False)
-                for j, args in calls.items()}
-        wait(list(futs.values()))
-        for j, fut in futs.items():
-            if fut.status != "finished":
-                exc = fut.exception()
-                raise WorkerTaskError(f"federated worker {j} failed in prediction call '{name}' (Dask worker "
-                                      f"{self.assignment[j]}): {type(exc).__name__}: {exc}")
-        return {j: fut.result() for j, fut in futs.items()}
-
-    def close(self) -> None:
-        from spatialfed.runtime.dask_runtime import release_partitions
-
-        try:
-            self.client.run(release_partitions, self.run_id)
-        except Exception:  # pragma: no cover - a dead worker holds nothing any more
-            pass
-
-
 @contextmanager
 def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "dask", *, client=None, scheduler=None,
                  n_dask_workers=None):
-    """The store's federated workers as InProcessWorkers or DaskWorkers (an embedded cluster unless told otherwise)."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-    if runtime == "inprocess":
-        workers = InProcessWorkers(info, model)
-        handle = None
-    else:
-        from spatialfed.runtime.cluster import default_n_workers, make_cluster
+    """The store's sites with their partitions loaded, as a started `Runtime` (`call(name, {j: args})` runs
+    runtime.site.SITE_CALLS where partition j lives): Dask (an embedded cluster unless told otherwise) or, with
+    runtime="simulated", this process (small data, tests)."""
+    from spatialfed.runtime import site
+    from spatialfed.runtime.factory import open_runtime
 
-        handle = None
-        if client is None:
-            n = n_dask_workers or min(info.n_workers, default_n_workers())
-            handle = make_cluster(scheduler, n_workers=n)
-            client = handle.client
-        workers = DaskWorkers(client, info, model)
-    try:
-        yield workers
-    finally:
-        workers.close()
-        if handle is not None:
-            handle.close()
+    specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
+                            model.residual)
+    with open_runtime(runtime, client=client, scheduler=scheduler, n_dask_workers=n_dask_workers,
+                      n_sites=info.n_workers) as workers:
+        try:
+            for event in workers.start(specs):
+                if event.error is not None:
+                    raise WorkerTaskError(event.error)
+            workers.n_workers = info.n_workers
+            yield workers
+        finally:
+            workers.stop()
 
 
 # --------------------------------------------------------------------------------------------------------------

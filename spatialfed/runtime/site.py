@@ -51,7 +51,7 @@ class SiteSpec:
 def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residual: str) -> list[SiteSpec]:
     """One SiteSpec per federated worker of `store` (its absolute path: every site opens it itself)."""
     store = os.path.abspath(os.fspath(store))
-    knots = np.asarray(knots, dtype=float)
+    knots = np.asarray(knots, dtype=float).reshape(-1, 2)
     return [SiteSpec(run_id, store, j, knots, kernel, residual) for j in range(int(n_workers))]
 
 

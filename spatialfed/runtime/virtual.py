@@ -24,8 +24,9 @@ import numpy as np
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr import local_flops
-from spatialfed.algorithm.protocol import FGPR_STEP, Augmented, Quantity, evaluate
+from spatialfed.algorithm.protocol import FGPR_STEP, STATS_STEP, Augmented, Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
+from spatialfed.model.stats import stats_flops
 from spatialfed.runtime import site
 from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.driver import drive
@@ -49,6 +50,8 @@ class FlopCost:
             flops = n * n
         elif p.step == FGPR_STEP:
             flops = local_flops(lm, p)
+        elif p.step == STATS_STEP:
+            flops = stats_flops(n, m, k, lm.residual)
         else:
             flops = n**3 / 3 + n * n * m if lm.residual == "full" else n * m * m
             if p.step == "theta":
@@ -134,8 +137,9 @@ class VirtualRuntime(Runtime):
 
     def stop(self) -> None:
         self._events.clear()
-        if self._run_id is not None:
+        if self._run_id is not None:  # loaded from the store at start: release them (a later start reloads)
             site.release(self._run_id)
+            self.models, self._run_id = None, None
 
 
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,

@@ -18,24 +18,25 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
+import uuid
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 
+from spatialfed.algorithm.config import PRESETS, FitConfig
+from spatialfed.api.progress import Progress
 from spatialfed.errors import DataError, SpatialFedError
+from spatialfed.model.matern import Matern
+from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name
 
 log = logging.getLogger("spatialfed.api")
 
 METHODS = ("lowrank", "independent", "fgpr")
-IMPLEMENTED_METHODS = METHODS
 MODES = ("sync", "async")
 RESIDUALS = ("full", "mpp", "pp")
-RUNTIMES = ("dask", "simulated")
 PROFILES = ("balanced", "straggler", "graded")
-#: async strategy presets: "paper" (Remark 8 defaults), and FitConfig.<name>() for the others
-PRESETS = ("paper", "tuned", "basic", "section5")
 
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
@@ -182,12 +183,10 @@ class FederatedGP:
     # --- validation ----------------------------------------------------------------------------------------
     def _check_settings(self) -> None:
         for name, value, allowed in (("method", self.method, METHODS), ("mode", self.mode, MODES),
-                                     ("residual", self.residual, RESIDUALS), ("runtime", self.runtime, RUNTIMES)):
+                                     ("residual", self.residual, RESIDUALS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if self.method not in IMPLEMENTED_METHODS:
-            raise ValueError(f"method {self.method!r} is not available in this version yet; "
-                             f"use one of {IMPLEMENTED_METHODS}")
+        runtime = runtime_name(self.runtime)
         if self.method in ("independent", "fgpr") and self.residual != "full":
             raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
                              f"residual={self.residual!r} applies to method='lowrank' only")
@@ -206,10 +205,10 @@ class FederatedGP:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
             raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {self.nu!r}")
-        if self.runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
+        if runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
             raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
         if self.tls is not None and self.tls is not False:
-            if self.runtime != "dask":
+            if runtime != "dask":
                 raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
             if self.client is not None:
                 raise ValueError("tls=... cannot be applied to an existing client=; create it with "
@@ -220,12 +219,9 @@ class FederatedGP:
                 raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
             if self.checkpoint is None:
                 raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
-        if self.checkpoint is not None and self.runtime != "dask":
-            raise ValueError("checkpoints are written by the Dask runtime; runtime='simulated' does not write them")
 
     def _config(self, n_workers: int):
-        from spatialfed.algorithm.config import FitConfig
-
+        """The resolved FitConfig (or FgprConfig) for J workers: every option is validated by the config itself."""
         J = n_workers
         if self.method == "fgpr":
             from spatialfed.algorithm.fgpr import FgprConfig
@@ -236,26 +232,11 @@ class FederatedGP:
                 raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside fgpr={{...}}")
             return FgprConfig(max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, seed=self.seed,
                               **extra).resolved(J)
-        A = self.agg_threshold
-        if A is not None:
-            if isinstance(A, bool) or not float(A).is_integer() or not 1 <= A <= J:
-                raise ValueError(f"agg_threshold must be an integer in 1..J = 1..{J} (the store has {J} workers), "
-                                 f"got {A!r}")
-            A = int(A)
-            if self.mode == "sync" and A != J:
-                raise ValueError(f"mode='sync' aggregates all J = {J} workers; agg_threshold={A} needs mode='async'")
         extra = dict(self.strategies or {})
         if self.privacy is not None:
             extra["privacy"] = self.privacy
-        settings = dict(agg_threshold=A, max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, **extra)
-        preset = self.preset
-        if preset == "paper" or self.mode == "sync":  # sync: every quantity is fresh, the async presets do not apply
-            return FitConfig(mode=self.mode, **settings).resolved(J)
-        factory = getattr(FitConfig, preset, None) if preset in PRESETS else None
-        if factory is None:
-            available = ["paper"] + [name for name in PRESETS[1:] if hasattr(FitConfig, name)]
-            raise ValueError(f"preset must be one of {available}, got {preset!r}")
-        return factory(**settings).resolved(J)
+        return FitConfig.preset(self.preset, self.mode, agg_threshold=self.agg_threshold, max_iter=self.max_iter,
+                                tol=self.tol, time_budget=self.time_budget, n_workers=J, **extra)
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
         from spatialfed.runtime.heterogeneity import resolve_slowdowns
@@ -263,7 +244,7 @@ class FederatedGP:
         return resolve_slowdowns(self.profile if self.slowdown is None else list(self.slowdown), n_workers)
 
     def _delay_models(self, n_workers: int) -> dict:
-        """The runtimes' delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
+        """The driver's delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
         from spatialfed.runtime.delays import parse_activations, parse_delay
 
         delays = parse_delay(self.delays, n_workers) if isinstance(self.delays, str) else self.delays
@@ -314,98 +295,49 @@ class FederatedGP:
         `resume`: a checkpoint path or snapshot dict to continue from (its knots and algorithm state are kept; see
         ``FederatedGP.resume``, which also restores the settings)."""
         from spatialfed.data.store import open_store
+        from spatialfed.outputs.monitor import FitMonitor
+        from spatialfed.runtime import site
+        from spatialfed.runtime.driver import Checkpointer, drive
 
         tic = time.perf_counter()
         self._check_settings()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
-        J = info.n_workers
-        restored = self._restored_server(resume, J)
-        restored_t = None if restored is None else restored.t
-        restored_time = None if restored is None else restored._last_now
-        config = self._config(J) if restored is None else restored.config
-        slowdowns = self._slowdowns(J)
-        say = _Progress(self.progress)
-        from spatialfed.outputs.monitor import FitMonitor
+        server = self._restored_server(resume, info.n_workers)
+        resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
+        say = Progress(self.progress)
+        monitor = FitMonitor(info.n_workers, live=bool(self.live) and runtime_name(self.runtime) == "dask")
+        ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, self._meta(info.path))
+        with self._open_runtime(info.n_workers) as runtime, say, closing(monitor):
+            knots, domain = self._knots(info, runtime, server)
+            server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
+            say.started(self, runtime, server, monitor.url)
+            specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, Matern(self.nu),
+                                    self.residual)
+            run_tic = time.perf_counter()
+            drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
+                  on_result=monitor.on_result, on_worker_error=self.on_worker_error, checkpointer=ckpt,
+                  **self._delay_models(info.n_workers))
+            self._fitted(info, server, runtime, knots, domain, time.perf_counter() - run_tic)
+        self.monitor_, self.resumed_from_ = monitor, resumed
+        self.checkpoint_writes_, self.checkpoint_seconds_ = ckpt.writes, ckpt.seconds
+        self.total_time_s_ = time.perf_counter() - tic
+        say.summary(self)
+        return self
 
-        monitor = FitMonitor(J, live=bool(self.live) and self.runtime == "dask")
-        if monitor.url:
-            say.line(f"live monitor: {monitor.url}")
-
-        ckpt = _Checkpointer(self.checkpoint, self.checkpoint_every, self._meta(info.path))
-
-        def on_event(server, now):
-            ckpt.on_event(server)
-            say.event(server, now)
-            monitor.on_event(server, now)
-
-        handle = None
-        try:
-            if self.runtime == "dask":
-                handle = self._cluster(J)
-                client = handle.client
-                self.dashboard_link_ = handle.dashboard_link
-                self.scheduler_address_ = _scheduler_address(client)
-                say.line(f"spatialfed fit: {J} federated workers on {len(handle.worker_addresses())} Dask worker(s); "
-                         f"dashboard: {self.dashboard_link_}")
-                if restored is None:
-                    knots, domain = self._knots(info, client=client)
-                else:  # never re-lay the knots out: mu, Sigma and the stored quantities are in that basis
-                    knots, domain = np.asarray(restored.knots, dtype=float), self._given_domain(info)
-            else:
-                if restored is not None:
-                    raise ValueError("resume needs runtime='dask' (the virtual runtime cannot continue a server)")
-                self.dashboard_link_ = None
-                self.scheduler_address_ = None
-                knots, domain = self._knots(info, client=None)
-            setting = (f"FGPR, {config.local_steps} local {config.optimizer} steps of batch {config.batch_size}"
-                       if self.method == "fgpr" else
-                       f"{self.mode} fit, {self.residual} residual, Agg_threshold = {config.agg_threshold}")
-            say.line(f"{setting}, m = {len(knots)} knots, ν = {self.nu}, slowdowns = "
-                     f"{np.array2string(slowdowns, precision=2, separator=',')}")
-            if self.runtime == "dask":
-                from spatialfed.runtime.dask_runtime import run_dask
-
-                if restored is not None:
-                    ckpt.last_t = restored.t
-                    ckpt.seen_now = restored._last_now
-                    ckpt.server = restored
-                else:
-                    # built here so that an interrupted fit can still be checkpointed (run_dask validates it)
-                    ckpt.server = self._server(J, knots, config)
-                try:
-                    server, run_info = run_dask(client, info.path, J, knots, self.nu, self.residual, config,
-                                                slowdowns, self.start, on_event=on_event, on_result=monitor.on_result,
-                                                server=ckpt.server, on_worker_error=self.on_worker_error,
-                                                **self._delay_models(J))
-                except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError):
-                    # between receive calls the server is consistent: save it so the fit can be resumed
-                    ckpt.write(ckpt.server, failing=True)
-                    raise
-                ckpt.write(server)  # the final state (a resume of it returns the same result)
-                self.assignment_ = run_info.assignment
-                self.n_tasks_ = run_info.n_tasks
-                fit_seconds = run_info.wall_time_s
-            else:
-                run_tic = time.perf_counter()
-                server = self._run_simulated(info, knots, config, slowdowns)
-                on_event(server, 0.0)  # the virtual run's trace (virtual seconds), after the fact
-                self.assignment_ = None
-                self.n_tasks_ = None
-                fit_seconds = time.perf_counter() - run_tic
-        finally:
-            say.finish()
-            monitor.close()
-            if handle is not None:
-                handle.close()
-        self.monitor_ = monitor
-
+    def _fitted(self, info, server, runtime, knots, domain, fit_seconds: float) -> None:
+        """Set the learned attributes (ending in ``_``) from the finished server and runtime."""
         phi = server.params
+        described = runtime.describe()
+        self.dashboard_link_ = getattr(runtime, "dashboard_link", None)
+        self.scheduler_address_ = _scheduler_address(getattr(runtime, "client", None))
+        self.assignment_ = described.get("assignment")
+        self.n_tasks_ = described.get("n_tasks")
         self.store_ = str(info.path)
-        self.n_workers_ = J
+        self.n_workers_ = info.n_workers
         self.n_obs_ = int(server.n_obs)
         self.covariate_names_ = list(info.covariate_names)
-        self.config_ = config
-        self.slowdowns_ = slowdowns
+        self.config_ = server.config
+        self.slowdowns_ = self._slowdowns(info.n_workers)
         self.knots_ = np.asarray(knots, dtype=float)
         self.domain_ = domain
         self.params_ = {"gamma": np.asarray(phi.gamma, dtype=float).copy(), "delta": float(phi.delta),
@@ -421,16 +353,10 @@ class FederatedGP:
         self.discarded_stale_ = int(getattr(server, "discarded", 0))
         self.n_iter_ = int(server.iterations)
         self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
-        self.checkpoint_writes_ = ckpt.writes
-        self.checkpoint_seconds_ = ckpt.seconds
-        self.resumed_from_ = None if restored is None else {"t": int(restored_t), "time_s": float(restored_time)}
-        self.total_time_s_ = time.perf_counter() - tic
-        say.summary(self)
-        return self
 
     def _restored_server(self, resume, n_workers: int):
-        """The FederatedServer continuing `resume` (a checkpoint path or snapshot dict), with this estimator's
-        stopping rules (max_iter, tol, time_budget); None when not resuming."""
+        """The server continuing `resume` (a checkpoint path or snapshot dict), with this estimator's stopping
+        rules (max_iter, tol, time_budget); None when not resuming."""
         if resume is None:
             return None
         import dataclasses
@@ -452,16 +378,11 @@ class FederatedGP:
                                             time_budget=self.time_budget)
         return server
 
-    def _cluster(self, n_partitions: int):
-        from spatialfed.runtime.cluster import ClusterHandle, default_n_workers, make_cluster
-
-        if self.client is not None:
-            return _Borrowed(self.client)
-        n = self.n_dask_workers or min(n_partitions, default_n_workers())  # no idle processes when J < cores
-        handle = make_cluster(self.scheduler, n_workers=n, jobqueue=self.jobqueue,
-                              timeout=self.scheduler_timeout, security=self._security())
-        assert isinstance(handle, ClusterHandle)
-        return handle
+    def _open_runtime(self, n_sites: int):
+        """The runtime of this fit as a context manager (runtime.factory.open_runtime)."""
+        return open_runtime(self.runtime, slowdowns=self._slowdowns(n_sites), client=self.client,
+                            scheduler=self.scheduler, jobqueue=self.jobqueue, n_dask_workers=self.n_dask_workers,
+                            n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout)
 
     def _security(self):
         """The Security object for `tls` (None: plain TCP)."""
@@ -471,15 +392,18 @@ class FederatedGP:
 
         return tls_security() if self.tls is True else tls_security(self.tls)
 
-    def _knots(self, info, client=None):
-        """(knots, domain): the given array checked against the domain, or a jittered grid of m knots over it."""
+    def _knots(self, info, runtime, restored=None):
+        """(knots, domain): the restored fit's knots, the given array checked against the domain, or a jittered
+        grid of m knots over it."""
         from spatialfed.data import geometry
 
-        if self.method in ("independent", "fgpr"):  # m = 0 knots with the full residual is exactly Eq. (3)
-            return np.empty((0, 2)), self._given_domain(info)
         domain = self._given_domain(info)
+        if restored is not None:  # never re-lay the knots out: mu, Sigma and the stored quantities are in that basis
+            return np.asarray(restored.knots, dtype=float), domain
+        if self.method in ("independent", "fgpr"):  # m = 0 knots with the full residual is exactly Eq. (3)
+            return np.empty((0, 2)), domain
         if domain is None:
-            domain = self._default_domain(info, client)
+            domain = geometry.store_domain(info, lambda: self._site_bounds(info, runtime))
         k = self.knots
         if np.ndim(k) == 0:
             if isinstance(k, bool) or not float(k).is_integer() or k < 1:
@@ -513,46 +437,24 @@ class FederatedGP:
             domain = domain.to_crs(info.crs)
         return domain
 
-    def _default_domain(self, info, client):
-        from spatialfed.data import geometry
+    def _site_bounds(self, info, runtime) -> np.ndarray:
+        """Each site's bounding box (4 numbers), computed where the data live."""
+        from spatialfed.errors import WorkerTaskError
+        from spatialfed.runtime import site
 
-        return geometry.store_domain(info, lambda: self._worker_bounds(info, client))
-
-    def _worker_bounds(self, info, client) -> np.ndarray:
-        """Each worker's bounding box (4 numbers), computed where the data live when a Dask client is given."""
-        from spatialfed.runtime.dask_runtime import bounds_task
-
-        J = info.n_workers
-        if client is None:
-            return np.array([bounds_task(str(info.path), j) for j in range(J)])
-        from spatialfed.runtime.cluster import worker_addresses
-        from spatialfed.runtime.dask_runtime import assign_partitions
-
-        addresses = assign_partitions(J, worker_addresses(client))
-        futs = [client.submit(bounds_task, str(Path(info.path).resolve()), j, workers=[addresses[j]],
-                              key=f"bounds-w{j}-{_hex6()}", pure=False) for j in range(J)]
-        return np.array(client.gather(futs))
-
-    def _run_simulated(self, info, knots, config, slowdowns):
-        from spatialfed.data.store import load_worker
-        from spatialfed.model.local import LocalModel
-        from spatialfed.model.matern import Matern
-        from spatialfed.runtime.virtual import run_virtual
-
-        from spatialfed.runtime.cluster import limit_blas_threads
-
-        kernel = Matern(self.nu)
-        models = [LocalModel(*load_worker(info.path, j), knots, kernel, residual=self.residual)
-                  for j in range(info.n_workers)]
-        with limit_blas_threads(1):  # J small problems in turn: threads only add overhead
-            return run_virtual(models, knots, kernel, config, slowdowns=slowdowns, start=self.start,
-                               server=self._server(info.n_workers, knots, config),
-                               **self._delay_models(info.n_workers))
+        specs = site.site_specs(f"bounds-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, np.empty((0, 2)),
+                                Matern(self.nu), "pp")
+        try:
+            for event in runtime.start(specs):
+                if event.error is not None:
+                    raise WorkerTaskError(event.error)
+            bounds = runtime.call("bounds", {j: () for j in range(info.n_workers)})
+        finally:
+            runtime.stop()
+        return np.array([bounds[j] for j in range(info.n_workers)])
 
     def _server(self, n_workers: int, knots, config):
-        """A fresh server for the runtimes: FgprServer for method="fgpr", else FederatedServer."""
-        from spatialfed.model.matern import Matern
-
+        """A fresh server: FgprServer for method="fgpr", else FederatedServer."""
         if self.method == "fgpr":
             from spatialfed.algorithm.fgpr import FgprServer
 
@@ -595,126 +497,11 @@ class FederatedGP:
         return out
 
 
-class _Checkpointer:
-    """Writes checkpoints from the on_event hook every `every` aggregations (server.t), on failure and at the end."""
-
-    def __init__(self, path, every, meta):
-        self.path = None if path is None else Path(path)
-        self.every = None if path is None else int(every or 10)
-        self.meta = meta
-        self.last_t = 0
-        self.server = None
-        self.seen_now = 0.0  # server._last_now at the last on_event: the server is consistent while they agree
-        self.writes = 0
-        self.seconds = 0.0
-
-    def on_event(self, server) -> None:
-        self.seen_now = server._last_now
-        if self.path is not None and server.phase == "loop" and server.t >= self.last_t + self.every:
-            self.write(server)
-
-    def write(self, server, failing: bool = False) -> None:
-        if self.path is None or server is None:
-            return
-        if failing and server._last_now != self.seen_now:
-            # interrupted inside receive (its clock moved but on_event did not run): the state may be half-updated,
-            # so keep the last periodic checkpoint instead
-            log.warning("fit interrupted while the server was updating; %s keeps the checkpoint of iteration %d",
-                        self.path, self.last_t)
-            return
-        from spatialfed.algorithm.checkpoint import write_checkpoint
-
-        tic = time.perf_counter()
-        try:
-            write_checkpoint(self.path, server, meta=self.meta)
-        except Exception:
-            if not failing:
-                raise
-            return  # do not hide the original failure
-        self.seconds += time.perf_counter() - tic
-        self.writes += 1
-        self.last_t = server.t
-
-
-class _Borrowed:
-    """A user's Client wrapped like a ClusterHandle, but never closed by the estimator."""
-
-    def __init__(self, client):
-        self.client = client
-
-    @property
-    def dashboard_link(self):
-        return getattr(self.client, "dashboard_link", None)
-
-    def worker_addresses(self):
-        from spatialfed.runtime.cluster import worker_addresses
-
-        return worker_addresses(self.client)
-
-    def close(self):
-        pass
-
-
-class _Progress:
-    """Progress on stderr: one line per iteration (iteration, parameters, max staleness), or nothing when quiet."""
-
-    def __init__(self, enabled: bool, stream=None):
-        self.enabled = bool(enabled)
-        self.stream = stream or sys.stderr
-        self.seen = 0
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.pending_cr = False
-
-    def line(self, text: str) -> None:
-        if self.enabled:
-            self._clear()
-            print(text, file=self.stream, flush=True)
-
-    def _clear(self):
-        if self.pending_cr:
-            print(file=self.stream)
-            self.pending_cr = False
-
-    def event(self, server, now: float) -> None:
-        if not self.enabled:
-            return
-        rows = server.trace[self.seen:]
-        self.seen = len(server.trace)
-        for row in rows:
-            if row["step"] not in ("init", "theta", "fgpr"):
-                continue
-            text = (f"iter {row['iter']:>3}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  "
-                    f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "
-                    f"max staleness {row['max_staleness']}"
-                    + (f"  loglik≈{row['loglik']:.8g}" if row.get("loglik") is not None else ""))
-            if self.tty:
-                print("\r\033[K" + text, end="", file=self.stream, flush=True)
-                self.pending_cr = True
-            else:
-                print(text, file=self.stream, flush=True)
-
-    def finish(self):
-        if self.enabled:
-            self._clear()
-
-    def summary(self, gp) -> None:
-        if self.enabled:
-            state = "converged" if gp.converged_ else f"stopped ({gp.stop_reason_})"
-            self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; "
-                      f"loglik = {gp.loglik_:.6g}")
-
-
 def _scheduler_address(client) -> str | None:
     try:
         return str(client.scheduler.address)
     except AttributeError:  # pragma: no cover - a client-like object without a scheduler
         return None
-
-
-def _hex6() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:6]
 
 
 def _is_unit_square(domain) -> bool:
