@@ -94,8 +94,9 @@ def check_coordinates(xy, *, min_distinct: int = 1, what: str = "coordinates", p
     big = np.abs(xy).max(axis=1) > MAX_ABS_COORD
     if big.any():
         i = int(np.flatnonzero(big)[0])
-        raise DataError(f"{what} reach {np.abs(xy).max():.3g} (e.g. row {i}), beyond ±{MAX_ABS_COORD:.0e} map units "
-                        "(projected coordinates on Earth stay below 4e7 m); check the x/y columns and their units")
+        raise DataError(f"{int(big.sum())} of {n} {what} lie beyond ±{MAX_ABS_COORD:.0e} map units (e.g. row {i}: "
+                        f"({xy[i, 0]:.3g}, {xy[i, 1]:.3g})), while projected coordinates on Earth stay below 4e7 m; "
+                        "check the x/y columns and their units")
     distinct = len(np.unique(xy, axis=0)) if min_distinct > 1 else n
     if distinct < min_distinct:
         why = f" {purpose}" if purpose else ""
