@@ -1,6 +1,7 @@
 """Map outputs for GIS users (issue 17): the CRS's short name on the axes, colour bars "mean (units)" and
 "sd (units)", a georeferenced NetCDF matching the GeoTIFFs, overlays and covariate points in another CRS reprojected."""
 
+import json
 from types import SimpleNamespace
 
 import geopandas as gpd
@@ -103,3 +104,31 @@ def test_overlay_and_covariate_points_in_another_crs_are_reprojected(grid, tmp_p
     np.testing.assert_allclose(X, np.column_stack([np.ones(len(pts)), (pts[:, 0] - X0) / 1000]))
     with pytest.raises(Exception, match="planar units"):
         maps.read_overlay(tmp_path / "river.gpkg", SimpleNamespace(crs=None))
+
+
+def test_make_map_writes_map_nc_beside_the_geotiffs_on_a_hull_domain(tmp_path):
+    from spatialfed.api import FederatedGP
+    from spatialfed.data.ingest import ingest_frame
+
+    rng = np.random.default_rng(5)
+    xy = rng.uniform(0, 1000, size=(120, 2))
+    xy = xy[~((xy[:, 0] > 500) & (xy[:, 1] > 500))] + [X0, Y0]          # an L: the upper-right quarter is empty
+    frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": 1 + np.cos(xy[:, 1] / 250) + 0.1 * rng.normal(size=len(xy))})
+    ingest_frame(frame, tmp_path / "s.zarr", value="z", x="x", y="y", crs=CRS, n_workers=2, partition="area")
+    FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=5, progress=False).fit(tmp_path / "s.zarr") \
+        .save(tmp_path / "fit")
+    hull = geometry.hull_domain(xy, CRS)
+    hull.to_geoseries().to_file(tmp_path / "hull.gpkg")
+    paths = maps.make_map(tmp_path / "fit", tmp_path / "s.zarr", tmp_path / "m", domain=tmp_path / "hull.gpkg",
+                          resolution=50, units="ppb", runtime="simulated", sites=False)
+    assert paths["netcdf"] == tmp_path / "m" / "map.nc"
+    with xr.open_dataset(paths["netcdf"], decode_coords="all") as ds, rasterio.open(paths["mean"]) as tif:
+        assert ds.rio.crs.to_epsg() == 28992 and ds.rio.transform().almost_equals(tif.transform)
+        np.testing.assert_allclose(ds["mean"].values, tif.read(1))
+        inside = np.isfinite(ds["mean"].values)
+        to_cell = ~tif.transform
+    for x, y, expected in ((X0 + 850, Y0 + 850, False), (X0 + 250, Y0 + 250, True)):   # the empty quarter is left out
+        col, row = to_cell * (x, y)
+        assert inside[int(row), int(col)] == expected
+    summary = json.loads(paths["json"].read_text())
+    assert summary["crs"] == "EPSG:28992" and summary["crs_name"] == "EPSG:28992" and summary["units"] == "ppb"
