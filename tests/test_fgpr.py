@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from conftest import simulate_parts
-from spatialfed.algorithm import fgpr
+from spatialfed.algorithm import fgpr_local as fgpr  # the site side: losses, batches, softplus
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr import FgprConfig, FgprServer
 from spatialfed.algorithm.protocol import evaluate

@@ -57,9 +57,9 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
     elif p.step == "variogram":
         xi = lm.variogram(p.extra["gamma"], p.extra["edges"])
     elif p.step == FGPR_STEP:
-        from spatialfed.algorithm import fgpr  # fgpr imports this module
+        from spatialfed.algorithm.fgpr_local import local_update
 
-        xi = fgpr.local_update(lm, p, worker)
+        xi = local_update(lm, p, worker)
     elif p.step == STATS_STEP:
         from spatialfed.model.stats import site_statistics
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spatialfed.algorithm.config import PRESETS, FitConfig
+from spatialfed.algorithm.config import PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
 from spatialfed.api.progress import Progress
 from spatialfed.errors import DataError, SpatialFedError
 from spatialfed.model.matern import Matern
-from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name
+from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name  # noqa: F401 (RUNTIMES: the CLI's choices)
 
 log = logging.getLogger("spatialfed.api")
 

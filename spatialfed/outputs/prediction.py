@@ -35,9 +35,8 @@ import numpy as np
 import pandas as pd
 
 from spatialfed.data import geometry
-from spatialfed.data.store import StoreInfo, load_test, load_worker, open_store
+from spatialfed.data.store import StoreInfo, load_test, open_store
 from spatialfed.errors import DataError, WorkerTaskError
-from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from spatialfed.algorithm.config import FitConfig
-from spatialfed.algorithm.fgpr import local_flops
-from spatialfed.algorithm.protocol import FGPR_STEP, STATS_STEP, Augmented, Quantity, evaluate
+from spatialfed.algorithm.fgpr_local import local_flops
+from spatialfed.algorithm.protocol import FGPR_STEP, STATS_STEP, Augmented, evaluate
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.model.stats import stats_flops
 from spatialfed.runtime import site

@@ -1,0 +1,151 @@
+"""The package's layering (docs/interfaces.md): imports flow one way, and no set of modules imports itself in a loop.
+
+    base (errors, atomic) → model → data → algorithm → runtime → outputs → api → cli
+
+A module may import from its own layer or a lower one, never a higher one; `model` and `algorithm` import no
+execution framework (Dask). Every import counts, including those inside functions: a lazy import that runs up the
+layers is still a dependency. Run it alone with ``python -m pytest tests/test_layers.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "spatialfed"
+LAYERS = (
+    ("base", ("spatialfed", "spatialfed.errors", "spatialfed.atomic")),
+    ("model", ("spatialfed.model",)),
+    ("data", ("spatialfed.data",)),
+    ("algorithm", ("spatialfed.algorithm",)),
+    ("runtime", ("spatialfed.runtime",)),
+    ("outputs", ("spatialfed.outputs",)),
+    ("api", ("spatialfed.api", "spatialfed.demo")),
+    ("cli", ("spatialfed.cli", "spatialfed.__main__")),
+)
+#: third-party packages a layer must not import (the algorithm knows nothing of how it is run)
+FORBIDDEN = {"model": ("dask", "distributed", "bokeh"), "algorithm": ("dask", "distributed", "bokeh", "zarr")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(name: str) -> int:
+    """Index in LAYERS of the most specific prefix naming `name`."""
+    best, index = "", None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            inside = name == prefix or (prefix != "spatialfed" and name.startswith(prefix + "."))
+            if inside and len(prefix) > len(best):
+                best, index = prefix, i
+    if index is None:
+        raise AssertionError(f"{name} is in no layer of tests/test_layers.py: add it to LAYERS")
+    return index
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(imported name, line) for every import in the file: project modules resolved, third-party by top package."""
+    out = []
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.append((full if full in known else base, node.lineno))
+    return out
+
+
+def graph() -> dict[str, list[tuple[str, int]]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports(name, path, known) for name, path in mods.items()}
+
+
+def test_every_module_sits_in_a_layer():
+    for name in modules():
+        layer_of(name)
+
+
+def test_imports_never_run_up_the_layers():
+    bad = []
+    for name, deps in graph().items():
+        deps = sorted(set(deps), key=lambda d: d[1])
+        own = layer_of(name)
+        for dep, line in deps:
+            if dep.split(".")[0] == "spatialfed" and layer_of(dep) > own:
+                bad.append(f"{name}:{line} imports {dep} ({LAYERS[own][0]} → {LAYERS[layer_of(dep)][0]})")
+            elif dep.split(".")[0] in FORBIDDEN.get(LAYERS[own][0], ()):
+                bad.append(f"{name}:{line} imports {dep} (the {LAYERS[own][0]} layer runs on no framework)")
+    assert not bad, "imports that run up the layers:\n" + "\n".join(bad)
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the components with more than one module (import loops)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_loops():
+    g = graph()
+    edges = {name: {dep for dep, _ in deps if dep in g and dep != name and not name.startswith(dep + ".")}
+             for name, deps in g.items()}
+    loops = strongly_connected(edges)
+    assert not loops, "modules that import each other in a loop: " + "; ".join(" ↔ ".join(c) for c in loops)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from spatialfed.api import FederatedGP\n", "spatialfed.api"),
+    ("from spatialfed.runtime import virtual\n", "spatialfed.runtime.virtual"),
+])
+def test_the_check_sees_an_upward_import(tmp_path, source, expected):
+    """The checker itself: a model module importing the api or a runtime is caught."""
+    path = tmp_path / "spatialfed" / "model" / "bad.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    known = set(modules())
+    deps = imports("spatialfed.model.bad", path, known)
+    assert [d for d, _ in deps] == [expected] and layer_of(expected) > layer_of("spatialfed.model.bad")
+
+
+def test_the_check_sees_a_loop():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
