@@ -184,9 +184,16 @@ def lonlat_centre(lon, lat) -> tuple[float, float]:
     return round(float(lon0), 2), round(float((lat.min() + lat.max()) / 2), 2)
 
 
-def scale_error(crs: CRS, lon, lat) -> float:
-    """Largest relative error of distances (max |scale factor − 1| along meridians and parallels) at the points."""
-    factors = Proj(crs).get_factors(np.asarray(lon, dtype=float), np.asarray(lat, dtype=float))
+def scale_error(crs: CRS, lon, lat, max_points: int = 20_000) -> float:
+    """Largest relative error of distances (max |scale factor − 1| along meridians and parallels) at the points
+    (above `max_points`: at a seeded sample plus the points extreme in lon, lat and their sums and differences,
+    where the distortion of a projection centred on the data peaks)."""
+    lon, lat = np.asarray(lon, dtype=float), np.asarray(lat, dtype=float)
+    if lon.size > max_points:
+        extremes = [f(v) for v in (lon, lat, lon + lat, lon - lat) for f in (np.argmin, np.argmax)]
+        keep = np.union1d(np.random.default_rng(0).choice(lon.size, max_points, replace=False), extremes)
+        lon, lat = lon[keep], lat[keep]
+    factors = Proj(crs).get_factors(lon, lat)
     h, k = np.asarray(factors.meridional_scale), np.asarray(factors.parallel_scale)
     return float(np.nanmax(np.abs(np.concatenate([h, k]) - 1.0)))
 

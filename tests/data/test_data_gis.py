@@ -222,3 +222,12 @@ def test_geodataframe_points_without_crs_that_look_like_lonlat_are_refused(tmp_p
         ingest_frame(geo, tmp_path / "s.zarr", value="z", n_workers=2)
     ingest_frame(geo.set_crs(4326), tmp_path / "s.zarr", value="z", n_workers=2)
     assert zarr.open_group(tmp_path / "s.zarr", mode="r").attrs["crs_note"].startswith("lon/lat spans UTM zones 11")
+
+
+def test_scale_error_of_a_large_point_set_is_found_from_a_sample_and_the_extremes():
+    rng = np.random.default_rng(2)
+    lon, lat = rng.uniform(-120, -75, 60_000), rng.uniform(30, 47, 60_000)
+    crs = G.laea_crs(*G.lonlat_centre(lon, lat))
+    full = G.scale_error(crs, lon, lat, max_points=10**9)
+    assert G.scale_error(crs, lon, lat, max_points=2_000) == pytest.approx(full, rel=0.02)
+    assert 0.005 < full < 0.02                                           # LAEA over the contiguous USA: ~1.2%
