@@ -286,7 +286,7 @@ class FederatedGP:
         """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
         import spatialfed
 
-        params = {k: v for k, v in self.get_params().items() if k != "client"}
+        params = {k: str(v) if isinstance(v, Path) else v for k, v in self.get_params().items() if k != "client"}
         return {"store": str(Path(store_path).resolve()), "params": params, "version": spatialfed.__version__}
 
     def fit(self, store, y=None, *, resume=None) -> "FederatedGP":
