@@ -168,7 +168,7 @@ def laea_crs(lon0: float, lat0: float) -> CRS:
 
 
 def _lon_extent(lon) -> tuple[float, float]:
-    """Westmost and eastmost longitude of a point set, across the antimeridian when that is shorter (° in [−180, 180))."""
+    """Westmost and eastmost longitude (° in [−180, 180)) of a point set, across the antimeridian if shorter."""
     lon = np.radians(np.asarray(lon, dtype=float))
     mean = np.degrees(np.arctan2(np.sin(lon).mean(), np.cos(lon).mean()))
     rel = (np.degrees(lon) - mean + 180.0) % 360.0 - 180.0           # longitudes relative to the circular mean

@@ -70,7 +70,8 @@ def read_points(path, store_crs, *, crs=None) -> pd.DataFrame:
         missing = [c for c in ("x", "y") if c not in frame.columns]
         if missing:
             raise DataError(f"{path} lacks column(s) {missing}; give the coordinates in columns x and y (in the "
-                            f"store's CRS {geometry.crs_name(store) or 'planar units'}) or use a GeoPackage with its CRS")
+                            f"store's CRS {geometry.crs_name(store) or 'planar units'}) or use a GeoPackage with its "
+                            "CRS")
         source = geometry.parse_crs(crs)
         xy = np.column_stack([pd.to_numeric(frame[c], errors="coerce").to_numpy(float) for c in ("x", "y")])
         table = frame.drop(columns=["x", "y"])
