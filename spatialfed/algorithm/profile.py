@@ -55,26 +55,51 @@ def sum_statistics(stats: list[dict], scale: float = 1.0) -> dict:
             raise ValueError("site statistics computed at different u cannot be summed: evaluate their Taylor models "
                              "at one u first (taylor_statistics)")
     out = {"u": u, "m": int(stats[0]["m"]), "p": int(stats[0]["p"])}
+    cs = [np.asarray(st["c"], dtype=float) for st in stats if "c" in st]
+    if len(cs) == len(stats) and all(np.array_equal(c, cs[0]) for c in cs):
+        out["c"] = cs[0]  # the sum scales exactly along c when every site's statistics do
     for key in SUMMED:
         out[key] = scale * sum(np.asarray(st[key], dtype=float) for st in stats)
     return out
 
 
 def taylor_statistics(stats: dict, u) -> dict:
-    """The second-order Taylor model of a site's statistics around the u_j they were computed at, evaluated at u:
-    S(u) ≈ S_j + Σ_a ∂_aS_j Δ_a + ½ Σ_ab ∂_abS_j Δ_aΔ_b (Δ = u − u_j; same for d), with the model's own first and
-    second derivatives at u. Exact at u = u_j."""
+    """The second-order Taylor model of a site's statistics around the u_j they were computed at, evaluated at u
+    (Δ = u − u_j), with the model's own first and second derivatives at u; exact at u = u_j.
+
+    S is expanded after taking out its exact scaling along stats["c"] (S = e^{w·Δ}G, w = c/|c|², G constant along c: c =
+    (1, −1, 0) for full/mpp since R_j = σ²W̃ + δ⁻¹I, c = (1, 0, 0) for pp since R_j = δ⁻¹I):
+    S(u) ≈ e^{w·Δ}[G + Σ_a ∂_aG Δ_a + ½ Σ_ab ∂_abG Δ_aΔ_b], ∂_aG = ∂_aS − w_aS, ∂_abG = ∂_abS − w_a∂_bS − w_b∂_aS
+    + w_aw_bS (the plain expansion when "c" is absent or 0). d_j is expanded plainly (its c-part is linear).
+    """
     u = np.asarray(u, dtype=float)
     D = u - np.asarray(stats["u"], dtype=float)
     out = dict(stats)
     out["u"] = u
     if not np.any(D):
         return out
-    d2S = np.asarray(stats["d2S"])[_PAIR]  # 3×3×k×k
+    c = np.asarray(stats.get("c", np.zeros(3)), dtype=float)
+    if np.any(c):
+        c = c / float(c @ c)  # S = e^{c·Δ}G with c·c_site = 1: G is constant along the site's direction
+    S, dS, d2S = stats["S"], np.asarray(stats["dS"]), np.asarray(stats["d2S"])[_PAIR]  # d2S: 3×3×k×k
+    if np.any(c):
+        cdS = np.einsum("a,bij->abij", c, dS)
+        G, dG = S, dS - c[:, None, None] * S
+        d2G = d2S - cdS - cdS.transpose(1, 0, 2, 3) + np.einsum("a,b,ij->abij", c, c, S)
+    else:
+        G, dG, d2G = S, dS, d2S
+    dG_new = dG + np.einsum("abij,b->aij", d2G, D)
+    G_new = G + np.einsum("aij,a->ij", dG + 0.5 * (dG_new - dG), D)
+    if np.any(c):
+        scale = float(np.exp(c @ D))
+        cdG = np.einsum("a,bij->abij", c, dG_new)
+        out["S"] = scale * G_new
+        out["dS"] = scale * (dG_new + c[:, None, None] * G_new)
+        full = scale * (d2G + cdG + cdG.transpose(1, 0, 2, 3) + np.einsum("a,b,ij->abij", c, c, G_new))
+        out["d2S"] = np.stack([full[a, b] for a, b in PAIRS])
+    else:
+        out["S"], out["dS"] = G_new, dG_new
     d2d = np.asarray(stats["d2d"])[_PAIR]
-    dS_new = stats["dS"] + np.einsum("abij,b->aij", d2S, D)
-    out["S"] = stats["S"] + np.einsum("aij,a->ij", stats["dS"], D) + 0.5 * np.einsum("aij,a->ij", dS_new - stats["dS"], D)
-    out["dS"] = dS_new
     out["d"] = float(stats["d"] + stats["dd"] @ D + 0.5 * D @ d2d @ D)
     out["dd"] = stats["dd"] + d2d @ D
     return out

@@ -1,0 +1,396 @@
+"""One round trip per iteration (SPEC §2b, issue 13): a sans-IO server that asks every site for its sufficient
+statistics at u and steps on the exact profile log-likelihood, synchronously or asynchronously.
+
+Phases: "moments" → "variogram" (φ₀, inherited from FederatedServer, init.py) → "loop" → ("final" →) "done".
+
+Loop, mode "sync": each iteration one request ("stats", u) per site; when all have answered, the exact ℓ_LR(γ̂(u), u)
+with gradient and Hessian (profile.profile_loglik) is compared with the last accepted point. A point with a lower
+log-likelihood is rejected (the trust radius shrinks and a shorter step is taken from the accepted point), so no
+accepted step decreases ℓ; otherwise the radius follows the ratio of actual to predicted increase and the next
+trust-region Newton step is published. Stop: the step from an exact point is below `tol` in every log-parameter and
+its predicted increase below `loglik_tol` (with γ̂ moving less than `tol` relative); the reported estimate and ℓ are
+exact at the last accepted u.
+
+Loop, mode "async": every site is re-asked at the newest u as soon as it answers. Once `agg_threshold` new answers
+have arrived, the server builds the surrogate Σ_j T_j(u): each site's second-order Taylor model around the u_j its
+statistics were computed at (exact for fresh sites, taylor_statistics); a site with no statistics yet, or whose u_j
+is farther than `taylor_radius` (∞-norm) from u, is stood in for by the other sites' models scaled by N / Σ n_j used.
+It takes a trust-region Newton step on the surrogate with radius r / (1 + stalest ‖u − u_j‖∞ / taylor_radius) and
+keeps it only if the surrogate's ℓ does not decrease (else shorter steps). When every site answered at the current u
+the step is the synchronous one (same acceptance rule), so equal sites reproduce the synchronous run exactly. Stop:
+the surrogate step is below tol and every site's u_j is within `stale_tol` of u → a final exact pass at u (all
+sites), whose exact step decides: converged (report the exact ℓ) or continue.
+
+Bounds: u stays in a box (profile.default_bounds); a nugget or range that runs to the boundary stops there and is
+listed in `boundary`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from spatialfed.algorithm import init
+from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.profile import (
+    U_NAMES,
+    NotPositiveDefinite,
+    Profile,
+    default_bounds,
+    profile_loglik,
+    sum_statistics,
+    taylor_statistics,
+    trust_region_step,
+)
+from spatialfed.algorithm.protocol import STATS_STEP, Augmented, Quantity
+from spatialfed.algorithm.server import FederatedServer
+from spatialfed.model.params import Params
+
+#: the trust radius may grow to this multiple of FitConfig.step_bound after steps the exact ℓ confirmed
+RADIUS_GROWTH = 3.0
+#: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
+_STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted", "_stats", "_new", "_u",
+          "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
+          "_user_bounds")
+
+
+class StatsServer(FederatedServer):
+    """Sans-IO server of SPEC §2b with FederatedServer's runtime interface (done, busy, next_task, dispatch,
+    receive, drop_worker, snapshot/restore) and attributes (params, loglik, trace, t, iterations, converged,
+    stop_reason, n_obs, phase). Extra attributes: `boundary` (names of parameters on a bound of the box),
+    `answers` (statistics answered per site), `accepted` ((iteration, exact ℓ) of each accepted exact point), `bounds` ((lower, upper) of u).
+
+    config: FitConfig — mode, agg_threshold, tol, max_iter, time_budget, step_bound (largest trust radius, in u),
+    eig_floor are used; the strategies of FederatedServer (correction, weights, moving average, α) are not.
+    """
+
+    def __init__(self, n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None,
+                 *, taylor_radius: float = 0.5, stale_tol: float | None = None, loglik_tol: float = 1e-6,
+                 bounds: tuple | None = None, inner_steps: int = 10):
+        if config is not None and config.privacy is not None:
+            raise ValueError("the statistics server does not add privacy noise (its messages are second-order "
+                             "statistics): use FederatedServer for a fit with privacy")
+        if not taylor_radius > 0 or not loglik_tol > 0:
+            raise ValueError("taylor_radius and loglik_tol must be > 0")
+        threshold = None if config is None else config.agg_threshold
+        super().__init__(n_workers, knots, kernel, config, start)
+        if self.config.mode == "async" and threshold is None:  # aggregating is cheap here: every answer counts
+            self.config = dataclasses.replace(self.config, agg_threshold=1)
+        self.taylor_radius = float(taylor_radius)
+        self.stale_tol = float(stale_tol) if stale_tol is not None else min(1e-2, max(np.sqrt(self.config.tol),
+                                                                                       10 * self.config.tol))
+        self.loglik_tol = float(loglik_tol)
+        self.inner_steps = int(inner_steps)
+        self._user_bounds = None if bounds is None else tuple(np.asarray(b, dtype=float) for b in bounds)
+        self.bounds: tuple[np.ndarray, np.ndarray] | None = None
+        self.boundary: tuple[str, ...] = ()
+        self.answers = [0] * self.n_workers
+        self.accepted: list[tuple[int, float]] = []  # (iteration, exact ℓ) of every accepted exact point
+        self._stats: dict[int, dict] = {}  # site -> its latest statistics (with "t" of its request)
+        self._new = 0  # answers since the last aggregation
+        self._u: np.ndarray | None = None  # the published u
+        self._anchor: tuple[Profile, dict] | None = None  # last accepted exact point: (profile, summed statistics)
+        self._anchor_t = -1
+        self._radius = float(self.config.step_bound)
+        self._last_step = 0.0
+        self._last_pred = 0.0
+        self._final_t: int | None = None
+        self._final_reason: str | None = None
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    # --- runtime side ---------------------------------------------------------------------------------
+    def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
+        """Statistics (or φ₀ summaries) that arrived at `now`; a batch enters before the server aggregates."""
+        if self.phase in ("moments", "variogram"):
+            return super().receive(qs, now)
+        self._last_now = float(now)
+        for q in [qs] if isinstance(qs, Quantity) else qs:
+            j = q.worker
+            p = self._in_flight.pop(j, None)
+            if p is None:
+                raise RuntimeError(f"worker {j} sent a quantity without a task in flight")
+            if (q.t, q.step) != (p.t, p.step):
+                raise RuntimeError(f"worker {j} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+            if j in self._obsolete or self.phase == "done":
+                self._obsolete.discard(j)
+                continue
+            self._stats[j] = {**q.xi, "t": int(q.t)}
+            self.answers[j] += 1
+            self._new += 1
+        self._progress(now)
+
+    def next_task(self, j: int) -> Augmented | None:
+        """The front of ℙ_j, except that a site is not asked again at the u it last answered (it would send the
+        same statistics): it stays idle until a new u is published."""
+        if (self.phase in ("loop", "final") and not self.busy(j) and self._P[j] and j in self._stats
+                and self._P[j][0].step == STATS_STEP and np.array_equal(self._P[j][0].params.u, self._stats[j]["u"])):
+            if self.phase == "final":  # its answer at this u is already in: it counts for the final pass
+                self._P[j].pop(0)
+            return None
+        return super().next_task(j)
+
+    def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
+        """Continue without site j: its statistics leave the sums, N and the thresholds."""
+        self._remove_worker(j, step, cause, now)
+        self._P[j] = []
+        self._in_flight.pop(j, None)
+        self._obsolete.discard(j)
+        self._collected.pop(j, None)
+        self._stats.pop(j, None)
+        if self._n_j:
+            self.n_obs = sum(self._n_j[k] for k in self.active)
+        if self.phase in ("moments", "variogram"):
+            self._complete_synchronous(now)
+        elif self.phase != "done":
+            self._anchor, self._anchor_t = None, -1  # the sums changed: the old accepted value is not comparable
+            self._progress(now)
+
+    def snapshot(self) -> dict:
+        """FederatedServer.snapshot plus this server's state under "stats_server" (docs/recovery.md)."""
+        snap = super().snapshot()
+        snap["stats_server"] = copy.deepcopy({name: getattr(self, name) for name in _STATE})
+        return snap
+
+    @classmethod
+    def restore(cls, snapshot: Mapping) -> StatsServer:
+        """A StatsServer continuing from `snapshot`; the tasks that were in flight are re-sent by dispatch()."""
+        if "stats_server" not in snapshot:
+            raise ValueError("this snapshot was written by FederatedServer, not StatsServer: restore it with "
+                             "FederatedServer.restore")
+        server = super().restore(snapshot)
+        for name, value in copy.deepcopy(dict(snapshot["stats_server"])).items():
+            setattr(server, name, value)
+        return server
+
+    # --- loop ----------------------------------------------------------------------------------------
+    def _begin_loop(self, now: float, estimated: Mapping | None = None) -> None:
+        """φ₀ (init.initial_params, `start` overriding), the box for u, and the first request to every site."""
+        values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
+        self.bounds = self._user_bounds or default_bounds(self._s2, self._diameter)
+        params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
+                                     self.knots, self.kernel)
+        u = np.clip(params.u, *self.bounds)
+        self.params = params.with_u(u)
+        self._record("init", now, 0)
+        self.phase = "loop"
+        self._publish_u()
+
+    def _publish_u(self) -> None:
+        """Ask every site for its statistics at u of `params` (a newer request replaces an older one in ℙ_j); u is
+        read back from params exactly as the sites will (log of exp), so fresh answers match it bit for bit."""
+        self._u = self.params.u
+        self._publish(Augmented(self.params, self.t, STATS_STEP))
+
+    def _progress(self, now: float) -> None:
+        """Aggregate when the mode's condition holds, then check the time budget."""
+        if self.phase == "final":
+            if self._exact_here():
+                self._after_final_pass(now)
+        elif self.phase == "loop":
+            if self.mode == "sync":
+                if self._exact_here():
+                    self._aggregate(now)
+            elif self._new >= min(self.config.agg_threshold, len(self.active)):
+                self._aggregate(now)
+        budget = self.config.time_budget
+        if self.phase == "loop" and budget is not None and now >= budget:
+            self._stop("time_budget", now)
+
+    def _exact_here(self) -> bool:
+        """Every active site answered at the published u."""
+        return all(j in self._stats and np.array_equal(self._stats[j]["u"], self._u) for j in self.active)
+
+    def _surrogate(self, u_at: np.ndarray):
+        """(function u ↦ summed statistics, stalest ‖u_at − u_j‖∞, staleness in iterations) from the sites' Taylor
+        models; sites without statistics or beyond taylor_radius stood in for by the scaled others."""
+        used, stalest, stale_t = [], 0.0, 0
+        for j in self.active:
+            st = self._stats.get(j)
+            if st is None:
+                continue
+            du = float(np.max(np.abs(u_at - st["u"])))
+            if du <= self.taylor_radius:
+                used.append(st)
+                stalest = max(stalest, du)
+                stale_t = max(stale_t, self.t - st["t"])
+        if not used:  # all too far: the freshest site alone
+            freshest = max((self._stats[j] for j in self.active if j in self._stats), key=lambda s: s["t"])
+            used, stalest = [freshest], float(np.max(np.abs(u_at - freshest["u"])))
+        n_used = sum(int(st["n"]) for st in used)
+        scale = self.n_obs / n_used
+
+        def at(u):
+            return sum_statistics([taylor_statistics(st, u) for st in used], scale=scale)
+
+        missing = len(self.active) - len(used)
+        return at, stalest, stale_t if not missing else max(stale_t, self.t + 1)
+
+    def _aggregate(self, now: float) -> None:
+        """One iteration: the exact (all fresh) or surrogate profile at the published u, acceptance, step, publish."""
+        self._new = 0
+        lower, upper = self.bounds
+        exact = self._exact_here()
+        staleness = 0
+        if exact:
+            total = sum_statistics([self._stats[j] for j in self.active])
+            try:
+                here = profile_loglik(total, self.knots, self.kernel)
+            except NotPositiveDefinite:
+                here = None
+            consecutive = self._anchor is not None and (self.mode == "sync" or self._anchor_t == self.t - 1)
+            if consecutive and (here is None or here.loglik < self._anchor[0].loglik - 1e-12 * abs(here.loglik)):
+                self._radius = max(0.25 * self._last_step, 1e-6)  # rejected: a shorter step from the accepted point
+            else:
+                if consecutive and self._last_pred > self.loglik_tol:  # below: ratio is rounding noise
+                    self._update_radius((here.loglik - self._anchor[0].loglik) / self._last_pred)
+                if here is None:
+                    raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
+                self._anchor, self._anchor_t = (here, total), self.t
+                self.accepted.append((self.t, here.loglik))
+            base, base_stats = self._anchor
+            at = lambda u: taylor_statistics(base_stats, u)  # noqa: E731
+            radius = self._radius
+        else:
+            at, stalest, staleness = self._surrogate(self._u)
+            try:
+                base = profile_loglik(at(self._u), self.knots, self.kernel)
+            except NotPositiveDefinite:  # the models disagree here: ask again at the same u
+                self._record(STATS_STEP, now, staleness)
+                self._next_iteration()
+                self._publish_u()
+                return
+            radius = self._radius / (1.0 + stalest / self.taylor_radius)
+
+        if exact:  # one Newton step, verified by the sites' exact answers at the next round
+            step = trust_region_step(base.u, base.grad, base.hess, radius, lower, upper, floor=self.config.eig_floor)
+            new = self._evaluate(at, base.u + step.p)
+            if new is None:  # the model is not usable there: publish the step with the current μ, Σ, γ
+                new = dataclasses.replace(base, u=base.u + step.p)
+        else:
+            new, step = self._maximise(at, base, radius)
+            if float(np.max(np.abs(new.u - base.u))) <= self.config.tol:
+                new = base  # no move: the sites already answered here stay idle (next_task)
+        self.boundary = step.at_bound
+        change = float(np.max(np.abs(step.p if exact else new.u - base.u)))
+        dgamma = float(np.max(np.abs(new.gamma - base.gamma)) / max(np.max(np.abs(base.gamma)), 1e-300)) \
+            if base.gamma.size else 0.0
+        small = max(change, dgamma) <= self.config.tol and step.predicted <= self.loglik_tol
+        self._last_step, self._last_pred = float(np.linalg.norm(step.p)), step.predicted
+        self.iterations = self.t + 1
+        if small and exact:
+            self._finish(base, "tol", now)
+            return
+        if small and not exact and staleness <= self.t and self._stalest_u(base.u) <= self.stale_tol:
+            self._set_params(base)
+            self._record(STATS_STEP, now, staleness, base.loglik)
+            self._begin_final("tol", now)
+            return
+        self._set_params(new)
+        self._record(STATS_STEP, now, staleness, new.loglik)
+        if self.t + 1 >= self.config.max_iter:
+            self._stop("max_iter", now)
+            return
+        self._next_iteration()
+        self._publish_u()
+
+    def _maximise(self, at, base: Profile, max_move: float):
+        """Safeguarded Newton iterations on the surrogate u ↦ ℓ(at(u)) from base.u, each kept only if the surrogate
+        does not decrease, within ‖u − base.u‖₂ ≤ max_move; returns (the point reached, its last step)."""
+        lower, upper = self.bounds
+        cur, r, last = base, max_move, None
+        for _ in range(self.inner_steps):
+            room = max_move - float(np.linalg.norm(cur.u - base.u))
+            if room <= 1e-12:
+                break
+            step = trust_region_step(cur.u, cur.grad, cur.hess, min(r, room), lower, upper,
+                                     floor=self.config.eig_floor)
+            if last is None:
+                last = step
+            if not np.any(step.p):
+                last = step
+                break
+            try:
+                trial = profile_loglik(at(cur.u + step.p), self.knots, self.kernel)
+            except NotPositiveDefinite:
+                trial = None
+            if trial is None or trial.loglik < cur.loglik:
+                r = 0.25 * float(np.linalg.norm(step.p))
+                continue
+            cur, last = trial, step
+            if float(np.max(np.abs(step.p))) <= self.config.tol:
+                break
+        if cur is base:  # no step kept: stay
+            last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
+        return cur, last
+
+    def _update_radius(self, ratio: float) -> None:
+        """Trust-region radius from actual / predicted increase of ℓ: shrink below 0.25, grow (up to
+        RADIUS_GROWTH·step_bound) above 0.75 when the step reached the radius."""
+        if ratio < 0.25:
+            self._radius = max(0.25 * self._last_step, 1e-6)
+        elif ratio > 0.75 and self._last_step >= 0.99 * self._radius:
+            self._radius = min(2.0 * self._radius, RADIUS_GROWTH * float(self.config.step_bound))
+
+    def _evaluate(self, at, u) -> Profile | None:
+        try:
+            return profile_loglik(at(u), self.knots, self.kernel, derivatives=False)
+        except NotPositiveDefinite:
+            return None
+
+    def _stalest_u(self, u) -> float:
+        return max((float(np.max(np.abs(u - self._stats[j]["u"]))) if j in self._stats else np.inf)
+                   for j in self.active)
+
+    def _next_iteration(self) -> None:
+        self.t += 1
+
+    def _set_params(self, pr: Profile) -> None:
+        self.params = Params(mu=pr.mu, Sigma=pr.Sigma, gamma=pr.gamma, delta=float(np.exp(pr.u[0])),
+                             sigma2=float(np.exp(pr.u[1])), beta=float(np.exp(pr.u[2])))
+
+    def _stop(self, reason: str, now: float) -> None:
+        """max_iter or time budget: report the last accepted exact point (sync) or run the final exact pass."""
+        if self.mode == "sync" and self._anchor is not None:
+            self._finish(self._anchor[0], reason, now)
+        else:
+            self._begin_final(reason, now)
+
+    def _begin_final(self, reason: str, now: float) -> None:
+        """Ask every site for exact statistics at the current u (tasks in flight still arrive and are kept)."""
+        self._final_reason = reason
+        self.phase = "final"
+        self._next_iteration()
+        self._final_t = self.t
+        self._publish_u()
+        if self._exact_here():  # every site already answered at this u
+            self._after_final_pass(now)
+
+    def _after_final_pass(self, now: float) -> None:
+        """Exact statistics of every site at the final u: converged → done; otherwise (tol) continue the loop."""
+        reason = self._final_reason
+        if reason != "tol":
+            total = sum_statistics([self._stats[j] for j in self.active])
+            self._finish(profile_loglik(total, self.knots, self.kernel), reason, now)
+            return
+        self.phase = "loop"
+        self._anchor, self._anchor_t = None, -1
+        self._aggregate(now)
+
+    def _finish(self, pr: Profile, reason: str, now: float) -> None:
+        """Report the exact estimate and ℓ_LR at pr (the "final" trace row) and stop."""
+        self._set_params(pr)
+        lower, upper = self.bounds
+        self.boundary = tuple(U_NAMES[i] for i in range(3) if pr.u[i] <= lower[i] or pr.u[i] >= upper[i])
+        self.loglik = pr.loglik
+        self.stop_reason = reason
+        self.converged = reason == "tol"
+        self._record("final", now, 0, self.loglik)
+        self._P = [[] for _ in range(self.n_workers)]
+        self._obsolete = set(self._in_flight)
+        self.phase = "done"
