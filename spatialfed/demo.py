@@ -99,21 +99,3 @@ def write_covariate_table(path: Path) -> Path:
     X = covariates(pts)
     pd.DataFrame({"x": pts[:, 0], "y": pts[:, 1], "traffic": X[:, 1], "urban": X[:, 2]}).to_csv(path, index=False)
     return path
-
-
-def register_demo(subparsers) -> None:
-    """Register `spatialfed demo` (SPEC §6)."""
-    p = subparsers.add_parser("demo", help="simulate five monitoring networks and fit them asynchronously",
-                              description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="spatialfed-demo", metavar="DIR", help="output directory (default spatialfed-demo)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--dask-workers", type=int, default=None, metavar="N",
-                   help="worker processes of the embedded LocalCluster (default: number of cores)")
-    p.set_defaults(handler=lambda args: _print_paths(run_demo(args.out, args.seed, args.dask_workers)))
-
-
-def _print_paths(paths: dict) -> None:
-    """Tell the user where the demo's outputs are."""
-    print(f"demo finished in {paths.pop('wall_time_s'):.1f} s; outputs:")
-    for what, path in paths.items():
-        print(f"  {what:8s} {path}")

@@ -100,12 +100,12 @@ def test_same_script_as_the_fit_cluster():
 def test_fit_cli_reads_a_yaml_job_configuration(tmp_path):
     """`fit --jobqueue slurm --jobqueue-config FILE`: file values, overridden by options given on the command line."""
     from spatialfed.cli import build_parser
-    from spatialfed.cli.fit import _jobqueue
+    from spatialfed.cli.args import jobqueue_settings
 
     config = tmp_path / "jobs.yaml"
     config.write_text("memory: 16GB\nslurm:\n  cores: 8\n  queue: short\n")
     args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--jobqueue", "slurm", "--jobqueue-config",
                                       str(config), "--jobs", "3", "--account", "geo", "--cores", "4"])
-    jq = _jobqueue(args)
+    jq = jobqueue_settings(args)
     assert (jq["kind"], jq["memory"], jq["cores"], jq["queue"], jq["account"], jq["jobs"]) == \
         ("slurm", "16GB", 4, "short", "geo", 3)

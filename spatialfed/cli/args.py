@@ -1,9 +1,16 @@
-"""Argument types shared by the `spatialfed` commands."""
+"""What the `spatialfed` commands share: argument types, option groups (Dask scheduler, TLS, batch system, runtime,
+progress, seed, the fit directory of predict/map) and the helpers that turn them into library keyword arguments.
+
+Options whose default is None were not given on the command line; `given` keeps only the others, so the library's
+own defaults apply and an explicit value always wins (e.g. over a checkpoint's settings on `fit --resume`).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+
+# --- argument types ------------------------------------------------------------------------------------------------
 
 def number_list(kind: type, example: str):
     """An argparse type parsing comma-separated values of `kind` (e.g. '100,200'), at least one."""
@@ -23,3 +30,132 @@ def number_list(kind: type, example: str):
 
 int_list = number_list(int, "100,200")
 float_list = number_list(float, "1,1,4")
+
+
+def name_list(text: str) -> list[str]:
+    """Parse 'a,b' into ['a', 'b'] for argparse."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+# --- validation ------------------------------------------------------------------------------------------------------
+
+def given(args, names, rename: dict | None = None) -> dict:
+    """{keyword: value} of the options in `names` that were given (value not None); `rename` maps an option's dest to
+    the library's keyword where they differ (e.g. dask_workers → n_dask_workers)."""
+    rename = rename or {}
+    return {rename.get(name, name): getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of an argparse dest: 'max_iter' → '--max-iter'."""
+    return "--" + name.replace("_", "-")
+
+
+def exclusive(args, *names) -> None:
+    """Refuse more than one of the options `names` given together (one line naming them)."""
+    both = [flag(name) for name in names if getattr(args, name)]
+    if len(both) > 1:
+        raise ValueError(f"give either {' or '.join(both)}, not both")
+
+
+# --- shared option groups --------------------------------------------------------------------------------------------
+
+def add_dask(p, runtimes: tuple, runtime_help: str) -> None:
+    """--runtime (with this command's choices, default dask), --scheduler and --dask-workers."""
+    p.add_argument("--runtime", choices=runtimes, default=None, help=runtime_help)
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="address of a running Dask scheduler (tcp://host:8786); default: an embedded LocalCluster")
+    p.add_argument("--dask-workers", type=int, default=None, metavar="N",
+                   help="worker processes of the embedded LocalCluster (default: min(J, number of cores)); "
+                        "use J to give every federated worker its own process")
+
+
+def dask_settings(args) -> dict:
+    """runtime, scheduler and n_dask_workers as given (add_dask)."""
+    return given(args, ("runtime", "scheduler", "dask_workers"), {"dask_workers": "n_dask_workers"})
+
+
+def add_tls(p) -> None:
+    """--tls and --tls-dir (encrypted, authenticated Dask connections)."""
+    sec = p.add_argument_group("encryption (TLS)")
+    sec.add_argument("--tls", action="store_true",
+                     help="encrypt and authenticate every Dask connection (client, scheduler, workers) with TLS; "
+                          "without --tls-dir a temporary self-signed certificate is made in memory")
+    sec.add_argument("--tls-dir", default=None, metavar="DIR",
+                     help="directory with ca.pem, cert.pem, key.pem (implies --tls; needed for --scheduler "
+                          "tls://HOST:PORT started with those files)")
+
+
+def tls_setting(args):
+    """The estimator's tls=: the certificate directory, True for --tls alone, None when neither is given."""
+    return args.tls_dir if args.tls_dir else (True if args.tls else None)
+
+
+JOBQUEUE_OPTIONS = ("jobs", "cores", "memory", "walltime", "queue", "account")
+
+
+def add_jobqueue(p) -> None:
+    """--jobqueue KIND and the job settings (dask-jobqueue)."""
+    jq = p.add_argument_group("batch system (dask-jobqueue)")
+    jq.add_argument("--jobqueue", choices=["slurm", "pbs", "sge"], default=None,
+                    help="start Dask workers as batch jobs instead of an embedded cluster")
+    jq.add_argument("--jobqueue-config", default=None, metavar="FILE.yaml",
+                    help="job settings from a YAML file (flat keys or a section per system, as for cluster-script); "
+                         "options given here override it")
+    jq.add_argument("--jobs", type=int, default=None, help="batch jobs (one Dask worker each; default 1)")
+    jq.add_argument("--cores", type=int, default=None, help="cores per job (default 1)")
+    jq.add_argument("--memory", default=None, help="memory per job (default 4GB)")
+    jq.add_argument("--walltime", default=None, help="walltime per job (default 01:00:00)")
+    jq.add_argument("--queue", default=None, help="queue / partition")
+    jq.add_argument("--account", default=None, help="account / project to charge")
+    jq.add_argument("--scheduler-host", default="127.0.0.1",
+                    help="address the jobqueue scheduler binds to (default 127.0.0.1; use one the compute nodes "
+                         "can reach on a real cluster)")
+
+
+def jobqueue_settings(args) -> dict | None:
+    """The estimator's jobqueue= from --jobqueue and its options (YAML file values, overridden by given options)."""
+    if not args.jobqueue:
+        return None
+    from spatialfed.runtime.jobscript import resolve_options
+
+    options = resolve_options(args.jobqueue, config=args.jobqueue_config,
+                              **{name: getattr(args, name) for name in JOBQUEUE_OPTIONS})
+    return {"kind": args.jobqueue, **options, "host": args.scheduler_host, "wait_for_workers": 600}
+
+
+def add_quiet(p) -> None:
+    """--quiet: no progress display on stderr."""
+    p.add_argument("--quiet", action="store_true", help="no progress display on stderr")
+
+
+# --- predict and map -------------------------------------------------------------------------------------------------
+
+def add_fitted(p, runtimes: tuple, predictors: tuple) -> None:
+    """What predict and map share: the fit directory, the store, the predictor, the domain and where it runs."""
+    p.add_argument("fit_dir", metavar="DIR", help="output directory of `spatialfed fit` (fit.json, model.zarr)")
+    p.add_argument("--store", required=True, metavar="STORE.zarr", help="the partitioned store the model was fitted on")
+    p.add_argument("--predictor", choices=predictors, default=None,
+                   help="lowrank (federated low-rank kriging; default for lowrank fits), independent (each point "
+                        "kriged by its owner alone), personal (one worker's data, see --worker) or ols (pooled "
+                        "least squares)")
+    p.add_argument("--worker", type=int, default=None, metavar="J", help="the worker for --predictor personal")
+    p.add_argument("--domain", default=None, metavar="FILE",
+                   help="polygon file (GeoPackage, shapefile, GeoJSON) in the store's CRS; default: the union of "
+                        "the workers' bounding boxes ([0,1]² for simulated stores)")
+    local = " | ".join(r for r in runtimes if r != "dask")
+    add_dask(p, runtimes, f"dask (default; each worker's part runs where its partition lives) or {local} (loads "
+                          "the partitions in this process; small data)")
+
+
+def fitted_settings(args) -> dict:
+    """Keyword arguments of outputs.prediction.predict / outputs.maps.make_map from add_fitted's options."""
+    return {**given(args, ("predictor", "worker", "domain")), **dask_settings(args)}
+
+
+def store_summary(info) -> str:
+    """One line describing a written store (simulate, ingest)."""
+    sizes = info.sizes if len(info.sizes) <= 10 else f"{min(info.sizes)}..{max(info.sizes)}"
+    return (f"wrote {info.path}: {info.n_workers} workers, {sum(info.sizes)} rows (sizes {sizes}), "
+            f"partition {info.partition}, crs {info.crs}, covariates {info.covariate_names}"
+            f"{', with test group' if info.has_test else ''}")

@@ -7,7 +7,7 @@ import sys
 from spatialfed.runtime.cluster import JOBQUEUE_KINDS
 
 
-def register_cluster_script(subparsers) -> None:
+def register(subparsers) -> None:
     """Register `spatialfed cluster-script slurm|pbs|sge`."""
     p = subparsers.add_parser(
         "cluster-script", help="print the batch job script of a dask-jobqueue worker (inspect before `fit --jobqueue`)",
@@ -34,10 +34,10 @@ def register_cluster_script(subparsers) -> None:
                    help="YAML file of the same settings (cores, memory, walltime, queue, account, processes, jobs, "
                         "job_extra_directives, job_script_prologue, ...; optional per-system sections); "
                         "command-line options override it")
-    p.set_defaults(handler=run_cluster_script)
+    p.set_defaults(handler=run)
 
 
-def run_cluster_script(args) -> None:
+def run(args) -> None:
     """Handler of `spatialfed cluster-script`: the script on stdout, the job count on stderr."""
     from spatialfed.runtime.jobscript import check_kind, job_script, resolve_options
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
 
-def register_pilot_clip(subparsers) -> None:
+def register(subparsers) -> None:
     """Register `spatialfed pilot-clip PILOT.zarr --out clip.json`."""
     p = subparsers.add_parser(
         "pilot-clip", help="per-key clip bounds for --privacy-clip from a pilot fit on PUBLIC or simulated data",
@@ -25,28 +22,33 @@ def register_pilot_clip(subparsers) -> None:
     p.add_argument("--margin", type=float, default=4.0, help="bound = margin × largest pilot norm (default 4)")
     p.add_argument("--max-iter", type=int, default=10, help="iterations of the pilot fit (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the knot jitter, as in the private fit (default 0)")
-    p.set_defaults(handler=run_pilot_clip)
+    p.set_defaults(handler=run)
 
 
-def run_pilot_clip(args) -> None:
-    """Handler of `spatialfed pilot-clip`: the pilot's LocalModels and knots as the estimator lays them out."""
+def run(args) -> None:
+    """Handler of `spatialfed pilot-clip`: runtime.pilot.pilot_clip on the pilot store, written as JSON."""
+    from spatialfed.outputs.prediction import write_json
     from spatialfed.runtime.pilot import pilot_clip
+
+    models, knots, kernel = pilot_models(args)
+    clip = pilot_clip(models, knots, kernel, margin=args.margin, max_iter=args.max_iter)
+    out = write_json(Path(args.out), clip)
+    print(f"wrote {out}: clip bounds for {len(clip)} released arrays (margin {args.margin:g}); "
+          f"use: spatialfed fit ... --privacy-noise Z --privacy-clip {out}")
+
+
+def pilot_models(args):
+    """(LocalModels, knots, kernel) of the pilot store, with the knots the estimator lays out for these settings."""
     from spatialfed.api import FederatedGP
     from spatialfed.data.store import load_worker, open_store
     from spatialfed.model.local import LocalModel
     from spatialfed.model.matern import Matern
+    from spatialfed.runtime.virtual import VirtualRuntime
 
     info = open_store(args.store)
     gp = FederatedGP(method=args.method, knots=args.knots, nu=args.nu, residual=args.residual, seed=args.seed)
-    knots, _ = gp._knots(info)
+    knots, _ = gp._knots(info, VirtualRuntime())  # the sites' bounding boxes, read in this process (public data)
     kernel = Matern(args.nu)
     models = [LocalModel(*load_worker(info.path, j), knots, kernel, residual=args.residual)
               for j in range(info.n_workers)]
-    clip = pilot_clip(models, knots, kernel, margin=args.margin, max_iter=args.max_iter)
-    out = Path(args.out)
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(clip, fh, indent=1)
-    os.replace(tmp, out)
-    print(f"wrote {out}: clip bounds for {len(clip)} released arrays (margin {args.margin:g}); "
-          f"use: spatialfed fit ... --privacy-noise Z --privacy-clip {out}")
+    return models, knots, kernel

@@ -1,0 +1,46 @@
+"""`spatialfed map DIR --store STORE.zarr --out MAPDIR`: prediction on a grid, written as GeoTIFFs, a GeoPackage
+and a PNG map (SPEC §6)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from spatialfed.cli.args import add_fitted, fitted_settings
+from spatialfed.outputs.prediction import PREDICTORS, RUNTIMES
+
+
+def register(subparsers) -> None:
+    """Register `spatialfed map` (SPEC §6)."""
+    p = subparsers.add_parser(
+        "map", help="predict on a grid and write GeoTIFFs, a GeoPackage and a PNG map",
+        description="Predicts on square cells over the domain and writes mean.tif and sd.tif (GeoTIFF in the "
+                    "store's CRS), grid.gpkg (cells with mean, sd, sd_latent, owner), map.png and map.json.")
+    add_fitted(p, RUNTIMES, PREDICTORS)
+    p.add_argument("--out", required=True, metavar="MAPDIR", help="output directory")
+    p.add_argument("--resolution", type=float, default=None, metavar="R",
+                   help="cell size in the store's CRS units (default: about 150 cells along the longer side)")
+    p.add_argument("--covariates", default=None, metavar="FILE",
+                   help="points (CSV with x, y or a point GeoPackage) carrying the fitted covariates; each cell "
+                        "takes the nearest point within one cell (needed unless the model is intercept-only)")
+    p.add_argument("--overlay", default=None, metavar="FILE", help="vector features to draw (e.g. a river)")
+    p.add_argument("--overlay-label", default="", metavar="TEXT", help="legend entry of the overlay, e.g. 'river'")
+    p.add_argument("--units", default="", help="units of the mapped variable for the colour bars, e.g. ppb")
+    p.add_argument("--title", default=None, help="figure title")
+    p.add_argument("--no-sites", action="store_true",
+                   help="do not draw observation sites (drawing them sends the site coordinates, not the values, "
+                        "from the workers)")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> None:
+    """Handler of `spatialfed map`: outputs.maps.make_map, then one summary line."""
+    from spatialfed.outputs.maps import make_map
+
+    tic = time.perf_counter()
+    paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
+                     units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
+                     sites=not args.no_sites, **fitted_settings(args))
+    summary = json.loads(paths["json"].read_text())
+    print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "
+          f"{summary['resolution']:g}) in {time.perf_counter() - tic:.1f} s")

@@ -1,0 +1,98 @@
+"""The `spatialfed` entry point: --version, one-line errors with their exit codes, and thin command handlers."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import spatialfed
+from spatialfed.cli import COMMANDS, build_parser, main
+from spatialfed.cli.fit import estimator_settings
+
+CLI = Path(spatialfed.__file__).parent / "cli"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"spatialfed {spatialfed.__version__}"
+
+
+def test_python_dash_m_runs_the_same_command_line():
+    done = subprocess.run([sys.executable, "-m", "spatialfed", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"spatialfed {spatialfed.__version__}"
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["fit", "s.zarr", "--out", "o", "--scheduler", "tcp://127.0.0.1:1", "--jobqueue", "slurm"],
+     "spatialfed fit: error: give either --scheduler or --jobqueue, not both"),  # ValueError
+    (["cluster-script", "lsf"], "spatialfed cluster-script: error: unknown batch system 'lsf'"),  # SpatialFedError
+    (["demo", "--out", "{tmp}/a-file/demo"], "Not a directory: '{tmp}/a-file/demo'"),  # OSError
+    (["fit", "s.zarr", "--out", "o", "--privacy-noise", "1", "--privacy-clip", "missing.json"],
+     "--privacy-clip missing.json: cannot read"),
+])
+def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, argv, text):
+    (tmp_path / "a-file").write_text("")
+    assert main([arg.format(tmp=tmp_path) for arg in argv]) == 1
+    err = capsys.readouterr().err
+    text = text.format(tmp=tmp_path)
+    assert text in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def _raising(monkeypatch, exc):
+    """`spatialfed cluster-script slurm` with a handler that raises `exc`."""
+    from spatialfed.cli import cluster_script
+
+    def handler(args):
+        raise exc
+
+    monkeypatch.setattr(cluster_script, "run", handler)
+    return ["cluster-script", "slurm"]
+
+
+def test_ctrl_c_exits_130_in_one_line(monkeypatch, capsys):
+    """(A real Ctrl-C during a fit: tests/cli/test_cli_resume.py.)"""
+    assert main(_raising(monkeypatch, KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == "spatialfed cluster-script: interrupted\n"
+
+
+def test_a_message_over_several_lines_is_joined(monkeypatch, capsys):
+    assert main(_raising(monkeypatch, ValueError("first part,\n   second part"))) == 1
+    assert capsys.readouterr().err == "spatialfed cluster-script: error: first part, second part\n"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    with pytest.raises(ZeroDivisionError):
+        main(_raising(monkeypatch, ZeroDivisionError("a bug, not a user error")))
+
+
+def test_only_options_given_reach_the_estimator():
+    """Defaults are not passed (the estimator's own apply; on --resume the checkpoint's): None means not given."""
+    args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--quiet"])
+    assert estimator_settings(args) == {"progress": False}
+    args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--max-iter", "50", "--tol", "1e-5",
+                                      "--dask-workers", "3", "--tls", "--privacy-noise", "2", "--privacy-clip", "A=1"])
+    assert estimator_settings(args) == {
+        "max_iter": 50, "tol": 1e-5, "n_dask_workers": 3, "tls": True, "progress": True,
+        "privacy": {"noise_multiplier": 2.0, "clip": {"A": 1.0}}}
+
+
+def test_every_command_is_registered_with_a_help():
+    text = build_parser().format_help()
+    for command in COMMANDS:
+        name = command.__name__.rsplit(".", 1)[1].replace("_", "-")
+        assert name in text, name
+
+
+def test_handlers_are_thin():
+    """Every command module has register() and run(); each handler body is at most 40 lines (issue 16)."""
+    for command in COMMANDS:
+        path = Path(command.__file__)
+        functions = {node.name: node for node in ast.parse(path.read_text()).body
+                     if isinstance(node, ast.FunctionDef)}
+        assert {"register", "run"} <= set(functions), path.name
+        body = functions["run"].body
+        assert body[-1].end_lineno - body[0].lineno + 1 <= 40, f"{path.name}: run() is longer than 40 lines"
