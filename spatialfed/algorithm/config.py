@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from enum import StrEnum
 
-MODES = ("sync", "async")
+
+class Mode(StrEnum):
+    """Synchronous (Agg_threshold = J, Section 3.1) or asynchronous (Section 4) aggregation."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+MODES = tuple(m.value for m in Mode)
 HESSIANS = ("profile", "block")
 MEAN_STEPS = ("joint", "block")
 ALPHA_RULES = ("fixed", "staleness", "section5")
@@ -45,6 +54,7 @@ class FitConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        object.__setattr__(self, "mode", Mode(self.mode))
         if self.hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
         if self.alpha_rule not in ALPHA_RULES:

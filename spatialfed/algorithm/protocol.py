@@ -9,19 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spatialfed.algorithm.privacy import GaussianMechanism, task_nonce
+from spatialfed.model.names import BLOCK_STEPS, Step
 from spatialfed.model.params import Params
 
 #: Sub-steps of one iteration, in their cyclic order (Eq. 12).
-STEPS = ("mu_sigma", "gamma", "theta")
+STEPS = BLOCK_STEPS
 #: Synchronous summaries collected once before Algorithm 1, to build φ₀ (SPEC §4 "Start φ₀ from data ...").
-INIT_STEPS = ("moments", "variogram")
+INIT_STEPS = (Step.MOMENTS, Step.VARIOGRAM)
 #: Final synchronous evaluation of f_j at the reported estimate.
-FINAL_STEP = "value"
+FINAL_STEP = Step.VALUE
 #: FGPR's local update (algorithm/fgpr.py): E optimiser steps from the global parameters
-FGPR_STEP = "fgpr"
+FGPR_STEP = Step.FGPR
 #: one round trip per iteration (algorithm/stats_server.py): sufficient statistics at u (SPEC §2b)
-STATS_STEP = "stats"
-ALL_STEPS = INIT_STEPS + STEPS + (FINAL_STEP, FGPR_STEP, STATS_STEP)
+STATS_STEP = Step.STATS
+ALL_STEPS = tuple(Step)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Augmented:
 
     def __post_init__(self):
         if self.step not in ALL_STEPS:
-            raise ValueError(f"unknown step {self.step!r}; expected one of {ALL_STEPS}")
+            raise ValueError(f"unknown step {self.step!r}; expected one of {[s.value for s in Step]}")
+        object.__setattr__(self, "step", Step(self.step))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from spatialfed.algorithm import init
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
+from spatialfed.algorithm.state import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
 from spatialfed.algorithm.strategies import (
     aggregate,
     corrected_gradient,
@@ -34,7 +35,7 @@ from spatialfed.algorithm.strategies import (
     staleness_weights,
     uniform_weights,
 )
-from spatialfed.errors import SpatialFedError, check_finite, check_positive
+from spatialfed.errors import check_finite, check_positive
 from spatialfed.model import blocks
 from spatialfed.model.params import Params
 
@@ -61,45 +62,6 @@ def relative_change(old: Params, new: Params) -> float:
     du = np.max(np.abs(new.u - old.u))
     dgamma = np.max(np.abs(new.gamma - old.gamma)) / max(np.max(np.abs(old.gamma)), np.finfo(float).tiny)
     return float(max(du, dgamma))
-
-
-class ServerState:
-    """What every server shows its runtime and the result files (FederatedServer, fgpr.FgprServer): the workers
-    taking part, the fit's results, its trace, and `dispatch` over the server's own `busy`/`next_task`."""
-
-    def _start_state(self, n_workers: int) -> None:
-        """No worker dropped, no iteration done, no result yet."""
-        self.active: list[int] = list(range(n_workers))  # workers still taking part (drop_worker removes one)
-        self.dropped: list[dict] = []  # {"worker", "step", "cause", "iter", "time_s"} of each dropped worker
-        self.t = 0
-        self.iterations = 0
-        self.params: Params | None = None
-        self.loglik: float | None = None
-        self.n_obs: int | None = None
-        self.converged = False
-        self.stop_reason: str | None = None
-        self.trace: list[dict] = []
-        self._last_now = 0.0  # the runtime's clock at the last receive (kept in snapshots)
-
-    def _remove_worker(self, j: int, step: str, cause: str, now: float) -> None:
-        """Take failed worker j out of `active` and record who, where and why in `dropped` (drop_worker's first half)."""
-        if j not in self.active:
-            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
-        if len(self.active) == 1:
-            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
-        self.active.remove(j)
-        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
-                             "time_s": float(now)})
-
-    @property
-    def time_s(self) -> float:
-        """The runtime's clock at the last receive (a resumed fit's clock carries on from it)."""
-        return self._last_now
-
-    def dispatch(self) -> list[tuple[int, Augmented]]:
-        """next_task for every idle worker that has work, in worker order."""
-        tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
-        return [(j, p) for j, p in tasks if p is not None]
 
 
 class FederatedServer(ServerState):
@@ -129,14 +91,14 @@ class FederatedServer(ServerState):
         self._end_of_last_iteration: Params | None = None
         self._small_changes = 0
         self._ols_gamma = self._s2 = self._diameter = None
-        self.phase = "moments"
+        self.phase = Phase.MOMENTS
         self._publish(Augmented(None, 0, "moments"))
 
     # --- the runtime's side ----------------------------------------------------------------------------
     @property
     def done(self) -> bool:
         """True once the final evaluation pass has set `loglik`."""
-        return self.phase == "done"
+        return self.phase == Phase.DONE
 
     def busy(self, j: int) -> bool:
         """Whether worker j has a task in flight."""
@@ -163,15 +125,27 @@ class FederatedServer(ServerState):
 
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
         """Quantities that arrived at `now` seconds since the fit started: one, or a batch that all enter ℚ before
-        the server checks Num.step (Algorithm 3's receiving thread fills ℚ while the aggregation loop waits)."""
-        self._last_now = float(now)
-        for q in [qs] if isinstance(qs, Quantity) else qs:
-            j = q.worker
-            p = self._in_flight.pop(j, None)
+        the server checks Num.step (Algorithm 3's receiving thread fills ℚ while the aggregation loop waits).
+        A quantity that breaks an update puts the server in the error phase and is raised."""
+        self._check_usable()
+        qs = [qs] if isinstance(qs, Quantity) else list(qs)
+        for q in qs:  # a runtime's mistake is refused before anything changes
+            p = self._in_flight.get(q.worker)
             if p is None:
-                raise RuntimeError(f"worker {j} sent a quantity without a task in flight")
+                raise RuntimeError(f"worker {q.worker} sent a quantity without a task in flight")
             if (q.t, q.step) != (p.t, p.step):
-                raise RuntimeError(f"worker {j} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+                raise RuntimeError(f"worker {q.worker} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+        try:
+            self._receive(qs, now)
+        except Exception as exc:
+            self._fail(exc)
+            raise
+
+    def _receive(self, qs: list[Quantity], now: float) -> None:
+        self._last_now = float(now)
+        for q in qs:
+            j = q.worker
+            p = self._in_flight.pop(j)
             if self._accountant is not None:
                 self._accountant.record(j, self.config.privacy.released(q.xi))
             if j in self._obsolete:
@@ -229,6 +203,7 @@ class FederatedServer(ServerState):
         server = cls.__new__(cls)
         for key, attr in _SNAPSHOT_STATE.items():
             setattr(server, attr, snap[key])
+        server.phase = Phase(server.phase)
         server.config = FitConfig(**snap["config"])
         if len(snap["buffers"]) != server.n_workers:
             raise ValueError(f"snapshot has {len(snap['buffers'])} worker buffers for n_workers={server.n_workers}")
@@ -440,7 +415,7 @@ class FederatedServer(ServerState):
 
     # --- synchronous passes: φ₀ summaries and the final evaluation -------------------------------------
     def _begin_synchronous(self, phase: str, p: Augmented) -> None:
-        self.phase = phase
+        self.phase = Phase(phase)
         self._collected = {}
         self._publish(p)
 
@@ -494,7 +469,7 @@ class FederatedServer(ServerState):
         h = blocks.h_terms(phi.mu, phi.Sigma, self.knots, self.kernel, phi.sigma2, phi.beta)
         self.loglik = blocks.loglik_from_f(sum(xi["f"] for xi in xis) + h["f"], self.n_obs)
         self._record("final", now, 0, self.loglik)
-        self.phase = "done"
+        self.phase = Phase.DONE
 
     def _record(self, step: str, now: float, max_staleness: int, loglik: float | None = None) -> None:
         """One trace row; `loglik` on theta rows is the estimate from the aggregated f_j, on the final row ℓ_LR

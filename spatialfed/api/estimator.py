@@ -25,18 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from spatialfed.algorithm.config import PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.config import MODES, PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
 from spatialfed.api.progress import Progress
 from spatialfed.errors import DataError, SpatialFedError
 from spatialfed.model.matern import Matern
+from spatialfed.model.names import RESIDUALS
 from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name  # noqa: F401 (RUNTIMES: the CLI's choices)
 
 log = logging.getLogger("spatialfed.api")
 
 METHODS = ("lowrank", "independent", "fgpr")
-MODES = ("sync", "async")
-RESIDUALS = ("full", "mpp", "pp")
-PROFILES = ("balanced", "straggler", "graded")
+from spatialfed.runtime.heterogeneity import PROFILES  # noqa: E402
 
 _PARAM_NAMES = (
     "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",

@@ -16,17 +16,17 @@ from scipy.spatial.distance import cdist
 from spatialfed.errors import check_finite
 from spatialfed.model.linalg import DenseFactor, DiagFactor, apply, cholesky_with_jitter, inner, matmul, trace, transpose
 from spatialfed.model.matern import Matern, check_points
+from spatialfed.model.names import BLOCK_STEPS, RESIDUALS, Residual
 from spatialfed.model.params import Params
 
-STEPS = ("mu_sigma", "gamma", "theta")
-RESIDUALS = ("full", "mpp", "pp")
+STEPS = BLOCK_STEPS
 
 
-def check_residual(residual: str) -> str:
+def check_residual(residual: str) -> Residual:
     """Validate the residual structure name of Remark 3."""
     if residual not in RESIDUALS:
         raise ValueError(f"residual must be one of {RESIDUALS} (Remark 3), got {residual!r}")
-    return residual
+    return Residual(residual)
 
 
 def check_knots(knots) -> np.ndarray:

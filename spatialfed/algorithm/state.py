@@ -1,0 +1,77 @@
+"""What every server state machine shares (FederatedServer, StatsServer, FgprServer): its phases, the sites taking
+part, the fit's results and trace, and `dispatch` over the server's own `busy`/`next_task`.
+
+Sans-IO (the h11/h2 pattern): a server takes "quantities arrived" events (`receive(qs, now)`) and answers with
+"send p to site j" decisions (`next_task(j)`); it never waits, sleeps or talks to a network. Runtimes drive it
+(runtime/driver.py).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from spatialfed.algorithm.protocol import Augmented
+from spatialfed.errors import SpatialFedError
+from spatialfed.model.params import Params
+
+
+class Phase(StrEnum):
+    """Where a server is: the φ₀ summaries, the iterations, the final synchronous passes, done — or stopped on an
+    error (a receive that raised leaves the state unusable: the fit is resumed from a checkpoint instead)."""
+
+    MOMENTS = "moments"
+    VARIOGRAM = "variogram"
+    LOOP = "loop"
+    FINAL = "final"
+    VALUE = "value"
+    DONE = "done"
+    ERROR = "error"
+
+
+class ServerState:
+    """What every server shows its runtime and the result files (FederatedServer, fgpr.FgprServer): the workers
+    taking part, the fit's results, its trace, and `dispatch` over the server's own `busy`/`next_task`."""
+
+    def _start_state(self, n_workers: int) -> None:
+        """No worker dropped, no iteration done, no result yet."""
+        self.active: list[int] = list(range(n_workers))  # workers still taking part (drop_worker removes one)
+        self.dropped: list[dict] = []  # {"worker", "step", "cause", "iter", "time_s"} of each dropped worker
+        self.t = 0
+        self.iterations = 0
+        self.params: Params | None = None
+        self.loglik: float | None = None
+        self.n_obs: int | None = None
+        self.converged = False
+        self.stop_reason: str | None = None
+        self.trace: list[dict] = []
+        self._last_now = 0.0  # the runtime's clock at the last receive (kept in snapshots)
+
+    def _remove_worker(self, j: int, step: str, cause: str, now: float) -> None:
+        """Take failed worker j out of `active` and record who, where and why in `dropped` (drop_worker's first half)."""
+        if j not in self.active:
+            raise ValueError(f"worker {j} is not taking part in the fit (active: {self.active})")
+        if len(self.active) == 1:
+            raise SpatialFedError(f"worker {j} failed in sub-step {step!r} ({cause}) and no other worker is left")
+        self.active.remove(j)
+        self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
+                             "time_s": float(now)})
+
+    @property
+    def time_s(self) -> float:
+        """The runtime's clock at the last receive (a resumed fit's clock carries on from it)."""
+        return self._last_now
+
+    def dispatch(self) -> list[tuple[int, Augmented]]:
+        """next_task for every idle worker that has work, in worker order."""
+        tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
+        return [(j, p) for j, p in tasks if p is not None]
+
+    def _fail(self, exc: BaseException) -> None:
+        """Enter the error phase: record why; further receive calls are refused (`_check_usable`)."""
+        self.phase = Phase.ERROR
+        self.stop_reason = f"error: {type(exc).__name__}: {exc}"
+
+    def _check_usable(self) -> None:
+        if self.phase == Phase.ERROR:
+            raise SpatialFedError(f"the server stopped on an error ({self.stop_reason}); resume from the last "
+                                  "checkpoint or start the fit again")
