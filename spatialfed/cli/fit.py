@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     ck = p.add_argument_group("checkpoint and resume (docs/recovery.md)")
     ck.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
                     help="write OUT/checkpoint.pkl atomically every K aggregations, when the fit is interrupted, "
-                         "and at the end (Dask runtime)")
+                         "and at the end")
     ck.add_argument("--resume", default=None, metavar="DIR",
                     help="continue the fit checkpointed in DIR/checkpoint.pkl (or a checkpoint file): model and "
                          "algorithm settings come from the checkpoint; --max-iter, --tol, --time-budget, "
@@ -128,6 +128,7 @@ def run(args) -> None:
         settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)
     try:
         if args.resume:
+            check_resumable(checkpoint, settings)
             gp = FederatedGP.resume(checkpoint, store=args.store, **settings)
         else:
             gp = FederatedGP(**settings).fit(args.store)
@@ -144,6 +145,16 @@ def resume_paths(resume, out) -> tuple[Path, str]:
     path = Path(resume)
     checkpoint = path / CHECKPOINT_NAME if path.is_dir() else path
     return checkpoint, out or str(path if path.is_dir() else path.parent)
+
+
+def check_resumable(checkpoint, settings) -> None:
+    """Refuse stopping rules given for a checkpoint of a finished fit: the resume would return that fit unchanged."""
+    from spatialfed.algorithm.checkpoint import read_checkpoint
+
+    rules = [name for name in ("max_iter", "tol", "time_budget") if name in settings]
+    if rules and str(read_checkpoint(checkpoint)["phase"]) in ("final", "value", "done"):  # it left the loop
+        raise ValueError(f"{checkpoint} holds a finished fit, which {', '.join(map(flag, rules))} cannot extend; "
+                         "resume a checkpoint written while the fit ran, or start a new fit (docs/recovery.md)")
 
 
 def estimator_settings(args) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -27,12 +28,12 @@ def register(subparsers) -> None:
 
 def run(args) -> None:
     """Handler of `spatialfed pilot-clip`: runtime.pilot.pilot_clip on the pilot store, written as JSON."""
-    from spatialfed.outputs.prediction import write_json
+    from spatialfed.atomic import write_text
     from spatialfed.runtime.pilot import pilot_clip
 
     models, knots, kernel = pilot_models(args)
     clip = pilot_clip(models, knots, kernel, margin=args.margin, max_iter=args.max_iter)
-    out = write_json(Path(args.out), clip)
+    out = write_text(Path(args.out), json.dumps(clip, indent=1) + "\n")
     print(f"wrote {out}: clip bounds for {len(clip)} released arrays (margin {args.margin:g}); "
           f"use: spatialfed fit ... --privacy-noise Z --privacy-clip {out}")
 

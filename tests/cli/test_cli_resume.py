@@ -83,3 +83,18 @@ def test_model_options_given_on_resume_are_refused(interrupted, tmp_path, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "knots" in err and "Traceback" not in err
     assert read_checkpoint(out / "checkpoint.pkl")["phase"] == "loop"  # untouched
+
+
+def test_stopping_rules_cannot_extend_a_finished_fit(store, tmp_path, capsys):
+    """A checkpoint written after the loop ended resumes to the same fit: an explicit --max-iter is refused rather
+    than silently ignored (the virtual clock writes checkpoints too, and fast)."""
+    out = tmp_path / "done"
+    assert main(["fit", str(store), "--out", str(out), "--runtime", "simulated", "--mode", "sync", "--knots", "9",
+                 "--max-iter", "3", "--checkpoint-every", "2", "--quiet"]) == 0
+    assert str(read_checkpoint(out / "checkpoint.pkl")["phase"]) == "done"
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(out), "--max-iter", "6", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "holds a finished fit, which --max-iter cannot extend" in err and err.count("\n") == 1
+    assert main(["fit", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "fit.json").read_text())["iterations"] == 3
