@@ -9,7 +9,7 @@ import zarr
 from spatialfed.cli import main
 from spatialfed.model.matern import Matern
 
-MEUSE = Path(__file__).resolve().parents[1] / "data" / "meuse" / "meuse.csv"
+MEUSE = Path(__file__).resolve().parents[2] / "data" / "meuse" / "meuse.csv"
 
 
 def check_plain_zarr(path, n_workers, p):
