@@ -114,8 +114,10 @@ def test_locations_file_with_intercept_and_outside_points(tmp_path):
         pr.predict(tmp_path / "f", store, locations=tmp_path / "nan.csv", runtime="simulated")
     pts = gpd.GeoDataFrame(locs, geometry=gpd.points_from_xy(locs.x, locs.y), crs="EPSG:28992").to_crs(4326)
     pts.to_file(tmp_path / "lonlat.gpkg")
-    with pytest.raises(DataError, match="CRS EPSG:4326 but the store is in EPSG:28992"):
-        pr.predict(tmp_path / "f", store, locations=tmp_path / "lonlat.gpkg", runtime="simulated")
+    with pytest.warns(UserWarning, match="1 of 2 prediction location"):  # reprojected to the store's CRS
+        again, _ = pr.predict(tmp_path / "f", store, locations=tmp_path / "lonlat.gpkg", runtime="simulated")
+    np.testing.assert_allclose(again[["x", "y"]].to_numpy(), out[["x", "y"]].to_numpy(), atol=1e-3)  # mm
+    np.testing.assert_allclose(again["mean"], out["mean"], rtol=1e-6)
     with pytest.raises(DataError, match="no test group"):
         pr.predict(tmp_path / "f", store, runtime="simulated")
 

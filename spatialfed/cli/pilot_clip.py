@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+NAME = "pilot-clip"
+HELP = "per-key clip bounds for --privacy-clip from a pilot fit on PUBLIC or simulated data"
+
 
 def register(subparsers) -> None:
     """Register `spatialfed pilot-clip PILOT.zarr --out clip.json`."""
     p = subparsers.add_parser(
-        "pilot-clip", help="per-key clip bounds for --privacy-clip from a pilot fit on PUBLIC or simulated data",
+        NAME, help=HELP,
         description="Fits the model without noise on a pilot store and writes margin × the largest per-observation "
                     "norm of every released array (docs/privacy.md). The pilot must not be the private data: "
                     "bounds taken from the private data void the privacy guarantee. Use the knots, ν and residual "

@@ -24,7 +24,6 @@ partition executor, `runtime.site`); `simulated` loads the partitions in this pr
 from __future__ import annotations
 
 import json
-import os
 import uuid
 import warnings
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spatialfed.atomic import write_text
 from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, load_test, open_store
 from spatialfed.errors import DataError, WorkerTaskError
@@ -41,6 +41,7 @@ from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.outputs import metrics
+from spatialfed.outputs import tables
 from spatialfed.outputs.results import load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
@@ -226,40 +227,9 @@ def design_matrix(frame: pd.DataFrame, names: list[str], source: str) -> np.ndar
     return X
 
 
-def read_points(path, crs) -> pd.DataFrame:
-    """Points with x, y columns: a CSV (x, y taken in the store's CRS) or a point vector file in the store's CRS."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"points file {path} does not exist")
-    if path.suffix.lower() in (".csv", ".txt"):
-        frame = pd.read_csv(path)
-        missing = [c for c in ("x", "y") if c not in frame.columns]
-        if missing:
-            raise DataError(f"{path} lacks column(s) {missing}; give the coordinates in columns x and y "
-                            f"(in the store's CRS {crs or 'planar units'})")
-        return frame
-    import geopandas as gpd
-
-    frame = gpd.read_parquet(path) if path.suffix.lower() == ".parquet" else gpd.read_file(path)
-    check_same_crs(frame.crs, crs, path)
-    if not (frame.geom_type == "Point").all():
-        raise DataError(f"{path} must hold point geometries (prediction locations), "
-                        f"found {sorted(set(frame.geom_type))}")
-    return pd.DataFrame(frame.drop(columns=frame.geometry.name)).assign(x=frame.geometry.x, y=frame.geometry.y)
-
-
-def check_same_crs(crs, store_crs, source) -> None:
-    """Raise DataError if `source`'s CRS differs from the store's (None on either side is not checked)."""
-    a, b = geometry.parse_crs(crs), geometry.parse_crs(store_crs)
-    if a is not None and b is not None and a != b:
-        raise DataError(f"{source} is in CRS {geometry.crs_string(a)} but the store is in {geometry.crs_string(b)}; "
-                        f"reproject it first (e.g. GeoDataFrame.to_crs('{geometry.crs_string(b)}') or "
-                        f"ogr2ogr -t_srs {geometry.crs_string(b)})")
-
-
 def table_targets(path, info: StoreInfo) -> Targets:
     """Targets from a locations file with x, y and the fitted covariates."""
-    frame = read_points(path, info.crs)
+    frame = tables.read_points(path, info.crs)  # reprojected to the store's CRS when the file has one
     locs = frame[["x", "y"]].to_numpy(float)
     if not np.all(np.isfinite(locs)):
         raise DataError(f"{path}: some x/y coordinates are missing or not numbers")
@@ -273,15 +243,15 @@ def heldout_targets(info: StoreInfo) -> Targets:
 
 
 def default_domain(info: StoreInfo, workers) -> geometry.Domain:
-    """The fit's default domain (geometry.store_domain), from the bounding boxes the workers report."""
-    return geometry.store_domain(
-        info, lambda: list(workers.call("bounds", {j: () for j in range(workers.n_workers)}).values()))
+    """The data's own region (geometry.store_hull_domain): the union of the hulls the sites report of their
+    observation sites — not their bounding boxes, whose empty corners a map would extrapolate into."""
+    return geometry.store_hull_domain(
+        info, lambda: list(workers.call("hull", {j: () for j in range(workers.n_workers)}).values()))
 
 
 def load_domain(path, info: StoreInfo) -> geometry.Domain:
-    """The domain polygon(s) of a vector file, which must be in the store's CRS."""
-    domain = geometry.domain_from_file(path)
-    check_same_crs(domain.crs, info.crs, f"domain file {path}")
+    """The domain polygon(s) of a vector file, reprojected to the store's CRS when the file has another."""
+    domain = geometry.domain_from_file(path, crs=info.crs)
     return geometry.Domain(domain.geometry, geometry.parse_crs(info.crs))
 
 
@@ -307,24 +277,6 @@ def prediction_frame(targets: Targets, pred: dict, outside: np.ndarray) -> pd.Da
     return frame.assign(sd_latent=pred["sd_latent"], owner=pred["owner"], outside_domain=outside)
 
 
-def write_atomic(path, write) -> Path:
-    """Call write(tmp_path) on a fresh temporary name beside `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def write_json(path, doc) -> Path:
-    """JSON file written atomically."""
-    return write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1) + "\n"))
-
-
 def default_predictor(model: FittedModel) -> str:
     """`lowrank` for low-rank fits, `independent` for the baselines' fits."""
     return "lowrank" if model.method == "lowrank" else "independent"
@@ -347,13 +299,16 @@ def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, work
         outside = outside_domain(targets.locs, dom)
         pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker)
     frame = prediction_frame(targets, pred, outside)
+    frame.attrs["crs"] = info.crs  # the store's: where x, y are (write_prediction georeferences .gpkg/.parquet)
     scores = None
     if targets.observed is not None:
         scores = {"predictor": predictor, **metrics.scores(targets.observed, pred["mean"], pred["sd"])}
     return frame, scores
 
 
-def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None) -> tuple[Path, Path | None]:
-    """PRED.csv and, with scores, metrics.json beside it (both atomic)."""
-    out = write_atomic(out, lambda tmp: frame.to_csv(tmp, index=False))
-    return out, (None if scores is None else write_json(out.with_name("metrics.json"), scores))
+def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=None) -> tuple[Path, Path | None]:
+    """The prediction table in the format its extension names (.csv, .gpkg, .parquet; points in `crs`, the
+    store's) and, with scores, metrics.json beside it — both atomic."""
+    out = tables.write_table(frame, out, crs=crs if crs is not None else frame.attrs.get("crs"))
+    metrics_path = out.with_name("metrics.json")
+    return out, (None if scores is None else write_text(metrics_path, json.dumps(scores, indent=1) + "\n"))

@@ -100,6 +100,15 @@ def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
     return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
 
 
+def _hull(lm: LocalModel) -> bytes:
+    """The region the site's observations sample (geometry.points_hull), as WKB: a polygon, not the points."""
+    import shapely
+
+    from spatialfed.data.geometry import points_hull
+
+    return shapely.to_wkb(points_hull(lm.locs))
+
+
 #: what a site computes for prediction and for the default domain (each returns request-sized arrays only)
 SITE_CALLS = {
     "nearest_distance": LocalModel.nearest_distance,          # n₀ distances
@@ -107,6 +116,7 @@ SITE_CALLS = {
     "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
     "moments": LocalModel.moments,                            # p×p, p, 1, 1
     "bounds": _bounds,                                        # 4 numbers
+    "hull": _hull,                                            # one polygon (the default map domain)
     "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
 }
 
