@@ -1,15 +1,22 @@
 """Asynchronous vs synchronous fitting under balanced and graded compute (the paper's Section 6.2, small scale).
 
-Setting: J = 10 workers, m = 100 knots, ν = 0.5, β = 0.1, full residual, Agg_threshold = 2 (= 0.2·J).
+Setting: J = 10 workers, m = 100 knots, ν = 0.5, β = 0.1, full residual (``--residual``), Agg_threshold = 2 (= 0.2·J).
 For each profile (balanced, graded) and runtime (simulated virtual clock and/or Dask) it runs the synchronous and the
 asynchronous algorithm and measures the time each needs until every parameter (δ, σ², β and every γ_k) stays within
 1e-3 relative of the converged synchronous estimate (a synchronous fit run to tol = 1e-10). Times are seconds since
 the fit started (virtual seconds for the simulated runtime, wall seconds for Dask), so both include the φ₀ pass.
 
-    python benchmarks/bench_async_vs_sync.py [--runtime simulated|dask|both] [--n-per-worker 1000]
+    python benchmarks/bench_async_vs_sync.py [--runtime simulated|dask|both] [--n-per-worker 200,500,1000]
+        [--residual full|mpp|pp] [--profiles balanced,straggler,graded] [--preset paper|tuned|basic|stats]
 
-prints {"results": [{"profile", "runtime", "sync_s", "async_s", "ratio"}, ...]} (ratio = async_s / sync_s; null when
-a run never settled within the tolerance). Progress and per-run details go to stderr.
+prints {"results": [{"profile", "runtime", "sync_s", "async_s", "ratio", "n_per_worker", "residual", "preset",
+"sync_rounds", "async_rounds", "settled"}, ...]} (ratio = async_s / sync_s; null when a run never settled within the
+tolerance; settled = both runs settled; *_rounds = the iterations of each run: for --preset stats the statistics
+round trips of the synchronous run and the aggregations of the asynchronous one). Progress goes to stderr.
+
+``--preset stats`` runs algorithm/stats_server.StatsServer (one round trip per iteration, SPEC §2b) on the virtual
+clock (FlopCost: deterministic), through the same store → runtime.site → runtime.driver path as the estimator; its
+reference is the synchronous StatsServer run to tol 1e-10 (the same ℓ_LR maximiser as the block algorithm's).
 
 Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
 - simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,
@@ -29,6 +36,7 @@ Measured on the 2-core development machine (shared with other jobs), 2026-11-22;
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 import tempfile
@@ -40,6 +48,7 @@ import numpy as np
 J, M, NU, BETA, AGG = 10, 100, 0.5, 0.1, 2
 RTOL = 1e-3
 PROFILES = ("balanced", "graded")
+RESIDUALS = ("full", "mpp", "pp")
 
 
 def within(row, ref, rtol=RTOL) -> bool:
@@ -65,10 +74,10 @@ def say(*args):
 
 
 def fit(store, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None, strategies=None,
-        preset="paper"):
+        preset="paper", residual="full"):
     from spatialfed.api import FederatedGP
 
-    gp = FederatedGP(mode=mode, residual="full", knots=M, nu=NU, agg_threshold=AGG if mode == "async" else None,
+    gp = FederatedGP(mode=mode, residual=residual, knots=M, nu=NU, agg_threshold=AGG if mode == "async" else None,
                      max_iter=max_iter, tol=tol, runtime=runtime, profile=profile, client=client, seed=0,
                      time_budget=time_budget, strategies=strategies, preset=preset, progress=False)
     tic = time.perf_counter()
@@ -79,60 +88,160 @@ def fit(store, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, tim
     return gp
 
 
+class StatsFit:
+    """A StatsServer fit on the virtual clock, with the estimator's result attributes the benchmark reads."""
+
+    def __init__(self, server, wall_s):
+        phi = server.params
+        self.server = server
+        self.trace_ = server.trace
+        self.params_ = {"delta": phi.delta, "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma.tolist()}
+        self.n_iter_, self.stop_reason_, self.loglik_ = server.iterations, server.stop_reason, server.loglik
+        self.wall_s = wall_s
+
+
+def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budget=None, cache=None):
+    """StatsServer (SPEC §2b) driven over the store's sites on the virtual clock (FlopCost), knots as the estimator
+    lays them out on the unit square. `cache`: {(site, u bytes): statistics} shared by runs (the synchronous runs of
+    every profile visit the same u; reusing their statistics changes nothing but the wall time)."""
+    import uuid
+
+    from spatialfed.algorithm.config import FitConfig
+    from spatialfed.algorithm.protocol import STATS_STEP, Quantity, evaluate
+    from spatialfed.algorithm.stats_server import StatsServer
+    from spatialfed.data.geometry import jittered_unit_grid
+    from spatialfed.data.store import open_store
+    from spatialfed.model.matern import Matern
+    from spatialfed.runtime import site
+    from spatialfed.runtime.driver import drive
+    from spatialfed.runtime.interface import Event
+    from spatialfed.runtime.virtual import FlopCost, VirtualRuntime, message_bytes
+
+    class CachedRuntime(VirtualRuntime):
+        """The virtual clock with statistics reused across runs (same u, same site → same statistics)."""
+
+        def submit(self, j, p, delay_s=0.0):
+            if cache is None or p.step != STATS_STEP:
+                return super().submit(j, p, delay_s)
+            key = (j, p.params.u.tobytes())
+            if key not in cache:
+                cache[key] = evaluate(self.models[j], p, j).xi
+            q = Quantity(cache[key], p.t, p.step, j)
+            finish = (self._now + self.network.seconds(message_bytes(p)) + self._s[j] * FlopCost().seconds(
+                self.models[j], p, 0.0) + self.network.seconds(message_bytes(q)) + delay_s)
+            heapq.heappush(self._events, (finish, next(self._order), Event(j, p, q)))
+
+    info = open_store(store)
+    knots = jittered_unit_grid(M, seed=0)
+    kernel = Matern(NU)
+    specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, kernel, residual)
+    config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget)
+    server = StatsServer(info.n_workers, knots, kernel, config)
+    runtime = CachedRuntime(None, profile, FlopCost())
+    tic = time.perf_counter()
+    drive(server, runtime, specs)
+    out = StatsFit(server, time.perf_counter() - tic)
+    say(f"  stats     {profile:9s} {mode:5s} {residual}: {server.iterations} iterations ({server.stop_reason}), "
+        f"answers {server.answers}, trace ends at {server.trace[-1]['time_s']:.2f} s, took {out.wall_s:.1f} s wall; "
+        f"δ={out.params_['delta']:.5g} σ²={out.params_['sigma2']:.5g} β={out.params_['beta']:.5g} "
+        f"ℓ={server.loglik:.6f} boundary={server.boundary}")
+    return out
+
+
+def run_stats(store, n, residual, profiles, max_iter):
+    """Rows of the stats preset for one store: reference, then sync and async per profile."""
+    cache: dict = {}
+    say("reference: synchronous StatsServer to tol 1e-10 (virtual clock)")
+    ref = fit_stats(store, "sync", "balanced", residual, max_iter=100, tol=1e-10, cache=cache).params_
+    rows = []
+    for profile in profiles:
+        sync = fit_stats(store, "sync", profile, residual, max_iter=100, cache=cache)
+        sync_s = time_to_target(sync.trace_, ref)
+        budget = None if sync_s is None else 20 * sync_s
+        asyn = fit_stats(store, "async", profile, residual, max_iter=max_iter, time_budget=budget)
+        async_s = time_to_target(asyn.trace_, ref)
+        ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
+        rows.append({"profile": profile, "runtime": "simulated", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
+                     "n_per_worker": n, "residual": residual, "preset": "stats", "sync_rounds": sync.n_iter_,
+                     "async_rounds": asyn.n_iter_, "settled": sync_s is not None and async_s is not None,
+                     "async_loglik_minus_sync": asyn.loglik_ - sync.loglik_,
+                     "async_slowest_answers": int(min(asyn.server.answers))})
+        say(f"  -> {rows[-1]}")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runtime", choices=["simulated", "dask", "both"], default="simulated")
-    ap.add_argument("--n-per-worker", type=int, default=1000)
+    ap.add_argument("--n-per-worker", default="1000", help="comma-separated n_j values, e.g. 200,500,1000")
+    ap.add_argument("--residual", choices=RESIDUALS, default="full")
+    ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated: balanced,straggler,graded")
     ap.add_argument("--max-iter", type=int, default=300, help="iteration cap of every run (default 300)")
     ap.add_argument("--dask-workers", type=int, default=J,
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", default="paper", help="async strategy preset: paper (default), tuned or basic")
+    ap.add_argument("--preset", default="paper",
+                    help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; simulated only)")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
-    ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir")
+    ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "
+                    "(one n_j only)")
     args = ap.parse_args(argv)
 
     from spatialfed.data.simulate import simulate_store
 
+    sizes = [int(v) for v in str(args.n_per_worker).split(",") if v]
+    profiles = [v for v in args.profiles.split(",") if v]
+    if args.store and len(sizes) > 1:
+        ap.error("--store holds one dataset: give a single --n-per-worker with it")
+    if args.preset == "stats" and args.runtime != "simulated":
+        ap.error("--preset stats runs on the virtual clock only (--runtime simulated) until the estimator wires it")
     runtimes = ["simulated", "dask"] if args.runtime == "both" else [args.runtime]
-    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-        store = Path(args.store) if args.store else Path(tmp) / "bench.zarr"
-        if not (store / "zarr.json").exists():
-            say(f"simulating J={J} × n={args.n_per_worker} (ν={NU}, β={BETA}) into {store}")
-            simulate_store(store, J, args.n_per_worker, nu=NU, beta=BETA, seed=args.seed, test_size=0)
+    results = []
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+            store = Path(args.store) if args.store else Path(tmp) / "bench.zarr"
+            if not (store / "zarr.json").exists():
+                say(f"simulating J={J} × n={n} (ν={NU}, β={BETA}) into {store}")
+                simulate_store(store, J, n, nu=NU, beta=BETA, seed=args.seed, test_size=0)
+            if args.preset == "stats":
+                results += run_stats(store, n, args.residual, profiles, args.max_iter)
+                continue
+            say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
+            ref_gp = fit(store, "simulated", "sync", "balanced", max_iter=100, residual=args.residual)
+            ref = ref_gp.params_
+            for runtime in runtimes:
+                handle = None
+                client = None
+                if runtime == "dask":
+                    from spatialfed.runtime.cluster import local_cluster
 
-        say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
-        ref_gp = fit(store, "simulated", "sync", "balanced", max_iter=100)
-        ref = ref_gp.params_
-        results = []
-        for runtime in runtimes:
-            handle = None
-            client = None
-            if runtime == "dask":
-                from spatialfed.runtime.cluster import local_cluster
-
-                handle = local_cluster(args.dask_workers)
-                client = handle.client
-                say(f"Dask dashboard: {handle.dashboard_link}")
-            try:
-                for profile in PROFILES:
-                    if runtime == "simulated" and profile == "balanced":
-                        sync_gp = ref_gp
-                    else:
-                        sync_gp = fit(store, runtime, "sync", profile, client, max_iter=100)
-                    sync_s = time_to_target(sync_gp.trace_, ref)
-                    budget = None if sync_s is None else 20 * sync_s  # async gets 20× the sync time at most
-                    async_gp = fit(store, runtime, "async", profile, client, max_iter=args.max_iter,
-                                   time_budget=budget, strategies=args.async_options, preset=args.preset)
-                    async_s = time_to_target(async_gp.trace_, ref)
-                    ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
-                    results.append({"profile": profile, "runtime": runtime, "sync_s": sync_s, "async_s": async_s,
-                                    "ratio": ratio})
-                    say(f"  -> {results[-1]}")
-            finally:
-                if handle is not None:
-                    handle.close()
+                    handle = local_cluster(args.dask_workers)
+                    client = handle.client
+                    say(f"Dask dashboard: {handle.dashboard_link}")
+                try:
+                    for profile in profiles:
+                        if runtime == "simulated" and profile == "balanced":
+                            sync_gp = ref_gp
+                        else:
+                            sync_gp = fit(store, runtime, "sync", profile, client, max_iter=100,
+                                          residual=args.residual)
+                        sync_s = time_to_target(sync_gp.trace_, ref)
+                        budget = None if sync_s is None else 20 * sync_s  # async gets 20× the sync time at most
+                        async_gp = fit(store, runtime, "async", profile, client, max_iter=args.max_iter,
+                                       time_budget=budget, strategies=args.async_options, preset=args.preset,
+                                       residual=args.residual)
+                        async_s = time_to_target(async_gp.trace_, ref)
+                        ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
+                        results.append({"profile": profile, "runtime": runtime, "sync_s": sync_s,
+                                        "async_s": async_s, "ratio": ratio, "n_per_worker": n,
+                                        "residual": args.residual, "preset": args.preset,
+                                        "sync_rounds": sync_gp.n_iter_, "async_rounds": async_gp.n_iter_,
+                                        "settled": sync_s is not None and async_s is not None})
+                        say(f"  -> {results[-1]}")
+                finally:
+                    if handle is not None:
+                        handle.close()
     print(json.dumps({"results": results}, indent=1))
     return 0
 

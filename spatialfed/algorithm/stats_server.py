@@ -14,9 +14,10 @@ exact at the last accepted u.
 Loop, mode "async": every site is re-asked at the newest u as soon as it answers. Once `agg_threshold` new answers
 have arrived, the server builds the surrogate Σ_j T_j(u): each site's second-order Taylor model around the u_j its
 statistics were computed at (exact for fresh sites, taylor_statistics); a site with no statistics yet, or whose u_j
-is farther than `taylor_radius` (∞-norm) from u, is stood in for by the other sites' models scaled by N / Σ n_j used.
-It takes a trust-region Newton step on the surrogate with radius r / (1 + stalest ‖u − u_j‖∞ / taylor_radius) and
-keeps it only if the surrogate's ℓ does not decrease (else shorter steps). When every site answered at the current u
+is farther than `taylor_radius` (∞-norm) from u, is stood in for by the used sites' models scaled by N / Σ n_j used
+(no step before the used sites hold MIN_COVERAGE of the observations). It maximises the surrogate by safeguarded
+Newton steps (each kept only if the surrogate's ℓ does not decrease) within taylor_radius − stalest ‖u − u_j‖∞, so no
+Taylor model is used farther than taylor_radius from its u_j. When every site answered at the current u
 the step is the synchronous one (same acceptance rule), so equal sites reproduce the synchronous run exactly. Stop:
 the surrogate step is below tol and every site's u_j is within `stale_tol` of u → a final exact pass at u (all
 sites), whose exact step decides: converged (report the exact ℓ) or continue.
@@ -51,6 +52,8 @@ from spatialfed.model.params import Params
 
 #: the trust radius may grow to this multiple of FitConfig.step_bound after steps the exact ℓ confirmed
 RADIUS_GROWTH = 3.0
+#: share of the observations whose statistics must be usable before an asynchronous step (the rest stood in for)
+MIN_COVERAGE = 0.5
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted", "_stats", "_new", "_u",
           "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
@@ -207,29 +210,26 @@ class StatsServer(FederatedServer):
         return all(j in self._stats and np.array_equal(self._stats[j]["u"], self._u) for j in self.active)
 
     def _surrogate(self, u_at: np.ndarray):
-        """(function u ↦ summed statistics, stalest ‖u_at − u_j‖∞, staleness in iterations) from the sites' Taylor
-        models; sites without statistics or beyond taylor_radius stood in for by the scaled others."""
-        used, stalest, stale_t = [], 0.0, 0
-        for j in self.active:
-            st = self._stats.get(j)
-            if st is None:
-                continue
-            du = float(np.max(np.abs(u_at - st["u"])))
-            if du <= self.taylor_radius:
-                used.append(st)
-                stalest = max(stalest, du)
-                stale_t = max(stale_t, self.t - st["t"])
-        if not used:  # all too far: the freshest site alone
-            freshest = max((self._stats[j] for j in self.active if j in self._stats), key=lambda s: s["t"])
-            used, stalest = [freshest], float(np.max(np.abs(u_at - freshest["u"])))
-        n_used = sum(int(st["n"]) for st in used)
-        scale = self.n_obs / n_used
+        """(function u ↦ summed statistics, largest move allowed, staleness in iterations), or None while the sites
+        that can be used hold less than MIN_COVERAGE of the observations.
+
+        Sites whose u_j lie within taylor_radius of u_at (∞-norm) enter through their Taylor models; the others
+        (no statistics yet, or an answer from a u the fit has since left) are stood in for by the used ones scaled
+        by N / Σ n_j used. The move is limited so that no used model is evaluated farther than taylor_radius from
+        its u_j: the trust radius shrinks with the stalest Δu (a used site never drops out before it answers)."""
+        have = [(float(np.max(np.abs(u_at - st["u"]))), st) for j, st in self._stats.items() if j in self.active]
+        used = [(du, st) for du, st in have if du <= self.taylor_radius]
+        if sum(int(st["n"]) for _, st in used) < MIN_COVERAGE * self.n_obs:
+            return None
+        stalest = max(du for du, _ in used)
+        stale_t = self.t + 1 if len(used) < len(self.active) else max(self.t - st["t"] for _, st in used)
+        models = [st for _, st in used]
+        scale = self.n_obs / sum(int(st["n"]) for st in models)
 
         def at(u):
-            return sum_statistics([taylor_statistics(st, u) for st in used], scale=scale)
+            return sum_statistics([taylor_statistics(st, u) for st in models], scale=scale)
 
-        missing = len(self.active) - len(used)
-        return at, stalest, stale_t if not missing else max(stale_t, self.t + 1)
+        return at, min(self._radius, self.taylor_radius - stalest), stale_t
 
     def _aggregate(self, now: float) -> None:
         """One iteration: the exact (all fresh) or surrogate profile at the published u, acceptance, step, publish."""
@@ -257,15 +257,14 @@ class StatsServer(FederatedServer):
             at = lambda u: taylor_statistics(base_stats, u)  # noqa: E731
             radius = self._radius
         else:
-            at, stalest, staleness = self._surrogate(self._u)
+            surrogate = self._surrogate(self._u)
+            if surrogate is None:  # too few observations heard from yet: wait for more answers
+                return
+            at, radius, staleness = surrogate
             try:
                 base = profile_loglik(at(self._u), self.knots, self.kernel)
-            except NotPositiveDefinite:  # the models disagree here: ask again at the same u
-                self._record(STATS_STEP, now, staleness)
-                self._next_iteration()
-                self._publish_u()
+            except NotPositiveDefinite:  # the models disagree here: wait for fresher answers at this u
                 return
-            radius = self._radius / (1.0 + stalest / self.taylor_radius)
 
         if exact:  # one Newton step, verified by the sites' exact answers at the next round
             step = trust_region_step(base.u, base.grad, base.hess, radius, lower, upper, floor=self.config.eig_floor)

@@ -133,3 +133,17 @@ def test_trust_region_step_stays_in_radius_and_box():
     np.testing.assert_allclose(step.p[:2], [3.0, -0.5])
     pg = projected_gradient(hi, g, lo, hi)
     np.testing.assert_array_equal(pg, [0.0, -1.0, 0.0])
+
+
+@pytest.mark.parametrize("residual,m", CASES)
+def test_taylor_model_is_exact_along_the_scaling_direction(parts, residual, m):
+    """S_j(u + s·c) = e^{s}S_j(u) (R_j scales by e^{−s}): the model takes this out before expanding."""
+    models, knots = setup(parts, residual, m)
+    st = sum_statistics([site_statistics(lm, U) for lm in models])
+    for s in (0.5, -1.0):
+        at = U + s * st["c"]
+        exact = sum_statistics([site_statistics(lm, at) for lm in models])
+        model = taylor_statistics(st, at)
+        for key in ("S", "dS", "d2S"):
+            np.testing.assert_allclose(model[key], exact[key], rtol=1e-9, atol=1e-9 * np.abs(exact[key]).max())
+        assert model["d"] == pytest.approx(exact["d"], rel=1e-10)

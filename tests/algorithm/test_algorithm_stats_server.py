@@ -68,6 +68,12 @@ def test_async_with_a_straggler_reaches_the_same_optimum(problem, sync):
     assert max(row["max_staleness"] for row in fast.trace) > 0  # stale sites entered through their Taylor models
 
 
+def test_async_with_graded_sites_converges_to_the_same_optimum(problem, sync):
+    graded = fit(problem, "async", [1.0, 2.0, 4.0, 8.0], tol=1e-8)
+    assert graded.converged and graded.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    assert graded.answers[0] > graded.answers[-1]
+
+
 def test_async_with_equal_sites_is_the_synchronous_run(problem, sync):
     same = fit(problem, "async", tol=1e-8)
     assert same.iterations == sync.iterations and same.loglik == sync.loglik
