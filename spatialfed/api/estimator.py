@@ -392,65 +392,13 @@ class FederatedGP:
         return tls_security() if self.tls is True else tls_security(self.tls)
 
     def _knots(self, info, runtime, restored=None):
-        """(knots, domain): the restored fit's knots, the given array checked against the domain, or a jittered
-        grid of m knots over it."""
-        from spatialfed.data import geometry
+        """(knots, domain) of this fit (api.knots.layout); a resumed fit keeps the checkpoint's knots."""
+        from spatialfed.api.knots import given_domain, layout
 
-        domain = self._given_domain(info)
         if restored is not None:  # never re-lay the knots out: mu, Sigma and the stored quantities are in that basis
-            return np.asarray(restored.knots, dtype=float), domain
-        if self.method in ("independent", "fgpr"):  # m = 0 knots with the full residual is exactly Eq. (3)
-            return np.empty((0, 2)), domain
-        if domain is None:
-            domain = geometry.store_domain(info, lambda: self._site_bounds(info, runtime))
-        k = self.knots
-        if np.ndim(k) == 0:
-            if isinstance(k, bool) or not float(k).is_integer() or k < 1:
-                raise DataError(f"knots must be a positive integer m or an (m, 2) array of knot locations, got {k!r}")
-            m = int(k)
-            if _is_unit_square(domain):
-                knots = geometry.jittered_unit_grid(m, seed=self.seed)
-            else:
-                knots = geometry.jittered_knots(domain, m, seed=self.seed)
-        else:
-            knots = np.asarray(k, dtype=float)
-            if knots.ndim != 2 or knots.shape[1] != 2 or len(knots) == 0:
-                raise DataError(f"knots must be an (m, 2) array of x/y locations, got shape {knots.shape}")
-            if not np.all(np.isfinite(knots)):
-                raise DataError("knots hold NaN or infinite coordinates")
-        knots = geometry.knots_in_domain(knots, domain)
-        if len(np.unique(np.round(knots, 12), axis=0)) != len(knots):
-            raise DataError("knots contain duplicate locations; K would be singular")
-        return knots, domain
-
-    def _given_domain(self, info):
-        """The user's domain (a Domain or a vector file), expressed in the store's CRS; None when not given."""
-        from spatialfed.data import geometry
-
-        domain = self.domain
-        if domain is None:
-            return None
-        if not isinstance(domain, geometry.Domain):
-            domain = geometry.domain_from_file(domain, crs=info.crs)
-        if domain.crs is not None and info.crs is not None and domain.crs != geometry.parse_crs(info.crs):
-            domain = domain.to_crs(info.crs)
-        return domain
-
-    def _site_bounds(self, info, runtime) -> np.ndarray:
-        """Each site's bounding box (4 numbers), computed where the data live."""
-        from spatialfed.errors import WorkerTaskError
-        from spatialfed.runtime import site
-
-        specs = site.site_specs(f"bounds-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, np.empty((0, 2)),
-                                Matern(self.nu), "pp")
-        try:
-            for event in runtime.start(specs):
-                if event.error is not None:
-                    raise WorkerTaskError(event.error)
-            bounds = runtime.call("bounds", {j: () for j in range(info.n_workers)})
-        finally:
-            runtime.stop()
-        return np.array([bounds[j] for j in range(info.n_workers)])
+            return np.asarray(restored.knots, dtype=float), given_domain(self.domain, info)
+        m = None if self.method in ("independent", "fgpr") else self.knots  # no knots + full residual: Eq. (3)
+        return layout(m, self.domain, info, runtime, seed=self.seed)
 
     def _server(self, n_workers: int, knots, config):
         """A fresh server: FgprServer for method="fgpr", else FederatedServer."""
@@ -501,14 +449,6 @@ def _scheduler_address(client) -> str | None:
         return str(client.scheduler.address)
     except AttributeError:  # pragma: no cover - a client-like object without a scheduler
         return None
-
-
-def _is_unit_square(domain) -> bool:
-    try:
-        return domain.crs is None and tuple(np.round(domain.geometry.bounds, 12)) == (0.0, 0.0, 1.0, 1.0) and \
-            math.isclose(domain.geometry.area, 1.0)
-    except Exception:
-        return False
 
 
 def _same(a, b) -> bool:
