@@ -1,7 +1,9 @@
 """The `spatialfed` command line (SPEC §6).
 
-One module per command, each a `register(subparsers)` and a thin handler over the library; the options several
-commands share live in `spatialfed.cli.args`. `main` turns the errors a user can cause into one line on stderr.
+One module per command: its NAME and one-line HELP, `register(subparsers)` and `run(args)`, a thin handler over the
+library; the options several commands share live in `spatialfed.cli.args`. A command module imports the library only
+inside its functions, so `spatialfed --help` and `--version` load none of it and `main` builds the full parser of
+the invoked command alone. `main` turns the errors a user can cause into one line on stderr.
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ from spatialfed.errors import SpatialFedError
 COMMANDS = (simulate, ingest, fit, predict, map_command, demo, cluster_script, pilot_clip)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every command registered."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every command registered; with `only`, the other commands get their name and help
+    but no options (enough for `--help` and for a usage error naming the choices)."""
     import spatialfed
 
     parser = argparse.ArgumentParser(prog="spatialfed", description="Federated low-rank spatial Gaussian processes.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {spatialfed.__version__}")
     subparsers = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for command in COMMANDS:
-        command.register(subparsers)
+        if only is None or command.NAME == only:
+            command.register(subparsers)
+        else:
+            subparsers.add_parser(command.NAME, help=command.HELP)
     return parser
 
 
@@ -34,7 +40,9 @@ def main(argv=None) -> int:
 
     Errors a user can cause (SpatialFedError, ValueError, OSError) and Ctrl-C print one line on stderr, never a
     traceback; anything else is a bug and keeps its traceback."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the command is the first word (the top-level options take no value)
+    parser = build_parser(only=next((word for word in argv if not word.startswith("-")), ""))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from spatialfed.runtime.cluster import JOBQUEUE_KINDS
+NAME = "cluster-script"
+HELP = "print the batch job script of a dask-jobqueue worker (inspect before `fit --jobqueue`)"
 
 
 def register(subparsers) -> None:
     """Register `spatialfed cluster-script slurm|pbs|sge`."""
+    from spatialfed.runtime.cluster import JOBQUEUE_KINDS
+
     p = subparsers.add_parser(
-        "cluster-script", help="print the batch job script of a dask-jobqueue worker (inspect before `fit --jobqueue`)",
+        NAME, help=HELP,
         description="Builds the dask-jobqueue job for the batch system and prints its script: the directives "
                     "(cores, memory, walltime, queue, account, extra directives) and the `dask worker` command. "
                     "Nothing is submitted and no scheduler is started, so the script names a placeholder scheduler "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+NAME = "demo"
+HELP = "simulate five monitoring networks and fit them asynchronously"
+
 
 def register(subparsers) -> None:
     """Register `spatialfed demo` (SPEC §6)."""
-    p = subparsers.add_parser("demo", help="simulate five monitoring networks and fit them asynchronously",
+    p = subparsers.add_parser(NAME, help=HELP,
                               description="An NO₂-like pollution field measured by five monitoring networks of "
                                           "unequal size, one on a slow machine, fitted asynchronously on an "
                                           "embedded LocalCluster; writes the store, the fit, its report and a map.")

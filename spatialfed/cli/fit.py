@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
 from spatialfed.cli.args import (add_dask, add_jobqueue, add_quiet, add_tls, dask_settings, exclusive, flag,
                                  float_list, given, jobqueue_settings, tls_setting)
 
@@ -23,11 +22,16 @@ ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "agg_threshold
 #: FgprConfig settings (--method fgpr)
 FGPR_OPTIONS = ("local_steps", "batch_size", "optimizer", "lr", "batching", "participation")
 
+NAME = "fit"
+HELP = "fit the federated low-rank GP (or a baseline: independent, fgpr) on a partitioned store"
+
 
 def register(subparsers) -> None:
     """Register `spatialfed fit` (SPEC §6)."""
+    from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
+
     p = subparsers.add_parser(
-        "fit", help="fit the federated low-rank GP (or a baseline: independent, fgpr) on a partitioned store",
+        NAME, help=HELP,
         description="Fits the knot-based low-rank spatial GP across the store's workers with the block-wise "
                     "algorithm, synchronously or asynchronously, on Dask (each partition is read and kept on the "
                     "Dask worker that serves it) or on a virtual clock; writes fit.json, model.zarr and trace.csv.")

@@ -6,10 +6,13 @@ import sys
 
 from spatialfed.cli.args import int_list, name_list, store_summary
 
+NAME = "ingest"
+HELP = "turn a CSV / GeoPackage / GeoParquet table into a partitioned store"
+
 
 def register(subparsers) -> None:
     """Register `spatialfed ingest` (SPEC §6)."""
-    p = subparsers.add_parser("ingest", help="turn a CSV / GeoPackage / GeoParquet table into a partitioned store",
+    p = subparsers.add_parser(NAME, help=HELP,
                               description="Reads the table, drops rows with missing values (reported), projects "
                                           "lon/lat to a metric CRS and writes the SPEC §5 store.")
     p.add_argument("table", metavar="TABLE", help="CSV, GeoPackage (.gpkg) or GeoParquet (.parquet) file")

@@ -7,13 +7,17 @@ import json
 import time
 
 from spatialfed.cli.args import add_fitted, fitted_settings
-from spatialfed.outputs.prediction import PREDICTORS, RUNTIMES
+
+NAME = "map"
+HELP = "predict on a grid and write GeoTIFFs, a GeoPackage and a PNG map"
 
 
 def register(subparsers) -> None:
     """Register `spatialfed map` (SPEC §6)."""
+    from spatialfed.outputs.prediction import PREDICTORS, RUNTIMES
+
     p = subparsers.add_parser(
-        "map", help="predict on a grid and write GeoTIFFs, a GeoPackage and a PNG map",
+        NAME, help=HELP,
         description="Predicts on square cells over the domain and writes mean.tif and sd.tif (GeoTIFF in the "
                     "store's CRS), grid.gpkg (cells with mean, sd, sd_latent, owner), map.png and map.json.")
     add_fitted(p, RUNTIMES, PREDICTORS)

@@ -7,13 +7,17 @@ import time
 import warnings
 
 from spatialfed.cli.args import add_fitted, fitted_settings
-from spatialfed.outputs.prediction import PREDICTORS, RUNTIMES
+
+NAME = "predict"
+HELP = "predict at new locations (or the store's test group) with uncertainty"
 
 
 def register(subparsers) -> None:
     """Register `spatialfed predict` (SPEC §6)."""
+    from spatialfed.outputs.prediction import PREDICTORS, RUNTIMES
+
     p = subparsers.add_parser(
-        "predict", help="predict at new locations (or the store's test group) with uncertainty",
+        NAME, help=HELP,
         description="Federated kriging from a fitted model: the low-rank part from the server's state, the residual "
                     "part by the worker holding the nearest observation. Writes x, y, mean, sd (sd of a new "
                     "observation) [, observed], sd_latent, owner, outside_domain; with the test group also "

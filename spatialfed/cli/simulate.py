@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from spatialfed.cli.args import add_quiet, int_list, store_summary
 
+NAME = "simulate"
+HELP = "simulate the paper's setting into a partitioned Zarr store"
+
 
 def register(subparsers) -> None:
     """Register `spatialfed simulate` (SPEC §6)."""
-    p = subparsers.add_parser("simulate", help="simulate the paper's setting into a partitioned Zarr store",
+    p = subparsers.add_parser(NAME, help=HELP,
                               description="Jittered-grid locations in [0,1]², 5 N(0,1) covariates with "
                                           "γ=(−1,2,1,1,1), a Matérn field and Gaussian noise (SPEC §7).")
     p.add_argument("out", metavar="OUT.zarr", help="output store path")
