@@ -205,13 +205,13 @@ def parse_clip(text: str):
         except (OSError, ValueError, AttributeError) as exc:
             raise ValueError(f"--privacy-clip {text}: cannot read a {{key: bound}} JSON object ({exc}); "
                              "write one with `spatialfed pilot-clip`") from None
-    if "=" in text:
-        try:
+    try:
+        if "=" in text:
             return {key.strip(): float(value) for key, value in (item.split("=") for item in text.split(","))}
-        except ValueError:
-            raise ValueError(f"--privacy-clip must be a number or key=number pairs separated by commas, "
-                             f"got {text!r}") from None
-    return float(text)
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--privacy-clip must be a number or key=number pairs separated by commas (or the .json "
+                         f"file of `spatialfed pilot-clip`), got {text!r}") from None
 
 
 def report(gp, out_dir) -> None:

@@ -33,6 +33,8 @@ def test_python_dash_m_runs_the_same_command_line():
     (["demo", "--out", "{tmp}/a-file/demo"], "Not a directory: '{tmp}/a-file/demo'"),  # OSError
     (["fit", "s.zarr", "--out", "o", "--privacy-noise", "1", "--privacy-clip", "missing.json"],
      "--privacy-clip missing.json: cannot read"),
+    (["fit", "s.zarr", "--out", "o", "--privacy-noise", "1", "--privacy-clip", "abc"],
+     "--privacy-clip must be a number or key=number pairs separated by commas"),
 ])
 def test_user_errors_are_one_line_without_traceback(tmp_path, capsys, argv, text):
     (tmp_path / "a-file").write_text("")
