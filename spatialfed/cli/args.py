@@ -19,7 +19,8 @@ def number_list(kind: type, example: str):
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as {example}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as {example}, "
+                                             f"got {text!r}") from None
         if not values:
             raise argparse.ArgumentTypeError(f"expected at least one number, such as {example}")
         return values

@@ -1,0 +1,21 @@
+"""`spatialfed demo`: the path a new user tries first (simulate, asynchronous fit, report, map) in one command."""
+
+import json
+
+import pytest
+
+from spatialfed.cli import main
+
+
+@pytest.mark.slow
+def test_demo_writes_the_fit_the_report_and_the_map(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--dask-workers", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("demo finished in ")
+    for name in ("store", "fit", "report", "map", "mean", "sd"):
+        assert f"  {name:8s} " in printed
+    fit = json.loads((out / "fit" / "fit.json").read_text())
+    assert fit["mode"] == "async" and fit["n_workers"] == 5 and fit["nu"] == 1.5
+    for path in ("fit/report.html", "map/map.png", "map/mean.tif", "map/sd.tif"):
+        assert (out / path).stat().st_size > 0, path
