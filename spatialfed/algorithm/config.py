@@ -19,8 +19,13 @@ HESSIANS = ("profile", "block")
 MEAN_STEPS = ("joint", "block")
 ALPHA_RULES = ("fixed", "staleness", "section5")
 STRATEGIES = ("correction", "adaptive_weights", "moving_average")
-#: asynchronous presets: "paper" (the paper's strategies and Remark 8's values), then FitConfig.<name>()
-PRESETS = ("paper", "tuned", "basic", "section5")
+#: how an iteration reaches the sites: "block" (Algorithms 1–3: μ,Σ → γ → θ sub-steps) or "stats" (one round trip
+#: of sufficient statistics per iteration, SPEC §2b, algorithm/stats_server.py)
+SCHEMES = ("block", "stats")
+#: presets: "stats" (SPEC §2b, the default), "paper" (the paper's strategies and Remark 8's values), then
+#: FitConfig.<name>() for the block scheme's others
+PRESETS = ("stats", "paper", "tuned", "basic", "section5")
+DEFAULT_PRESET = "stats"
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,17 @@ class FitConfig:
     patience: int = 3
     time_budget: float | None = None
     n_workers: int | None = None  # J, once known (resolved): the constructor then checks agg_threshold against it
+    scheme: str = "block"  # "block" (Algorithms 1–3) | "stats" (one round trip per iteration, SPEC §2b)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         object.__setattr__(self, "mode", Mode(self.mode))
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        if self.scheme == "stats" and self.privacy is not None:
+            raise ValueError("privacy noise is calibrated for the block scheme's messages; use preset 'tuned' or "
+                             "'paper' (scheme='block') with privacy=")
         if self.hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
         if self.alpha_rule not in ALPHA_RULES:
@@ -117,12 +128,23 @@ class FitConfig:
                       "alpha": 1.0, "alpha_rule": "staleness", **changes})
 
     @classmethod
-    def preset(cls, name: str = "paper", mode: str = "async", **settings) -> "FitConfig":
-        """The settings of preset `name` in `mode`, `settings` overriding it (with n_workers=J: resolved for J);
-        in sync mode every quantity is fresh, so the asynchronous presets do not apply."""
+    def stats(cls, **changes) -> "FitConfig":
+        """One round trip per iteration (SPEC §2b): sites send sufficient statistics and their u-derivatives; the
+        server steps on the exact profile likelihood (sync) or on stale sites' second-order Taylor models (async)."""
+        return cls(**{"scheme": "stats", **changes})
+
+    @classmethod
+    def preset(cls, name: str = DEFAULT_PRESET, mode: str = "async", **settings) -> "FitConfig":
+        """The settings of preset `name` in `mode`, `settings` overriding it (with n_workers=J: resolved for J).
+        In sync mode every quantity is fresh, so the block scheme's asynchronous presets do not apply."""
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
-        config = cls(mode=mode, **settings) if name == "paper" or mode == "sync" else getattr(cls, name)(**settings)
+        if name == "stats":
+            config = cls.stats(mode=mode, **settings)
+        elif name == "paper" or mode == "sync":
+            config = cls(mode=mode, **settings)
+        else:
+            config = getattr(cls, name)(**settings)
         return config if config.n_workers is None else config.resolved(config.n_workers)
 
     def resolved(self, n_workers: int) -> "FitConfig":

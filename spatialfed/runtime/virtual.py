@@ -26,6 +26,7 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr_local import local_flops
 from spatialfed.algorithm.protocol import FGPR_STEP, STATS_STEP, Augmented, evaluate
 from spatialfed.algorithm.server import FederatedServer
+from spatialfed.algorithm.servers import server_for
 from spatialfed.model.stats import stats_flops
 from spatialfed.runtime import site
 from spatialfed.runtime.delays import Delay, PoissonActivations
@@ -152,7 +153,7 @@ def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdown
     config and start are then ignored. `delays` and `activations`: docs/delays.md; `on_event`, `on_result`:
     `runtime.driver.drive`."""
     if server is None:
-        server = FederatedServer(len(models), knots, kernel, config, start)
+        server = server_for(len(models), knots, kernel, config, start)
     runtime = VirtualRuntime(models, slowdowns, cost, network)
     return drive(server, runtime, None, delays=delays, activations=activations, seed=seed, on_event=on_event,
                  on_result=on_result)

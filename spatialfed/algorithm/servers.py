@@ -1,0 +1,17 @@
+"""The server of a fit, chosen by its settings: FederatedServer (the block scheme of Algorithms 1–3) or StatsServer
+(one round trip of sufficient statistics per iteration, SPEC §2b)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.server import FederatedServer
+from spatialfed.algorithm.stats_server import StatsServer
+
+
+def server_for(n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None):
+    """A new server for `config` (FitConfig() when None: the block scheme, synchronous)."""
+    config = config or FitConfig()
+    cls = StatsServer if config.scheme == "stats" else FederatedServer
+    return cls(n_workers, knots, kernel, config, start)
