@@ -15,3 +15,12 @@ def server_for(n_workers: int, knots, kernel, config: FitConfig | None = None, s
     config = config or FitConfig()
     cls = StatsServer if config.scheme == "stats" else FederatedServer
     return cls(n_workers, knots, kernel, config, start)
+
+
+def restore_server(snapshot: Mapping):
+    """The server continuing `snapshot` (a FederatedServer or StatsServer snapshot; FgprServer's has kind "fgpr")."""
+    if snapshot.get("kind") == "fgpr":
+        from spatialfed.algorithm.fgpr import FgprServer
+
+        return FgprServer.restore(snapshot)
+    return (StatsServer if "stats_server" in snapshot else FederatedServer).restore(snapshot)
