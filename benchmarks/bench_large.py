@@ -253,12 +253,11 @@ def main(argv=None) -> None:
                 f"{time.perf_counter() - tic:.1f} s (not counted in fit_s)")
         try:
             with tempfile.TemporaryDirectory(prefix="bench_large-") as tmp:
-                for J in Js:
-                    for residual in residuals:
-                        if handle is not None:
-                            handle.client.restart()  # each fit starts from fresh worker processes (memory)
-                        emit(run_spatialfed(train, test, J, residual, args,
-                                            None if handle is None else handle.client, Path(tmp)))
+                for k, (J, residual) in enumerate((J, r) for J in Js for r in residuals):
+                    if handle is not None and k:  # each later fit starts from fresh worker processes (memory)
+                        handle.client.restart(timeout=900)
+                    emit(run_spatialfed(train, test, J, residual, args, None if handle is None else handle.client,
+                                        Path(tmp)))
         finally:
             if handle is not None:
                 handle.close()
