@@ -1,19 +1,26 @@
 """Monitoring: the trace and arrivals of a real (in-process) fit, the HTML report and the live page in Chromium."""
 
+import asyncio
+import json
 import os
+import subprocess
+import time
 import urllib.request
 
 import numpy as np
 import pytest
 
-from browser import CHROMIUM, screenshot
+from browser import CHROMIUM, FLAGS, screenshot
 from conftest import grid_knots, simulate_parts
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import evaluate
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
+from spatialfed.data.store import write_store
 from spatialfed.outputs.monitor import FitMonitor
+from spatialfed.outputs.report import site_times, summary_facts
+from spatialfed.outputs.results import FitResult
 
 BROWSER_REQUIRED = os.environ.get("SPATIALFED_REQUIRE_BROWSER") == "1"
 
@@ -35,11 +42,27 @@ def drive(monitor: FitMonitor):
     return server
 
 
+def fit_result(server, store) -> FitResult:
+    """The FitResult of an in-process fit, as FederatedGP.result_ builds it."""
+    phi = server.params
+    return FitResult(method="lowrank", mode="async", residual="full", nu=0.5, n_workers=3, n_obs=server.n_obs,
+                     params={"gamma": np.asarray(phi.gamma), "delta": phi.delta, "sigma2": phi.sigma2,
+                             "beta": phi.beta},
+                     loglik=server.loglik, knots=grid_knots(3), iterations=server.iterations,
+                     wall_time_s=12.5, converged=server.converged, trace=server.trace,
+                     extra={"store": str(store), "covariate_names": ["intercept", "elevation"],
+                            "stop_reason": server.stop_reason, "runtime": "simulated"})
+
+
 @pytest.fixture(scope="module")
 def monitored(tmp_path_factory):
     monitor = FitMonitor(3, live=True)
     server = drive(monitor)
-    report = monitor.write_report(tmp_path_factory.mktemp("report") / "report.html")
+    tmp = tmp_path_factory.mktemp("report")
+    store = tmp / "s.zarr"
+    write_store(store, simulate_parts(J=3, n=40, nu=0.5, seed=3), partition="area", crs="EPSG:28992",
+                covariate_names=["intercept", "elevation"])
+    report = monitor.write_report(tmp / "report.html", result=fit_result(server, store), preset="tuned")
     yield monitor, server, report
     monitor.close()
 
@@ -101,3 +124,114 @@ def test_fit_writes_report_and_serves_live_page(tmp_path):
     assert gp.monitor_.trace_rows and {a["worker"] for a in gp.monitor_.arrivals} == {0, 1}
     out = gp.save(tmp_path / "fit")
     assert (out / "report.html").exists() and (out / "fit.json").exists()
+
+
+# --- the written summary at the top of report.html ----------------------------------------------------------------
+def summary_text(html: str) -> str:
+    """The summary section's text, tags removed."""
+    import re
+
+    section = html[html.index('<section id="summary"'):html.index("</section>")]
+    return re.sub(r"<[^>]+>", " ", section)
+
+
+def test_report_opens_with_a_written_summary(monitored):
+    _, server, report = monitored
+    html = report.read_text()
+    assert html.index('id="summary"') < html.index('id="plots"')   # the words come before the plots
+    text = summary_text(html)
+    phi = server.params
+    for fact in ("J = 3 sites", "N = 120 observations", "CRS EPSG:28992", "mode async", "preset tuned",
+                 "residual full", "m = 9 knots", "ν = 0.5", "intercept", "elevation",
+                 f"nugget variance 1/δ = {1 / phi.delta:.4g}", f"partial sill σ² = {phi.sigma2:.4g}",
+                 f"range β = {phi.beta:.4g} m", f"after {server.iterations} iterations",
+                 f"{server.loglik:.8g}", "wall time 12.50 s"):
+        assert fact in text, f"{fact!r} missing from the summary: {text}"
+    assert ("converged" in text) and (server.converged or f"stopped: {server.stop_reason}" in text)
+    # practical range for ν = 0.5: exp(−h/β) = 0.05 at h = β ln 20 (SPEC §1)
+    assert f"= {phi.beta * np.log(20.0):.4g} m" in text
+    assert "tasks answered" in text and "s per task" in text
+
+
+def test_summary_facts_follow_the_maths(monitored):
+    monitor, server, _ = monitored
+    facts = summary_facts(fit_result(server, "/no/such/store.zarr"), monitor.arrivals, "tuned")
+    assert facts["crs"] is None and facts["store"] == "/no/such/store.zarr"   # a moved store: the report says less
+    assert facts["nugget"] == pytest.approx(1 / server.params.delta, rel=1e-12)
+    assert facts["practical_range"] == pytest.approx(server.params.beta * np.log(20.0), rel=1e-9)
+    assert sum(r["tasks"] for r in facts["sites"]) == len(monitor.arrivals)
+
+
+def test_site_times_count_tasks_and_mean_interval():
+    arrivals = [{"worker": 0, "time_s": t} for t in (0.0, 1.0, 3.0)] + [{"worker": 2, "time_s": 5.0}]
+    rows = site_times(arrivals, 3)
+    assert [r["tasks"] for r in rows] == [3, 0, 1]
+    assert rows[0]["s_per_task"] == pytest.approx(1.5) and rows[1]["s_per_task"] is None is rows[2]["s_per_task"]
+
+
+def test_report_without_a_result_summarises_what_the_monitor_saw(monitored, tmp_path):
+    monitor, server, _ = monitored
+    text = summary_text(monitor.write_report(tmp_path / "r.html").read_text())
+    assert "J = 3 sites" in text and f"nugget variance 1/δ = {1 / server.params.delta:.4g}" in text
+    assert "convergence unknown" in text and "tasks answered" in text
+
+
+async def _evaluate(ws_url: str, url: str, expression: str, settle_s: float):
+    from tornado.websocket import websocket_connect
+
+    conn = await websocket_connect(ws_url, max_message_size=64 * 2**20)
+    ids = iter(range(1, 100))
+
+    async def call(method, **params):
+        i = next(ids)
+        await conn.write_message(json.dumps({"id": i, "method": method, "params": params}))
+        while True:
+            msg = json.loads(await conn.read_message())
+            if msg.get("id") == i:
+                return msg.get("result", {})
+
+    await call("Emulation.setDeviceMetricsOverride", width=1100, height=900, deviceScaleFactor=1, mobile=False)
+    await call("Page.enable")
+    await call("Page.navigate", url=url)
+    await asyncio.sleep(settle_s)
+    result = await call("Runtime.evaluate", expression=expression, returnByValue=True)
+    conn.close()
+    return result["result"].get("value")
+
+
+def evaluate_in_chromium(url: str, expression: str, profile, settle_s: float = 4.0):
+    """Open url in headless Chromium, wait for BokehJS to render, return the value of a JavaScript expression."""
+    profile.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([CHROMIUM, *FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}",
+                             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file, deadline = profile / "DevToolsActivePort", time.time() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.time() < deadline and proc.poll() is None, "chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as response:
+            target = next(t for t in json.load(response) if t["type"] == "page")
+        return asyncio.run(_evaluate(target["webSocketDebuggerUrl"], url, expression, settle_s))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+LAYOUT_JS = """(() => {
+  const s = document.getElementById('summary').getBoundingClientRect();
+  const p = document.getElementById('plots').getBoundingClientRect();
+  return {summary_top: s.top, summary_bottom: s.bottom, plots_top: p.top, plots_height: p.height,
+          text: document.getElementById('summary').innerText};
+})()"""
+
+
+@pytest.mark.skipif(CHROMIUM is None and not BROWSER_REQUIRED, reason="Debian's chromium is not installed")
+def test_summary_is_visible_above_the_plots_in_headless_chromium(monitored, tmp_path):
+    assert CHROMIUM is not None, "chromium is required (SPATIALFED_REQUIRE_BROWSER=1) but not installed"
+    _, server, report = monitored
+    box = evaluate_in_chromium(report.resolve().as_uri(), LAYOUT_JS, tmp_path / "profile")
+    assert 0 <= box["summary_top"] < box["summary_bottom"] <= box["plots_top"] < 900, box   # on the first screen
+    assert box["plots_height"] > 300, "BokehJS drew no plots below the summary"
+    for fact in ("Data", "Settings", "Estimates", "Convergence", "Time", "EPSG:28992", "practical range"):
+        assert fact in box["text"], f"{fact!r} not visible in the rendered summary"

@@ -110,13 +110,19 @@ class FitMonitor:
                 arrivals[name].append(row[name])
         return ColumnDataSource(trace_columns(self.trace_rows)), ColumnDataSource(arrivals)
 
-    def write_report(self, path, title: str = "spatialfed fit report") -> Path:
-        """Standalone HTML (BokehJS inlined: opens offline) with the monitoring plots; written atomically."""
-        from bokeh.embed import file_html
-        from bokeh.resources import INLINE
+    def write_report(self, path, title: str = "spatialfed fit report", result=None, preset: str | None = None) -> Path:
+        """Standalone HTML (BokehJS inlined: opens offline), written atomically: a written summary (data, settings,
+        estimates with units, convergence, time per site — ``outputs.report``) above the monitoring plots.
 
-        html = file_html(build_layout(*self.sources(), self.n_workers), INLINE, title)
-        return write_text(path, html)
+        result: the fit's ``FitResult`` (``FederatedGP.result_``); without it the summary has what the monitor saw
+        (sites, the last trace row's estimates, iterations, time per site). preset: the asynchronous preset's name.
+        """
+        from spatialfed.outputs.report import report_page, summary_facts, summary_html, trace_facts
+
+        facts = (summary_facts(result, self.arrivals, preset) if result is not None
+                 else trace_facts(self.trace_rows, self.arrivals, self.n_workers))
+        page = report_page(title, summary_html(facts), build_layout(*self.sources(), self.n_workers))
+        return write_text(path, page)
 
     @property
     def url(self) -> str | None:
