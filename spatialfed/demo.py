@@ -91,8 +91,9 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None) -> dict:
 
 
 def write_covariate_table(path: Path) -> Path:
-    """The covariates on a lattice at half the map's cell size over the region (what the map looks up)."""
-    x0, y0, x1, y1 = BBOX
+    """The covariates on a lattice at half the map's cell size over the region and 3 km beyond it (what the map looks
+    up: the map's default domain, the sites' hulls grown by their spacing, reaches past the region's edge)."""
+    x0, y0, x1, y1 = np.add(BBOX, [-3_000.0, -3_000.0, 3_000.0, 3_000.0])
     step = MAP_RESOLUTION_M / 2
     gx, gy = np.meshgrid(np.arange(x0, x1 + step, step), np.arange(y0, y1 + step, step))
     pts = np.column_stack([gx.ravel(), gy.ravel()])
