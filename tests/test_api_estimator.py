@@ -11,6 +11,8 @@ import zarr
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
+from sklearn.exceptions import NotFittedError
+
 from spatialfed.errors import DataError, SpatialFedError, StoreError
 from spatialfed.model.matern import Matern
 from spatialfed.model.reference import independent_loglik, lowrank_loglik
@@ -41,10 +43,12 @@ def test_constructor_only_stores_settings():
     gp.set_params(profile="graded", agg_threshold=None)
     assert gp.profile == "graded"
     assert "mode='sync'" in repr(gp)
-    with pytest.raises(ValueError, match="unknown parameter"):
+    with pytest.raises(ValueError, match="Invalid parameter 'colour'"):  # scikit-learn's set_params
         gp.set_params(colour="red")
     with pytest.raises(SpatialFedError, match="not fitted"):
         gp.save("/nonexistent")
+    with pytest.raises(NotFittedError, match="not fitted"):  # scikit-learn's NotFittedError as well
+        gp.predict(None, coords=np.zeros((1, 2)))
 
 
 def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
@@ -61,7 +65,10 @@ def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
     assert gp.loglik_ == pytest.approx(expected, rel=1e-9)
     out = gp.save(tmp_path / "out")
     doc = json.loads((out / "fit.json").read_text())
-    assert list(doc) == list(FIT_KEYS) and doc["mode"] == "async" and doc["n_obs"] == J * 60
+    assert list(doc) == [*FIT_KEYS, "variogram_params"] and doc["mode"] == "async" and doc["n_obs"] == J * 60
+    vp = doc["variogram_params"]  # SPEC §1 in the units users read (unit square: no CRS, planar units)
+    assert vp["nugget"] == pytest.approx(1 / p["delta"], rel=1e-12) and vp["distance_unit"] is None
+    assert vp["practical_range"] == pytest.approx(p["beta"] * Matern(0.5).effective_range_factor(), rel=1e-12)
     assert [r["iter"] for r in doc["trace"]][-1] == 8
 
 

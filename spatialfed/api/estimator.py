@@ -1,12 +1,21 @@
 """The estimator: ``FederatedGP`` fits the knot-based low-rank spatial GP of SPEC §1 across federated workers.
 
-scikit-learn style: the constructor only stores settings; ``fit(store)`` validates them, runs the federated algorithm
-(SPEC §2–4) on the chosen runtime and returns ``self``; learned state lives in attributes ending in ``_``;
-``save(out_dir)`` writes the result files of SPEC §6.
+A scikit-learn estimator (``BaseEstimator``, ``RegressorMixin``): the constructor only stores settings
+(``get_params``/``set_params``/``clone`` are scikit-learn's); ``fit`` validates them, runs the federated algorithm
+(SPEC §2–4) on the chosen runtime and returns ``self``; learned state lives in attributes ending in ``_``; methods
+that need them raise ``NotFittedError`` before ``fit``; ``save(out_dir)`` writes the result files of SPEC §6.
 
     >>> gp = FederatedGP(mode="async", knots=100, agg_threshold=2, profile="straggler").fit("data.zarr")
-    >>> gp.params_, gp.loglik_
+    >>> gp.params_, gp.variogram_params_, gp.loglik_
     >>> gp.save("fit_out")
+    >>> gp = FederatedGP(crs="EPSG:4326", runtime="simulated").fit(frame[["lon", "lat"]], frame["ozone"],
+    ...                                                             groups=frame["state"])
+    >>> mean, sd = gp.predict(new_points, return_std=True)
+
+The partitioned store (SPEC §5) is the federated contract: in production each site holds its partition and ``fit``
+gets the store's path. DataFrames, GeoDataFrames and arrays are a convenience for notebooks, tests and
+cross-validation: they are written to a temporary store (``api.inputs``), kept while the estimator lives.
+A script may fit at top level without ``if __name__ == "__main__":`` (``api.scripts``).
 
 Runtimes: ``"dask"`` (default; an embedded LocalCluster on 127.0.0.1, a running scheduler via ``scheduler=``,
 a dask-jobqueue cluster via ``jobqueue=``, or an existing ``client=``) keeps every partition on the Dask worker that
@@ -24,10 +33,13 @@ from contextlib import closing
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
 
 from spatialfed.algorithm.config import MODES, PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.api import inputs, predicting, resuming, scripts
+from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
-from spatialfed.errors import DataError, SpatialFedError
+from spatialfed.api.units import variogram_params
 from spatialfed.model.matern import Matern
 from spatialfed.model.names import RESIDUALS
 from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name  # noqa: F401 (RUNTIMES: the CLI's choices)
@@ -37,19 +49,9 @@ log = logging.getLogger("spatialfed.api")
 METHODS = ("lowrank", "independent", "fgpr")
 from spatialfed.runtime.heterogeneity import PROFILES  # noqa: E402
 
-_PARAM_NAMES = (
-    "method", "mode", "residual", "knots", "nu", "agg_threshold", "max_iter", "tol", "runtime", "profile",
-    "slowdown", "scheduler", "seed", "client", "n_dask_workers", "jobqueue", "domain", "start", "time_budget",
-    "strategies", "progress", "scheduler_timeout", "preset", "live", "tls",
-    "checkpoint", "checkpoint_every", "on_worker_error", "fgpr", "privacy", "delays", "activations",
-)
-#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
-_RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
-                     "progress", "scheduler_timeout", "live", "tls", "checkpoint", "checkpoint_every")
 
-
-class FederatedGP:
-    """Federated low-rank spatial GP (SPEC §1–4), fitted synchronously or asynchronously.
+class FederatedGP(RegressorMixin, BaseEstimator):
+    """Federated low-rank spatial GP (SPEC §1–4), fitted synchronously or asynchronously; a scikit-learn regressor.
 
     Parameters
     ----------
@@ -107,13 +109,19 @@ class FederatedGP:
         Not with method="fgpr".
     delays, activations : experiment delay models (docs/delays.md): a ``runtime.delays`` object or its command-line
         string (``"exponential:0.5"``, ``"poisson:2:0.1"``; activations ``"poisson:RATE"``); drawn with ``seed``.
+    crs : CRS of in-memory coordinates without one (arrays, DataFrame columns), e.g. "EPSG:4326" for lon/lat (then
+        projected to metres as by ``spatialfed ingest``) or "planar"; a GeoDataFrame's own CRS takes precedence.
+        Also the CRS of prediction locations given without one. Not used for a store path (the store records its CRS).
+    n_sites : number of sites J of the automatic area partition of in-memory data without ``groups``
+        (default: about 500 rows per site, 2 to 64 sites).
     Further asynchronous options go in ``strategies`` (FitConfig fields): ``staleness_bound`` (VAFL's D),
     ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
     "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
 
     Attributes (after ``fit``)
     --------------------------
-    params_ ({"gamma", "delta", "sigma2", "beta"}), loglik_ (ℓ_LR at params_, or ℓ_ind for "independent"),
+    params_ ({"gamma", "delta", "sigma2", "beta"}), variogram_params_ (nugget 1/δ, partial sill σ², sill, range β
+    and practical range in the CRS's units, ``api.units``), store_crs_ (the CRS the model's coordinates are in), loglik_ (ℓ_LR at params_, or ℓ_ind for "independent"),
     mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
     n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
@@ -128,7 +136,7 @@ class FederatedGP:
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
-                 privacy=None, delays=None, activations=None):
+                 privacy=None, delays=None, activations=None, crs=None, n_sites=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -161,23 +169,20 @@ class FederatedGP:
         self.privacy = privacy
         self.delays = delays
         self.activations = activations
+        self.crs = crs
+        self.n_sites = n_sites
 
-    # --- scikit-learn conventions ------------------------------------------------------------------------
-    def get_params(self, deep: bool = True) -> dict:
-        return {name: getattr(self, name) for name in _PARAM_NAMES}
+    # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
+    def __sklearn_clone__(self) -> "FederatedGP":
+        """An unfitted copy with the same settings; a ``client`` is shared, not copied (it is a live connection)."""
+        from sklearn.base import clone
 
-    def set_params(self, **params) -> "FederatedGP":
-        for name, value in params.items():
-            if name not in _PARAM_NAMES:
-                raise ValueError(f"unknown parameter {name!r} for FederatedGP; valid: {', '.join(_PARAM_NAMES)}")
-            setattr(self, name, value)
-        return self
+        params = self.get_params(deep=False)
+        client = params.pop("client")
+        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, client=client)
 
-    def __repr__(self) -> str:
-        defaults = FederatedGP()
-        changed = [f"{k}={v!r}" for k, v in self.get_params().items()
-                   if not _same(v, getattr(defaults, k))]
-        return f"FederatedGP({', '.join(changed)})"
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "params_")
 
     # --- validation ----------------------------------------------------------------------------------------
     def _check_settings(self) -> None:
@@ -261,52 +266,50 @@ class FederatedGP:
         settings (``max_iter``, ``tol``, ``time_budget``, ``scheduler``, ``client``, ``n_dask_workers``, ``jobqueue``,
         ``tls``, ``checkpoint``, ``checkpoint_every``, ``progress``, ...). By default it keeps checkpointing to
         `checkpoint_path`."""
-        from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
+        from spatialfed.api.resuming import resume
 
-        snap = read_checkpoint(checkpoint_path)
-        meta = snap.get("meta") or {}
-        params = meta.get("params")
-        if params is None:
-            raise CheckpointError(f"{checkpoint_path} has no estimator settings in its meta; it was not written by "
-                                  "FederatedGP.fit(checkpoint=...)")
-        bad = sorted(set(overrides) - set(_RESUME_OVERRIDES))
-        if bad:
-            raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
-                             f"{', '.join(_RESUME_OVERRIDES)}")
-        settings = {k: v for k, v in params.items() if k in _PARAM_NAMES}
-        settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
-        if overrides.get("client") is not None and "tls" not in overrides:
-            settings["tls"] = None  # a given client carries its own security
-        settings.update(overrides)
-        gp = cls(**settings)
-        return gp.fit(store if store is not None else meta["store"], resume=snap)
+        return resume(cls, checkpoint_path, store, overrides)
 
-    def _meta(self, store_path) -> dict:
-        """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
-        import spatialfed
+    def fit(self, X, y=None, *, coords=None, groups=None, resume=None) -> "FederatedGP":
+        """Fit the model (SPEC §1–4); returns self.
 
-        params = {k: str(v) if isinstance(v, Path) else v for k, v in self.get_params().items() if k != "client"}
-        return {"store": str(Path(store_path).resolve()), "params": params, "version": spatialfed.__version__}
+        X : the path of a partitioned Zarr store (SPEC §5: the federated contract; y, coords, groups not given), or
+            in-memory data (written to a temporary store, ``api.inputs``): a DataFrame or GeoDataFrame (coordinates
+            from ``coords=``, the geometry, or x/y, lon/lat columns; every other column a covariate), or an (n, p)
+            array of covariates (or None) with ``coords`` (n, 2).
+        y : the observed values (n,), or the name of a column of X.
+        coords : an (n, 2) array of x/y (in ``crs``), or a pair of column names of X.
+        groups : the sites (partition) of in-memory data: site labels (n,) or the name of a column of X, e.g.
+            "agency"; None partitions into ``n_sites`` compact areas for you.
+        resume : a checkpoint path or snapshot dict to continue from (its knots and algorithm state are kept; see
+            ``FederatedGP.resume``, which also restores the settings)."""
+        scripts.check_not_bootstrapping()
+        self._check_settings()
+        old = self.__dict__.pop("_temporary_store", None)
+        if old is not None:
+            old.cleanup()      # the previous in-memory fit's store
+        store, self._temporary_store = inputs.fit_store(X, y, coords=coords, groups=groups, crs=self.crs,
+                                                        n_sites=self.n_sites, seed=self.seed)
+        self.groups_column_ = groups if isinstance(groups, str) else None
+        return self._fit_store(store, resume)
 
-    def fit(self, store, y=None, *, resume=None) -> "FederatedGP":
-        """Fit on the partitioned Zarr store at `store` (SPEC §5); returns self.
-
-        `resume`: a checkpoint path or snapshot dict to continue from (its knots and algorithm state are kept; see
-        ``FederatedGP.resume``, which also restores the settings)."""
+    def _fit_store(self, store, resume) -> "FederatedGP":
+        """fit() on a store path."""
         from spatialfed.data.store import open_store
         from spatialfed.outputs.monitor import FitMonitor
         from spatialfed.runtime import site
         from spatialfed.runtime.driver import Checkpointer, drive
 
         tic = time.perf_counter()
-        self._check_settings()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
-        server = self._restored_server(resume, info.n_workers)
+        server = resuming.restored_server(self, resume, info.n_workers)
         resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
         say = Progress(self.progress)
         monitor = FitMonitor(info.n_workers, live=bool(self.live) and runtime_name(self.runtime) == "dask")
-        ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, self._meta(info.path))
-        with self._open_runtime(info.n_workers) as runtime, say, closing(monitor):
+        ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path))
+        cluster = scripts.embedded_cluster(runtime_name(self.runtime), client=self.client, scheduler=self.scheduler,
+                                           jobqueue=self.jobqueue)
+        with scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, say, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
             say.started(self, runtime, server, monitor.url)
@@ -332,6 +335,7 @@ class FederatedGP:
         self.assignment_ = described.get("assignment")
         self.n_tasks_ = described.get("n_tasks")
         self.store_ = str(info.path)
+        self.store_crs_ = info.crs
         self.n_workers_ = info.n_workers
         self.n_obs_ = int(server.n_obs)
         self.covariate_names_ = list(info.covariate_names)
@@ -341,6 +345,7 @@ class FederatedGP:
         self.domain_ = domain
         self.params_ = {"gamma": np.asarray(phi.gamma, dtype=float).copy(), "delta": float(phi.delta),
                         "sigma2": float(phi.sigma2), "beta": float(phi.beta)}
+        self.variogram_params_ = variogram_params(self.params_, self.nu, info.crs)
         self.mu_ = np.asarray(phi.mu, dtype=float).copy()
         self.Sigma_ = np.asarray(phi.Sigma, dtype=float).copy()
         self.loglik_ = None if server.loglik is None else float(server.loglik)
@@ -352,30 +357,6 @@ class FederatedGP:
         self.discarded_stale_ = int(getattr(server, "discarded", 0))
         self.n_iter_ = int(server.iterations)
         self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
-
-    def _restored_server(self, resume, n_workers: int):
-        """The server continuing `resume` (a checkpoint path or snapshot dict), with this estimator's stopping
-        rules (max_iter, tol, time_budget); None when not resuming."""
-        if resume is None:
-            return None
-        import dataclasses
-
-        from spatialfed.algorithm.checkpoint import read_checkpoint
-        from spatialfed.algorithm.fgpr import FgprServer
-        from spatialfed.algorithm.server import FederatedServer
-
-        snap = resume if isinstance(resume, dict) else read_checkpoint(resume)
-        if (snap.get("kind") == "fgpr") != (self.method == "fgpr"):
-            raise ValueError(f"the checkpoint is of a {'FGPR' if snap.get('kind') == 'fgpr' else 'block-wise'} fit; "
-                             f"this estimator has method={self.method!r}")
-        server = (FgprServer if self.method == "fgpr" else FederatedServer).restore(snap)
-        if server.n_workers != n_workers:
-            raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
-        if float(server.kernel.nu) != float(self.nu):
-            raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={self.nu}")
-        server.config = dataclasses.replace(server.config, max_iter=self.max_iter, tol=self.tol,
-                                            time_budget=self.time_budget)
-        return server
 
     def _open_runtime(self, n_sites: int):
         """The runtime of this fit as a context manager (runtime.factory.open_runtime)."""
@@ -401,26 +382,48 @@ class FederatedGP:
         return layout(m, self.domain, info, runtime, seed=self.seed)
 
     def _server(self, n_workers: int, knots, config):
-        """A fresh server: FgprServer for method="fgpr", else FederatedServer."""
+        """A fresh server: FgprServer for method="fgpr", else the server of the config's scheme (servers.server_for)."""
         if self.method == "fgpr":
             from spatialfed.algorithm.fgpr import FgprServer
 
             return FgprServer(n_workers, Matern(self.nu), config, self.start)
-        from spatialfed.algorithm.server import FederatedServer
+        from spatialfed.algorithm.servers import server_for
 
-        return FederatedServer(n_workers, knots, Matern(self.nu), config, self.start)
+        return server_for(n_workers, knots, Matern(self.nu), config, self.start)
 
     # --- results -------------------------------------------------------------------------------------------
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "params_"):
-            raise SpatialFedError("this FederatedGP is not fitted yet; call fit(store) first")
+    def _check_fitted(self, what: str = "this method") -> None:
+        predicting.check_fitted(self, what)
+
+    def predict(self, X, return_std: bool = False, *, coords=None):
+        """Predicted mean at new locations (and, with ``return_std``, the sd of a new observation there:
+        √(Var[y(s₀) | z] + 1/δ), the ``sd`` column of ``spatialfed predict``). X as in ``fit``: a DataFrame or
+        GeoDataFrame of points with the fitted covariates as columns (a GeoDataFrame in another CRS is
+        reprojected to the store's), or an (n₀, p) array of covariates (or None) with ``coords`` (n₀, 2)."""
+        self._check_fitted("predict")
+        pred = predicting.predict(self, *predicting.targets(self, X, coords))
+        return (pred["mean"], pred["sd"]) if return_std else pred["mean"]
+
+    def score(self, X, y, sample_weight=None, *, coords=None) -> float:
+        """R² of ``predict(X)`` against y (scikit-learn's regressor score, what ``cross_val_score`` uses by
+        default; higher is better). For probabilistic scores (RMSE, CRPS, coverage, mean log predictive
+        density) use ``predictive_scores``. Array X needs ``coords``; in ``cross_val_score`` use a DataFrame."""
+        from sklearn.metrics import r2_score
+
+        return float(r2_score(y, self.predict(X, coords=coords), sample_weight=sample_weight))
+
+    def predictive_scores(self, X, y, *, coords=None) -> dict:
+        """{"n", "rmse", "mae", "crps", "coverage95", "mlpd"} of the predictive distribution at X against y
+        (``outputs.metrics``; mlpd = mean log N(y; mean, sd²), higher is better)."""
+        mean, sd = self.predict(X, return_std=True, coords=coords)
+        return predicting.predictive_scores(np.asarray(y, dtype=float), mean, sd)
 
     @property
     def result_(self):
         """The fit as a ``spatialfed.outputs.results.FitResult`` (what ``save`` writes)."""
         from spatialfed.outputs.results import FitResult
 
-        self._check_fitted()
+        self._check_fitted("result_")
         cfg = self.config_
         return FitResult(
             method=self.method, mode="sync" if self.method == "fgpr" else self.mode, residual=self.residual,
@@ -431,7 +434,8 @@ class FederatedGP:
             extra={"store": self.store_, "runtime": self.runtime, "profile": self.profile,
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
-                   "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_},
+                   "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
+                   "variogram_params": dict(self.variogram_params_)},
             privacy=self.privacy_report_,
         )
 

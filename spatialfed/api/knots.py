@@ -29,6 +29,7 @@ def layout(knots, domain, info, runtime, *, seed: int = 0):
         if isinstance(knots, bool) or not float(knots).is_integer() or knots < 1:
             raise DataError(f"knots must be a positive integer m or an (m, 2) array of knot locations, got {knots!r}")
         m = int(knots)
+        check_knot_memory(m, info.n_workers)
         points = geometry.jittered_unit_grid(m, seed=seed) if is_unit_square(domain) else \
             geometry.jittered_knots(domain, m, seed=seed)
     else:
@@ -37,10 +38,26 @@ def layout(knots, domain, info, runtime, *, seed: int = 0):
             raise DataError(f"knots must be an (m, 2) array of x/y locations, got shape {points.shape}")
         if not np.all(np.isfinite(points)):
             raise DataError("knots hold NaN or infinite coordinates")
+    if len(points) < 2:  # one knot has no spread: the starting length scale β₀ (a fraction of it) would be 0
+        raise DataError(f"knots={len(points)}: the low-rank model needs at least 2 knots spread over the domain; use "
+                        "more knots (the default is 100)")
     points = geometry.knots_in_domain(points, domain)
     if len(np.unique(np.round(points, 12), axis=0)) != len(points):
         raise DataError("knots contain duplicate locations; K would be singular")
     return points, domain
+
+
+def check_knot_memory(m: int, n_workers: int) -> None:
+    """Refuse a knot count whose m×m matrices (about 5 per worker on the server, Σ, K and their factors) cannot fit
+    in the memory available, before anything is allocated."""
+    import psutil
+
+    count = 5 * n_workers + 10
+    need, have = 8.0 * m * m * count, float(psutil.virtual_memory().available)
+    if need > have:
+        raise DataError(f"knots={m} would need about {need / 1e9:.3g} GB for the {count} m×m matrices of a fit with "
+                        f"{n_workers} workers, more than the {have / 1e9:.3g} GB of memory available; use fewer "
+                        "knots (the default is 100)")
 
 
 def given_domain(domain, info):

@@ -79,5 +79,10 @@ class Progress:
     def summary(self, gp) -> None:
         if self.enabled:
             state = "converged" if gp.converged_ else f"stopped ({gp.stop_reason_})"
-            self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; "
-                      f"loglik = {gp.loglik_:.6g}")
+            loglik = "n/a" if gp.loglik_ is None else f"{gp.loglik_:.6g}"
+            self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; loglik = {loglik}")
+            vp = getattr(gp, "variogram_params_", None)
+            if vp is not None:
+                from spatialfed.api.units import describe
+
+                self.line(describe(vp))

@@ -87,6 +87,8 @@ class FitResult:
             doc["privacy"] = self.privacy
         if self.store_fingerprint is not None:  # beyond SPEC §6: predict/map/--resume refuse another store
             doc["store_fingerprint"] = str(self.store_fingerprint)
+        if (self.extra or {}).get("variogram_params"):  # beyond SPEC §6: nugget, sills, ranges in CRS units (api.units)
+            doc["variogram_params"] = dict(self.extra["variogram_params"])
         return doc
 
 
@@ -220,7 +222,10 @@ def load_fit(out_dir) -> FitResult:
     fj = d / FIT_JSON
     if not fj.exists():
         raise FileNotFoundError(f"{fj} not found: {d} is not a (complete) spatialfed fit directory")
-    doc = json.loads(fj.read_text())
+    try:
+        doc = json.loads(fj.read_text())
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{fj} is not valid JSON ({exc}): the fit directory is damaged; run the fit again") from None
     missing = [k for k in FIT_KEYS if k not in doc]
     if missing:
         raise ValueError(f"{fj} lacks keys {missing}")

@@ -1,0 +1,233 @@
+"""What ``FederatedGP.fit`` and ``predict`` accept besides a store path: DataFrames, GeoDataFrames and arrays.
+
+The partitioned store (SPEC §5) is the federated contract: each site holds its own partition and nothing else.
+In-memory data are a convenience (notebooks, tests, cross-validation): ``fit_store`` writes them to a temporary
+store with ``spatialfed.data.ingest.ingest_frame`` (same checks, projection and partitions as ``spatialfed ingest``),
+which lives as long as the estimator that fitted it (prediction needs the sites' data for the residual part).
+
+Coordinates come from, in order: ``coords=`` (an n×2 array or a pair of column names), a GeoDataFrame's point
+geometry (with its CRS), or the columns x/y, lon/lat or longitude/latitude of a DataFrame. Every other column of a
+DataFrame is a covariate (an intercept is added), except the partition column named by ``groups="agency"``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import warnings
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+
+from spatialfed.data import geometry
+from spatialfed.errors import DataError
+
+COORD_COLUMNS = (("x", "y"), ("lon", "lat"), ("longitude", "latitude"))
+ROWS_PER_SITE = 500     # automatic area partition: about this many rows per site
+MAX_AUTO_SITES = 64
+VALUE, SITE = "__value__", "__site__"   # the temporary store's value and partition columns (never covariates)
+
+
+@dataclass
+class Points:
+    """Locations (n×2, in `crs`), their covariates (a DataFrame, n×p, user column names) and where they came from."""
+
+    xy: np.ndarray
+    crs: object
+    covariates: pd.DataFrame
+    coord_names: tuple
+    from_arrays: bool = False   # covariates given as an array: matched to the fitted ones by position
+
+
+class TemporaryStore:
+    """A store directory removed when this object is garbage-collected, at interpreter exit, or on ``cleanup()``."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="spatialfed-"))
+        self.path = self.dir / "data.zarr"
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.dir), ignore_errors=True)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+
+def is_store_path(X) -> bool:
+    return isinstance(X, (str, os.PathLike))
+
+
+def auto_sites(n: int) -> int:
+    """J for an automatic area partition: about ROWS_PER_SITE rows per site, at least 2 (1 below 40 rows), at most
+    MAX_AUTO_SITES, and never fewer than 20 rows per site."""
+    J = min(max(2, math.ceil(n / ROWS_PER_SITE)), MAX_AUTO_SITES)
+    return max(1, min(J, n // 20))
+
+
+def read_points(X, coords=None, crs=None, *, drop=()) -> Points:
+    """Points from a DataFrame/GeoDataFrame (coordinates as described in the module docstring; columns in `drop`
+    left out of the covariates) or from arrays (X n×p covariates or None, coords n×2)."""
+    if isinstance(X, pd.DataFrame):
+        return _frame_points(X, coords, crs, drop)
+    if coords is None:
+        raise DataError("give the locations: coords= an (n, 2) array of x/y (or lon/lat with crs='EPSG:4326'), or "
+                        "pass X as a DataFrame with x/y columns or a GeoDataFrame of points")
+    xy = _xy_array(coords)
+    if X is None:
+        cov = pd.DataFrame(index=range(len(xy)))
+    else:
+        arr = np.asarray(X, dtype=float)
+        arr = arr.reshape(-1, 1) if arr.ndim == 1 else arr
+        if arr.ndim != 2 or len(arr) != len(xy):
+            raise DataError(f"X must be an (n, p) array of covariates with one row per location (n = {len(xy)} "
+                            f"from coords), got shape {np.shape(X)}")
+        cov = pd.DataFrame(arr, columns=[f"x{j}" for j in range(arr.shape[1])])
+    return Points(xy, geometry.parse_crs(crs), cov, ("x", "y"), from_arrays=True)
+
+
+def _xy_array(coords) -> np.ndarray:
+    xy = np.asarray(coords, dtype=float)
+    if xy.ndim != 2 or xy.shape[1] != 2:
+        raise DataError(f"coords must be an (n, 2) array of x/y coordinates, got shape {xy.shape}")
+    return xy
+
+
+def _frame_points(frame: pd.DataFrame, coords, crs, drop) -> Points:
+    frame = frame.reset_index(drop=True)
+    source = geometry.parse_crs(crs)
+    if isinstance(frame, gpd.GeoDataFrame) and coords is None:
+        kinds = set(frame.geom_type.dropna())
+        if kinds - {"Point"} or frame.geometry.isna().any():
+            raise DataError(f"the GeoDataFrame holds {sorted(kinds)} geometries; give points (e.g. "
+                            "gdf.set_geometry(gdf.centroid)) or coords=")
+        xy = np.column_stack([frame.geometry.x, frame.geometry.y])
+        if frame.crs is not None:
+            source = frame.crs        # the GeoDataFrame's own CRS takes precedence over crs=
+        rest, names = pd.DataFrame(frame.drop(columns=frame.geometry.name)), ("x", "y")
+    elif coords is not None and not (isinstance(coords, (tuple, list)) and len(coords) == 2
+                                     and all(isinstance(c, str) for c in coords)):
+        xy, rest, names = _xy_array(coords), pd.DataFrame(frame), ("x", "y")
+        if len(xy) != len(frame):
+            raise DataError(f"coords has {len(xy)} rows but X has {len(frame)}")
+    else:
+        pair = tuple(coords) if coords is not None else next(
+            (p for p in COORD_COLUMNS if all(c in frame.columns for c in p)), None)
+        if pair is None or any(c not in frame.columns for c in pair):
+            raise DataError(f"X has no coordinate columns {pair or 'x/y, lon/lat or longitude/latitude'}; name them "
+                            "with coords=('east', 'north'), give coords= an (n, 2) array, or pass a GeoDataFrame")
+        xy = frame[list(pair)].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+        rest, names = pd.DataFrame(frame.drop(columns=list(pair))), pair
+    rest = rest.drop(columns=[c for c in drop if c is not None and c in rest.columns])
+    rest.columns = [str(c) for c in rest.columns]
+    return Points(xy, source, rest, names)
+
+
+def numeric_covariates(cov: pd.DataFrame) -> pd.DataFrame:
+    """The covariate columns as floats; one DataError naming the non-numeric ones."""
+    bad = [c for c in cov.columns if not (pd.api.types.is_numeric_dtype(cov[c]) or pd.api.types.is_bool_dtype(cov[c]))]
+    if bad:
+        raise DataError(f"X has non-numeric column(s) {bad}; every column of X other than the coordinates and the "
+                        "groups column is a covariate: drop them (X.drop(columns=[...])) or encode them as numbers")
+    return cov.astype(float)
+
+
+def check_crs_given(points: Points) -> None:
+    """lon/lat without a CRS is refused with the fix (the same rule as `spatialfed ingest`)."""
+    if points.crs is None and geometry.looks_geographic(points.xy[:, 0], points.xy[:, 1], points.coord_names):
+        raise DataError(f"coordinates {points.coord_names} look like longitude/latitude but no CRS was given; pass "
+                        "FederatedGP(crs='EPSG:4326') (they are then projected to metres), or crs='planar' if they are "
+                        "planar units")
+
+
+def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, seed=0):
+    """(store path, TemporaryStore or None): `X` itself when it is a store path, else a temporary store written by
+    ingest_frame from the table or arrays (see the module docstring)."""
+    from spatialfed.data.ingest import ingest_frame
+
+    if is_store_path(X):
+        given = [name for name, v in (("y", y), ("coords", coords), ("groups", groups)) if v is not None]
+        if given:
+            raise DataError(f"X is a store path ({X}); {', '.join(given)}= apply to in-memory data only: the store "
+                            "already holds the values, locations and partition")
+        return X, None
+    group_col = groups if isinstance(groups, str) else None
+    y_col = y if isinstance(y, str) else None
+    points = read_points(X, coords, crs, drop=(group_col, y_col))
+    check_crs_given(points)
+    cov = numeric_covariates(points.covariates)
+    n = len(points.xy)
+    frame = X.reset_index(drop=True) if isinstance(X, pd.DataFrame) else None
+    z = _column(frame, y_col, "y") if y_col else _vector(y, n, "y")
+    labels = None if groups is None else (_column(frame, group_col, "groups", numeric=False) if group_col
+                                          else _vector(groups, n, "groups", numeric=False))
+    xname, yname = (str(c) for c in points.coord_names)
+    if xname in cov.columns or yname in cov.columns:
+        xname, yname = "__x", "__y"
+    table = pd.concat([pd.DataFrame({xname: points.xy[:, 0], yname: points.xy[:, 1], VALUE: z}), cov], axis=1)
+    if labels is not None:
+        table[SITE] = labels
+    store = TemporaryStore()
+    partition = f"column:{SITE}" if labels is not None else "area"
+    J = None if labels is not None else (n_sites or auto_sites(n))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        _, report = ingest_frame(table, store.path, value=VALUE, x=xname, y=yname, covariates=list(cov.columns),
+                                 crs=points.crs if points.crs is not None else crs, partition=partition, n_workers=J,
+                                 seed=seed)
+    if report.n_dropped:
+        warnings.warn(f"{report.n_dropped} of {report.n_read} rows have missing values and were left out of the fit",
+                      stacklevel=3)
+    return store.path, store
+
+
+def _column(frame, name, what, numeric=True) -> np.ndarray:
+    if frame is None or name not in frame.columns:
+        raise DataError(f"{what}={name!r} names a column, but X is not a DataFrame with that column")
+    return frame[name].to_numpy(float) if numeric else frame[name].astype(str).to_numpy()
+
+
+def _vector(v, n: int, what: str, numeric=True) -> np.ndarray:
+    if v is None:
+        raise DataError(f"{what} is missing: fit(X, y, ...) needs the observed values with in-memory X")
+    arr = np.asarray(v, dtype=float if numeric else object).ravel()
+    if len(arr) != n:
+        raise DataError(f"{what} has {len(arr)} values but X has {n} rows")
+    return arr if numeric else np.array([str(a) for a in arr], dtype=object)
+
+
+def to_store_crs(points: Points, store_crs) -> np.ndarray:
+    """The points' x/y in the store's CRS (reprojected when they have another CRS), with one-line refusals."""
+    store = geometry.parse_crs(store_crs)
+    xy = geometry.check_coordinates(points.xy, what="prediction coordinates")
+    if points.crs is None:
+        if store is not None and store.is_projected and geometry.looks_geographic(xy[:, 0], xy[:, 1],
+                                                                                  points.coord_names):
+            raise DataError(f"the prediction coordinates look like longitude/latitude but the fit's store is in "
+                            f"{geometry.crs_name(store)}; pass a GeoDataFrame with its CRS or set "
+                            f"FederatedGP(crs='EPSG:4326')")
+        return xy
+    if store is None:
+        raise DataError(f"the prediction points are in {geometry.crs_name(points.crs)} but the fit's store has planar "
+                        "units (no CRS); give points in the store's units without a CRS")
+    if points.crs == store:
+        return xy
+    return geometry.project(xy, points.crs, store).xy
+
+
+def prediction_design(points: Points, covariate_names) -> np.ndarray:
+    """X₀ (n₀×p) for the fitted covariates: DataFrame columns by name ('intercept' added), array columns by
+    position (as in fit)."""
+    from spatialfed.outputs.prediction import design_matrix
+
+    names = [str(c) for c in covariate_names]
+    cov = points.covariates
+    if points.from_arrays:
+        fitted = [c for c in names if c != "intercept"]
+        if cov.shape[1] != len(fitted):
+            raise DataError(f"X has {cov.shape[1]} covariate column(s) but the fit used {len(fitted)} ({fitted})")
+        cov = cov.set_axis(fitted, axis=1)
+    return design_matrix(cov, names, "X")

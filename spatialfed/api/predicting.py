@@ -1,0 +1,81 @@
+"""Prediction from a fitted ``FederatedGP`` at new locations: the estimator's ``predict`` and ``score``.
+
+The maths is ``spatialfed.outputs.prediction`` (federated kriging, SPEC §1): the low-rank part from the server's
+state (μ, Σ, γ, δ, θ), the residual part by the site holding the nearest observation, which reads its partition of
+the fitted store. The fitted attributes give the same ``FittedModel`` that ``load_model`` reads from a fit directory,
+so ``gp.predict`` equals ``spatialfed predict`` on the saved fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.exceptions import NotFittedError as _SklearnNotFitted
+
+from spatialfed.errors import SpatialFedError
+
+
+class NotFittedError(_SklearnNotFitted, SpatialFedError):
+    """A FederatedGP method that needs a fitted model was called before ``fit`` (scikit-learn's NotFittedError and
+    spatialfed's SpatialFedError: either ``except`` catches it)."""
+
+
+def check_fitted(gp, what: str = "this method") -> None:
+    """Raise NotFittedError (one line, naming the fix) unless `gp` is fitted."""
+    if not hasattr(gp, "params_"):
+        raise NotFittedError(f"this {type(gp).__name__} is not fitted yet; call fit(X, y) or fit(store) before "
+                             f"{what}")
+
+
+def fitted_model(gp):
+    """The ``outputs.prediction.FittedModel`` of a fitted estimator (what ``load_model`` reads from its fit dir)."""
+    from spatialfed.model.params import Params
+    from spatialfed.outputs.prediction import FittedModel
+
+    m = len(gp.knots_)
+    mu = np.zeros(m) if gp.mu_ is None else gp.mu_
+    Sigma = np.zeros((m, m)) if gp.Sigma_ is None else gp.Sigma_
+    p = gp.params_
+    params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
+    return FittedModel(params, np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.nu), gp.residual,
+                       gp.method, list(gp.covariate_names_))
+
+
+def targets(gp, X, coords=None):
+    """(locations n₀×2 in the store's CRS, design matrix X₀ n₀×p) from predict's X/coords (api.inputs)."""
+    from spatialfed.api.inputs import prediction_design, read_points, to_store_crs
+
+    points = read_points(X, coords, gp.crs, drop=(gp.groups_column_,))
+    locs = to_store_crs(points, gp.store_crs_)
+    return locs, prediction_design(points, gp.covariate_names_)
+
+
+def predict(gp, locs, X0) -> dict:
+    """{"mean", "sd", "sd_latent", "owner"} at locs with covariates X0 (``outputs.prediction.predict_at`` with the
+    fit's default predictor: low-rank kriging, or the independence model's for method independent/fgpr), on the
+    estimator's runtime."""
+    from spatialfed.api.scripts import embedded_cluster, spawn_safe
+    from spatialfed.data.store import open_store
+    from spatialfed.outputs.prediction import default_predictor, open_workers, predict_at
+    from spatialfed.runtime.factory import runtime_name
+
+    model = fitted_model(gp)
+    info = open_store(gp.store_)
+    runtime = runtime_name(gp.runtime)
+    cluster = embedded_cluster(runtime, client=gp.client, scheduler=gp.scheduler, jobqueue=gp.jobqueue)
+    with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
+                                           n_dask_workers=gp.n_dask_workers) as workers:
+        return predict_at(workers, model, locs, X0, default_predictor(model))
+
+
+def log_predictive_density(y, mean, sd) -> np.ndarray:
+    """log N(y; mean, sd²) per point: the Gaussian predictive density of a new observation."""
+    y, mean, sd = (np.asarray(a, dtype=float) for a in (y, mean, sd))
+    return -0.5 * np.log(2 * np.pi * sd ** 2) - 0.5 * ((y - mean) / sd) ** 2
+
+
+def predictive_scores(y, mean, sd) -> dict:
+    """{"n", "rmse", "mae", "crps", "coverage95", "mlpd"}: outputs.metrics.scores plus the mean log predictive
+    density (higher is better)."""
+    from spatialfed.outputs.metrics import scores
+
+    return {**scores(y, mean, sd), "mlpd": float(np.mean(log_predictive_density(y, mean, sd)))}

@@ -1,0 +1,67 @@
+"""Continuing a fit from a checkpoint (docs/recovery.md): the estimator's ``resume`` and the checkpoint's meta."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spatialfed.errors import DataError
+
+#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
+RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
+                    "progress", "scheduler_timeout", "live", "tls", "checkpoint", "checkpoint_every")
+
+
+def resume(cls, checkpoint_path, store, overrides: dict):
+    """``cls.resume``: a new estimator with the checkpoint's settings and `overrides`, fitted from the checkpoint."""
+    from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
+
+    snap = read_checkpoint(checkpoint_path)
+    meta = snap.get("meta") or {}
+    params = meta.get("params")
+    if params is None:
+        raise CheckpointError(f"{checkpoint_path} has no estimator settings in its meta; it was not written by "
+                              "FederatedGP.fit(checkpoint=...)")
+    bad = sorted(set(overrides) - set(RESUME_OVERRIDES))
+    if bad:
+        raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
+                         f"{', '.join(RESUME_OVERRIDES)}")
+    settings = {k: v for k, v in params.items() if k in cls._get_param_names()}
+    settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
+    if overrides.get("client") is not None and "tls" not in overrides:
+        settings["tls"] = None  # a given client carries its own security
+    settings.update(overrides)
+    gp = cls(**settings)
+    return gp.fit(store if store is not None else meta["store"], resume=snap)
+
+
+def meta(gp, store_path) -> dict:
+    """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
+    import spatialfed
+
+    params = {k: str(v) if isinstance(v, Path) else v for k, v in gp.get_params().items() if k != "client"}
+    return {"store": str(Path(store_path).resolve()), "params": params, "version": spatialfed.__version__}
+
+
+def restored_server(gp, resume, n_workers: int):
+    """The server continuing `resume` (a checkpoint path or snapshot dict), with this estimator's stopping
+    rules (max_iter, tol, time_budget); None when not resuming."""
+    if resume is None:
+        return None
+    import dataclasses
+
+    from spatialfed.algorithm.checkpoint import read_checkpoint
+    from spatialfed.algorithm.fgpr import FgprServer
+    from spatialfed.algorithm.server import FederatedServer
+
+    snap = resume if isinstance(resume, dict) else read_checkpoint(resume)
+    if (snap.get("kind") == "fgpr") != (gp.method == "fgpr"):
+        raise ValueError(f"the checkpoint is of a {'FGPR' if snap.get('kind') == 'fgpr' else 'block-wise'} fit; "
+                         f"this estimator has method={gp.method!r}")
+    server = (FgprServer if gp.method == "fgpr" else FederatedServer).restore(snap)
+    if server.n_workers != n_workers:
+        raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
+    if float(server.kernel.nu) != float(gp.nu):
+        raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={gp.nu}")
+    server.config = dataclasses.replace(server.config, max_iter=gp.max_iter, tol=gp.tol,
+                                        time_budget=gp.time_budget)
+    return server

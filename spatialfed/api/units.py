@@ -1,0 +1,61 @@
+"""The fitted parameters in the units geostatisticians read (SPEC §1): nugget, partial sill, sill, range.
+
+The model of SPEC §1 is z(s) = x(s)ᵀγ + w(s) + ε(s), w ~ GP(0, c_θ) with the Matérn covariance of Eq. (23) and
+ε ~ N(0, 1/δ). Its semivariogram is γ(h) = 1/δ + σ² (1 − ρ_ν(h/β)) for h > 0, so
+
+- nugget = 1/δ (variance of ε, in squared units of the response),
+- partial sill = σ² (variance of w),
+- sill = 1/δ + σ² (the variogram's plateau),
+- range = β (the Matérn length scale of Eq. 23, in the CRS's units: metres for a projected CRS),
+- practical range = β · f(ν), where the correlation falls to 0.05 (f = 2.996 for ν = 0.5, 2.739 for ν = 1.5,
+  2.647 for ν = 2.5: ``Matern.effective_range_factor``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from spatialfed.data.geometry import parse_crs
+from spatialfed.model.matern import Matern
+
+
+def distance_unit(crs) -> str | None:
+    """Name of the CRS's linear unit ("metre", "US survey foot", ...); None for planar units (no CRS)."""
+    crs = parse_crs(crs)
+    if crs is None:
+        return None
+    axes = crs.axis_info or []
+    return axes[0].unit_name if axes else None
+
+
+def variogram_params(params: dict, nu: float, crs=None) -> dict:
+    """{"nugget", "partial_sill", "sill", "range", "practical_range", "nu", "distance_unit", "crs"} from
+    params {"delta", "sigma2", "beta"} (SPEC §1; see the module docstring)."""
+    nugget, sill = 1.0 / float(params["delta"]), float(params["sigma2"])
+    beta = float(params["beta"])
+    return {"nugget": nugget, "partial_sill": sill, "sill": nugget + sill, "range": beta,
+            "practical_range": beta * Matern(nu).effective_range_factor(), "nu": float(nu),
+            "distance_unit": distance_unit(crs), "crs": short_name(crs)}
+
+
+def short_name(crs) -> str | None:
+    """'EPSG:28992' when `crs` is given as an authority code, else the CRS's own name (e.g. 'WGS 84 / LAEA centred
+    40.62N 88.27W'); None for planar units. Unlike geometry.crs_name it never searches the EPSG database (seconds
+    for a custom projection)."""
+    if isinstance(crs, str) and re.fullmatch(r"[A-Za-z]+:\d+", crs.strip()):
+        return crs.strip().upper()
+    parsed = parse_crs(crs)
+    return None if parsed is None else parsed.name
+
+
+def describe(vp: dict) -> str:
+    """One line: nugget, partial sill, sill, range and practical range with the distance unit."""
+    unit = vp.get("distance_unit")
+    suffix = f" {_short(unit)}" if unit else " (planar units)"
+    return (f"nugget 1/δ = {vp['nugget']:.4g}, partial sill σ² = {vp['partial_sill']:.4g}, sill = {vp['sill']:.4g}, "
+            f"range β = {vp['range']:.4g}{suffix}, practical range (ρ = 0.05) = {vp['practical_range']:.4g}{suffix}")
+
+
+def _short(unit: str) -> str:
+    return {"metre": "m", "meter": "m", "kilometre": "km", "foot": "ft", "US survey foot": "US ft",
+            "degree": "°"}.get(unit, unit)
