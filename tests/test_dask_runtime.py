@@ -34,7 +34,7 @@ KEY = re.compile(r"^(load|bounds|moments|variogram|mu_sigma|gamma|theta|value)-w
 
 @pytest.fixture(scope="module")
 def cluster():
-    with local_cluster(2) as handle:
+    with local_cluster(2, security=False) as handle:  # plain TCP: test_fit_cli_on_a_running_scheduler joins it
         yield handle
 
 
@@ -318,6 +318,6 @@ def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
     import socket
 
     for address in gp.assignment_:  # the embedded cluster is shut down after the fit
-        host, port = address.replace("tcp://", "").rsplit(":", 1)
+        host, port = address.split("://", 1)[1].rsplit(":", 1)
         with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=1):
             pass

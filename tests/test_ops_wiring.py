@@ -89,7 +89,7 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, tmp_path, monkeypat
     settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, n_dask_workers=3,
                     preset="tuned" if mode == "async" else "paper")
     full = FederatedGP(**settings).fit(store)
-    path = tmp_path / "ck" / "checkpoint.pkl"
+    path = tmp_path / "ck" / "fit.ckpt"
     with monkeypatch.context() as m:
         _interrupt_at(m, 7)
         with pytest.raises(KeyboardInterrupt):
@@ -110,7 +110,7 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, tmp_path, monkeypat
 def test_resume_refuses_model_changes(store, tmp_path):
     from spatialfed.api import FederatedGP
 
-    path = tmp_path / "checkpoint.pkl"
+    path = tmp_path / "fit.ckpt"
     FederatedGP(mode="sync", knots=9, max_iter=2, progress=False, n_dask_workers=2, checkpoint=path,
                 checkpoint_every=1).fit(store)
     with pytest.raises(ValueError, match="knots"):

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_algorithm_reference import LowRankReference, simulate
+from support import LowRankReference, simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import STATS_STEP, evaluate
@@ -121,7 +121,8 @@ def test_dropped_site_leaves_the_sums(problem):
 
     run_virtual(models, knots, kernel, server=server, on_event=on_event)
     assert server.converged and server.n_obs == sum(lm.n for lm in models[:3])
-    three = run_virtual(models[:3], knots, kernel, server=StatsServer(3, knots, kernel, FitConfig(mode="sync", tol=1e-8)))
+    alone = StatsServer(3, knots, kernel, FitConfig(mode="sync", tol=1e-8))
+    three = run_virtual(models[:3], knots, kernel, server=alone)
     assert server.loglik == pytest.approx(three.loglik, abs=1e-6)
 
 

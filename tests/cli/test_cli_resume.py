@@ -26,7 +26,7 @@ def cluster():
     """One running Dask cluster for every fit of this module (`--scheduler`; the resumes keep the checkpoint's)."""
     from spatialfed.runtime.cluster import local_cluster
 
-    with local_cluster(2) as handle:
+    with local_cluster(2, security=False) as handle:  # plain TCP: the CLI joins it with --scheduler
         yield handle
 
 

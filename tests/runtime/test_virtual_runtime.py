@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from test_algorithm_convergence import assert_at_maximiser
-from test_algorithm_reference import TRUTH, LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import assert_at_maximiser
+from support import TRUTH, LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented

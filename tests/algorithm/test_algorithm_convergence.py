@@ -2,24 +2,10 @@
 
 import numpy as np
 import pytest
-from test_algorithm_reference import TRUTH, LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import TRUTH, LowRankReference, assert_at_maximiser, poor_start, simulate, single_blas_thread  # noqa: F401
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.runtime.virtual import run_virtual
-
-
-def poor_start(theta_hat):
-    """The maximiser's δ with β × 5 and σ² ÷ 4 (γ from the data-driven OLS start)."""
-    delta, sigma2, beta = theta_hat
-    return {"delta": delta, "sigma2": sigma2 / 4, "beta": beta * 5}
-
-
-def assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat):
-    phi = server.params
-    fitted = np.array([phi.delta, phi.sigma2, phi.beta])
-    assert server.loglik == pytest.approx(ll_hat, abs=1e-3)
-    assert np.max(np.abs(fitted / theta_hat - 1)) < 1e-2
-    assert np.max(np.abs(phi.gamma - gamma_hat)) < 1e-2 * np.max(np.abs(gamma_hat))
 
 
 @pytest.mark.parametrize("residual", ["full", "mpp", "pp"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 sys.path.insert(0, str(PIPELINES))
 
 import async_vs_sync

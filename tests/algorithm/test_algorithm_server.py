@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_algorithm_reference import TRUTH, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import TRUTH, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
 
 from spatialfed.algorithm import init
 from spatialfed.algorithm.config import FitConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import optimize, stats
-from test_algorithm_reference import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.privacy import GaussianMechanism
@@ -18,7 +18,7 @@ from spatialfed.runtime.virtual import run_virtual
 SLOWDOWNS = [1.0, 1.5, 3.0, 7.0]
 #: traces written on this data by the code of commit 2a01c1f (before staleness bounds, dominance and privacy) with
 #: its moving average changed to average block updates (docs/algorithm.md, "Moving average per block")
-BEFORE = Path(__file__).parent / "data" / "traces_before_options.json"
+BEFORE = Path(__file__).parent / "traces_before_options.json"
 CONFIGS = {"sync": FitConfig(mode="sync", max_iter=8), "paper": FitConfig(mode="async", agg_threshold=2, max_iter=25),
            "tuned": FitConfig.tuned(agg_threshold=1, max_iter=25)}
 

@@ -1,7 +1,6 @@
-"""Test data and the centralized maximiser of ℓ_LR that the federated fits are checked against.
+"""Test data and the centralized maximiser of ℓ_LR that the federated fits are checked against (shared by the test
+modules of every layer: ``from support import simulate, LowRankReference, single_blas_thread``).
 
-Other test_algorithm_* / test_virtual_* modules import `simulate`, `LowRankReference` and the autouse fixture
-`single_blas_thread` from here.
 Data follow the paper's Section 6 design: covariates ~ N(0, 1) without an intercept (`intercept=True` for the joint
 (μ, γ) step, docs/algorithm.md), an exactly simulated Matérn field plus noise, a regular knot grid.
 """
@@ -13,8 +12,8 @@ from scipy.spatial.distance import cdist
 
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
-from spatialfed.model.reference import lowrank_loglik
 from spatialfed.runtime.cluster import limit_blas_threads
+
 
 @pytest.fixture(autouse=True, scope="module")
 def single_blas_thread():
@@ -89,10 +88,15 @@ class LowRankReference:
         return gamma, np.exp(res.x), ll
 
 
-@pytest.mark.parametrize("residual", ["full", "mpp", "pp"])
-def test_reference_equals_project_lowrank_loglik(residual):
-    models, knots, kernel = simulate(J=2, n=40, side=4, residual=residual)
-    ref = LowRankReference(models, knots, kernel, residual)
-    u = np.log([3.0, 0.8, 0.15])
-    gamma, ll = ref.profile(u)
-    assert ll == pytest.approx(lowrank_loglik(ref.parts, knots, kernel, residual, gamma, *np.exp(u)), abs=1e-8)
+def poor_start(theta_hat):
+    """The maximiser's δ with β × 5 and σ² ÷ 4 (γ from the data-driven OLS start)."""
+    delta, sigma2, beta = theta_hat
+    return {"delta": delta, "sigma2": sigma2 / 4, "beta": beta * 5}
+
+
+def assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat):
+    phi = server.params
+    fitted = np.array([phi.delta, phi.sigma2, phi.beta])
+    assert server.loglik == pytest.approx(ll_hat, abs=1e-3)
+    assert np.max(np.abs(fitted / theta_hat - 1)) < 1e-2
+    assert np.max(np.abs(phi.gamma - gamma_hat)) < 1e-2 * np.max(np.abs(gamma_hat))

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from scipy import stats
-from test_algorithm_reference import simulate
+from support import simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented

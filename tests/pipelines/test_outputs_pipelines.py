@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
 
 @pytest.mark.slow
