@@ -12,7 +12,8 @@ the fit started (virtual seconds for the simulated runtime, wall seconds for Das
 prints {"results": [{"profile", "runtime", "sync_s", "async_s", "ratio", "n_per_worker", "residual", "preset",
 "sync_rounds", "async_rounds", "settled"}, ...]} (ratio = async_s / sync_s; null when a run never settled within the
 tolerance; settled = both runs settled; *_rounds = the iterations of each run: for --preset stats the statistics
-round trips of the synchronous run and the aggregations of the asynchronous one). Progress goes to stderr.
+round trips of the synchronous run and the answers per site of the asynchronous one, whose aggregations are in
+async_aggregations). Progress goes to stderr.
 
 ``--preset stats`` runs algorithm/stats_server.StatsServer (one round trip per iteration, SPEC §2b) on the virtual
 clock (FlopCost: deterministic), through the same store → runtime.site → runtime.driver path as the estimator; its
@@ -100,7 +101,7 @@ class StatsFit:
         self.wall_s = wall_s
 
 
-def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budget=None, cache=None):
+def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budget=None, cache=None, agg_threshold=None):
     """StatsServer (SPEC §2b) driven over the store's sites on the virtual clock (FlopCost), knots as the estimator
     lays them out on the unit square. `cache`: {(site, u bytes): statistics} shared by runs (the synchronous runs of
     every profile visit the same u; reusing their statistics changes nothing but the wall time)."""
@@ -135,7 +136,7 @@ def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budge
     knots = jittered_unit_grid(M, seed=0)
     kernel = Matern(NU)
     specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, kernel, residual)
-    config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget)
+    config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget, agg_threshold=agg_threshold)
     server = StatsServer(info.n_workers, knots, kernel, config)
     runtime = CachedRuntime(None, profile, FlopCost())
     tic = time.perf_counter()
@@ -163,7 +164,8 @@ def run_stats(store, n, residual, profiles, max_iter):
         ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
         rows.append({"profile": profile, "runtime": "simulated", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
                      "n_per_worker": n, "residual": residual, "preset": "stats", "sync_rounds": sync.n_iter_,
-                     "async_rounds": asyn.n_iter_, "settled": sync_s is not None and async_s is not None,
+                     "async_rounds": round(asyn.server.rounds, 2), "async_aggregations": asyn.n_iter_,
+                     "settled": sync_s is not None and async_s is not None,
                      "async_loglik_minus_sync": asyn.loglik_ - sync.loglik_,
                      "async_slowest_answers": int(min(asyn.server.answers))})
         say(f"  -> {rows[-1]}")
@@ -181,7 +183,8 @@ def main(argv=None) -> int:
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preset", default="paper",
-                    help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; simulated only)")
+                    help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; "
+                    "simulated only)")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "

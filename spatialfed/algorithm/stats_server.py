@@ -55,7 +55,8 @@ RADIUS_GROWTH = 3.0
 #: share of the observations whose statistics must be usable before an asynchronous step (the rest stood in for)
 MIN_COVERAGE = 0.5
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
-_STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted", "_stats", "_new", "_u",
+_STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
+          "_stats", "_new", "_u",
           "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
           "_user_bounds")
 
@@ -64,10 +65,11 @@ class StatsServer(FederatedServer):
     """Sans-IO server of SPEC §2b with FederatedServer's runtime interface (done, busy, next_task, dispatch,
     receive, drop_worker, snapshot/restore) and attributes (params, loglik, trace, t, iterations, converged,
     stop_reason, n_obs, phase). Extra attributes: `boundary` (names of parameters on a bound of the box),
-    `answers` (statistics answered per site), `accepted` ((iteration, exact ℓ) of each accepted exact point), `bounds` ((lower, upper) of u).
+    `answers` (statistics answered per site), `accepted` ((iteration, exact ℓ) of each accepted exact point),
+    `bounds` ((lower, upper) of u).
 
-    config: FitConfig — mode, agg_threshold, tol, max_iter, time_budget, step_bound (largest trust radius, in u),
-    eig_floor are used; the strategies of FederatedServer (correction, weights, moving average, α) are not.
+    config: FitConfig — mode, agg_threshold, tol, max_iter (in `rounds`), time_budget, step_bound (largest trust
+    radius, in u), eig_floor are used; the strategies of FederatedServer (correction, weights, moving average, α) are not.
     """
 
     def __init__(self, n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None,
@@ -106,6 +108,14 @@ class StatsServer(FederatedServer):
     @property
     def mode(self) -> str:
         return self.config.mode
+
+    @property
+    def rounds(self) -> float:
+        """Round trips so far, the unit of max_iter: iterations (sync), answers per active site (async, where every
+        answer may start an aggregation)."""
+        if self.mode == "sync":
+            return float(self.t + 1)
+        return sum(self.answers[j] for j in self.active) / len(self.active)
 
     # --- runtime side ---------------------------------------------------------------------------------
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
@@ -292,7 +302,7 @@ class StatsServer(FederatedServer):
             return
         self._set_params(new)
         self._record(STATS_STEP, now, staleness, new.loglik)
-        if self.t + 1 >= self.config.max_iter:
+        if self.rounds >= self.config.max_iter:
             self._stop("max_iter", now)
             return
         self._next_iteration()

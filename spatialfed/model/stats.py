@@ -51,8 +51,9 @@ def site_statistics(lm: LocalModel, params) -> dict:
     """S_j, d_j, n_j and their first and second u-derivatives at u (SPEC §2b), from worker j's LocalModel.
 
     `params`: a Params (only δ, σ², β are used) or u itself. Returns numpy arrays: "u" (3), "n", "m", "p",
-    "S" (k×k), "dS" (3×k×k), "d2S" (6×k×k, pairs in PAIRS order), "d", "dd" (3), "d2d" (6), and "c", the direction of u along which S
-    scales exactly (S(u + sc) = e^{s}S(u): c = (1, −1, 0) for full/mpp, R = σ²W̃ + δ⁻¹I scales by e^{−s}; (1, 0, 0) for pp).
+    "S" (k×k), "dS" (3×k×k), "d2S" (6×k×k, pairs in PAIRS order), "d", "dd" (3), "d2d" (6), and "c", the
+    direction of u along which S scales exactly (S(u + sc) = e^{s}S(u): c = (1, −1, 0) for full/mpp, where
+    R = σ²W̃ + δ⁻¹I scales by e^{−s}; (1, 0, 0) for pp).
     Reuses the LocalModel's cached knot basis and factorisation of R_j at (δ, σ², β).
     """
     u = _u_of(params)
@@ -128,7 +129,8 @@ def site_statistics(lm: LocalModel, params) -> dict:
         tPRbb - tPRbPRb,  # ββ
     ])
     c = np.array([1.0, 0.0, 0.0]) if lm.residual == "pp" else np.array([1.0, -1.0, 0.0])
-    return {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p), "S": 0.5 * (S + S.T), "dS": 0.5 * (dS + dS.transpose(0, 2, 1)),
+    return {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p), "S": 0.5 * (S + S.T),
+            "dS": 0.5 * (dS + dS.transpose(0, 2, 1)),
             "d2S": d2S, "d": fz.factor.logdet(), "dd": dd, "d2d": d2d}
 
 
