@@ -5,7 +5,8 @@ closed together by ``handle.close()`` or a ``with`` block.
 
 - ``local_cluster(n_workers)``: ``LocalCluster`` on 127.0.0.1 with worker *processes* (the partitions must live in
   separate processes from the client for the privacy claim), one thread per worker, BLAS held to one thread
-  (``OMP_NUM_THREADS`` etc. in the worker environment), dashboard on a free port.
+  (``OMP_NUM_THREADS`` etc. in the worker environment), dashboard on a free port; TLS with a per-run in-memory
+  certificate unless told otherwise (``security=False``), so no other process can run code on its workers.
 - ``connect(address)``: any running scheduler (``tcp://host:port``); a short timeout and an error naming the address.
 - ``jobqueue_cluster("slurm"|"pbs"|"sge", cores=, memory=, walltime=, queue=, account=, jobs=)``: a dask-jobqueue
   cluster that submits ``jobs`` batch jobs, each one Dask worker process with ``cores`` threads.
@@ -17,6 +18,7 @@ cluster then listens on ``tls://`` and the client authenticates with the same ce
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 from spatialfed.errors import SpatialFedError
@@ -31,15 +33,17 @@ SINGLE_THREAD_ENV = {
 }
 
 JOBQUEUE_KINDS = ("slurm", "pbs", "sge")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def worker_addresses(client) -> list[str]:
-    """Addresses of the Dask workers connected now, sorted (a stable round-robin order), fetched fresh.
+def worker_addresses(client, timeout: float | None = None) -> list[str]:
+    """Addresses of the Dask workers connected now, sorted (a stable round-robin order), fetched fresh; TimeoutError
+    when the scheduler does not answer within `timeout` seconds (None: distributed's connect timeout).
 
     Not ``client.scheduler_info()["workers"]``: that returns the client's cache, which its periodic refresh
     overwrites with a copy that lists no workers, so a read racing the refresh sees an empty cluster.
     """
-    return sorted(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+    return sorted(client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)["workers"])
 
 
 class SchedulerUnreachableError(SpatialFedError, ConnectionError):
@@ -91,12 +95,23 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
                   security=None) -> ClusterHandle:
     """Start an embedded ``LocalCluster`` on 127.0.0.1 (processes, 1 thread each, BLAS single-threaded).
 
-    ``security``: a ``distributed.security.Security``; the cluster then uses ``protocol="tls"`` throughout."""
+    Safe by default: with ``security=None`` every connection (client, scheduler, workers) uses TLS with a per-run
+    certificate made in memory (``security.tls_security()``), so another process on this machine, even of the same
+    user, can neither submit tasks nor ``client.run`` code on the workers (which hold the partitions) without the
+    key; it costs ~0.2 s at start-up and nothing measurable per task (docs/recovery.md). ``security``: a
+    ``distributed.security.Security`` of your own, or False for plain TCP (anyone on this machine who can reach the
+    ports can run code on the workers: only for a cluster other tools must join without certificates)."""
     from distributed import Client, LocalCluster
 
     n = default_n_workers() if n_workers is None else int(n_workers)
     if n < 1:
         raise ValueError(f"n_workers must be >= 1, got {n_workers!r}")
+    if security is None:
+        from spatialfed.runtime.security import tls_security
+
+        security = tls_security()
+    elif security is False:
+        security = None
     cluster = LocalCluster(
         host="127.0.0.1",
         n_workers=n,
@@ -189,6 +204,10 @@ def jobqueue_cluster(
     kw.update(job_kwargs)  # e.g. processes, job_extra_directives from a YAML job configuration
     if account is not None:
         kw["account" if kind in ("slurm", "pbs") else "project"] = account
+    if security is None and (interface is not None or host not in LOOPBACK):
+        warnings.warn(f"the Dask scheduler listens on {interface or host} without TLS: anyone who can reach it can "
+                      "run code on your workers and read the partitions; pass security=tls_security(...) (fit --tls "
+                      "or --tls-dir)", UserWarning, stacklevel=2)
     if interface is not None:
         kw["interface"] = interface
     else:

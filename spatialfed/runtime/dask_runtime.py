@@ -16,16 +16,27 @@ Heterogeneity emulation
     A site with slowdown s_j that computed a task for c CPU seconds sleeps (s_j − 1)·c before returning, as if it ran on
     a machine s_j times slower — sleeping, not spinning, so emulated slowness costs wall time but no core.
 
-Worker loss
-    A watchdog thread checks every `poll_s` seconds that the Dask workers holding partitions are still connected;
-    tasks pinned to a worker that left are cancelled and reported `lost`; the site moves to the live worker with the
-    fewest partitions, which loads the partition from the store itself, and the driver sends the request again.
+Worker loss (docs/recovery.md)
+    Tasks are pinned (``allow_other_workers=False``), so a task whose Dask worker left would wait in the scheduler's
+    no-worker state for ever. The runtime subscribes to the scheduler's event topic "all": its "remove-worker"
+    event wakes a watchdog thread (which also polls every `poll_s` seconds) that cancels, with reason `LOST`, every
+    in-flight task pinned to a worker no longer connected; `completed` reports them `lost`, the site moves to the
+    live worker with the fewest partitions, which loads the partition from the store itself, and the driver sends
+    the request again. A result fetched after its worker left (status "lost") is handled the same way.
+
+Deadlines
+    With no worker left, the runtime waits `worker_wait_s` (20 s) for one to join, then raises ClusterLostError.
+    When the connection to the scheduler closes, distributed's client cancels every future (reason
+    "scheduler-connection-lost"): `completed` raises ClusterLostError at once; a scheduler that stops answering
+    without closing the connection is given up after `scheduler_wait_s` (10 s). `stop` skips every call to a
+    scheduler that is gone, and bounds the others.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from asyncio import CancelledError
 import threading
 import time
 import uuid
@@ -34,11 +45,16 @@ from dataclasses import dataclass
 
 from spatialfed.errors import WorkerTaskError
 from spatialfed.runtime import site
-from spatialfed.runtime.cluster import worker_addresses
+from spatialfed.runtime.driver import ClusterLostError
+from spatialfed.runtime.cluster import ClusterHandle, worker_addresses
 from spatialfed.runtime.heterogeneity import resolve_slowdowns
 from spatialfed.runtime.interface import ACTIVATION, Event, Runtime
 
 SPAN_NAME = "spatialfed-fit"
+#: cancellation reasons: the task's Dask worker left (the site moves) / the scheduler stopped answering
+LOST, SCHEDULER_LOST = "spatialfed-worker-lost", "spatialfed-scheduler-lost"
+#: default deadlines (seconds): for a live worker once every worker left; for the scheduler to answer
+WORKER_WAIT_S, SCHEDULER_WAIT_S = 20.0, 10.0
 log = logging.getLogger("spatialfed.runtime.dask")
 
 
@@ -69,26 +85,39 @@ class DaskRunInfo:
 
 
 class DaskRuntime(Runtime):
-    """`Runtime` on a Dask cluster through `client` (module docstring); `slowdowns` emulate slower sites."""
+    """`Runtime` on a Dask cluster through `client` (module docstring); `slowdowns` emulate slower sites.
+
+    Deadlines (every wait ends): a lost Dask worker is noticed when the scheduler announces its removal (topic
+    "all", action "remove-worker") or by the watchdog's poll every `poll_s` seconds; a site whose worker left waits
+    at most `worker_wait_s` seconds for a live worker; a scheduler that does not answer for `scheduler_wait_s`
+    seconds, or a closed connection to it, ends the fit; a finished task's result is fetched within `result_s`."""
 
     name = "dask"
 
     def __init__(self, client, slowdowns="balanced", *, addresses: list[str] | None = None, poll_s: float = 1.0,
-                 worker_wait_s: float = 60.0):
+                 worker_wait_s: float = WORKER_WAIT_S, scheduler_wait_s: float = SCHEDULER_WAIT_S,
+                 result_s: float = 30.0):
         self.client = client
         self.slowdowns = slowdowns
         self.addresses = addresses
         self.poll_s = float(poll_s)
         self.worker_wait_s = float(worker_wait_s)
+        self.scheduler_wait_s = float(scheduler_wait_s)
+        self.result_s = float(result_s)
         self.specs: list[site.SiteSpec] = []
         self.assignment: list[str] = []
         self.sizes: list[int] = []
         self.n_tasks = 0
         self.reassigned = 0
+        self.lost_workers: list[str] = []  # Dask workers that left during the run, in the order noticed
         self._inflight: dict = {}  # key -> (future, j, request)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._gone: set[str] = set()  # addresses the scheduler announced removed
+        self._scheduler_lost: str | None = None  # why the scheduler is considered gone (set by the watchdog)
         self._guard: threading.Thread | None = None
+        self._subscribed = False
         self._context = contextlib.ExitStack()
         self._ac = None
         self._t0 = time.perf_counter()
@@ -100,13 +129,21 @@ class DaskRuntime(Runtime):
 
         self.specs = list(specs)
         J = len(self.specs)
-        self._stop, self._context, self._inflight = threading.Event(), contextlib.ExitStack(), {}
+        self._stop, self._wake, self._context, self._inflight = (threading.Event(), threading.Event(),
+                                                                 contextlib.ExitStack(), {})
+        self._gone, self._scheduler_lost = set(), None
         self._s = resolve_slowdowns(self.slowdowns, J)
-        self.assignment = assign_partitions(J, self.addresses or worker_addresses(self.client))
+        self.assignment = assign_partitions(J, self.addresses or self._workers_now())
         self.sizes = [0] * J
         self._context.enter_context(span(SPAN_NAME))
         self._ac = as_completed()
-        self._guard = threading.Thread(target=self._watchdog, name="spatialfed-watchdog", daemon=True)
+        try:
+            self.client.subscribe_topic("all", self._on_scheduler_event)  # the scheduler's remove-worker events
+            self._subscribed = True
+        except Exception:  # pragma: no cover - the watchdog's poll still notices lost workers
+            self._subscribed = False
+        self._guard = threading.Thread(target=self._watchdog, args=(self._stop, self._wake),
+                                       name="spatialfed-watchdog", daemon=True)
         self._guard.start()
         self._t0, self._clock_start = time.perf_counter(), float(clock_start)
         for j in range(J):
@@ -133,111 +170,212 @@ class DaskRuntime(Runtime):
             events = []
             for fut in batch:
                 with self._lock:
-                    _, j, request = self._inflight.pop(fut.key)
-                if fut.status == "cancelled":
-                    self._reassign(j)
-                    events.append(Event(j, request, lost=True))
-                elif fut.status != "finished":
-                    events.append(Event(j, request, error=self._error(j, request, fut)))
-                else:
-                    events.append(Event(j, request, fut.result()))
+                    item = self._inflight.pop(fut.key, None)
+                if item is not None:
+                    events.append(self._event(fut, item[1], item[2]))
             yield events
 
     def now(self) -> float:
         return self._clock_start + time.perf_counter() - self._t0
 
     def call(self, name: str, calls: Mapping[int, tuple]) -> dict:
-        from distributed import wait
+        """Site calls (runtime.site.SITE_CALLS) where the partitions live; a call lost with its Dask worker is sent
+        again to the site's new worker, a failed one raises WorkerTaskError."""
+        from distributed import as_completed
 
-        futs = {j: self.client.submit(site.call, self.specs[j], name, args, workers=[self.assignment[j]],
-                                      allow_other_workers=False, key=task_key(name, j), pure=False)
-                for j, args in calls.items()}
-        wait(list(futs.values()))
-        for j, fut in futs.items():
-            if fut.status != "finished":
-                raise WorkerTaskError(self._error(j, name, fut))
-        return {j: fut.result() for j, fut in futs.items()}
+        ac, out = as_completed(), {}
+
+        def send(j: int) -> None:
+            self._submit(j, ("call", name), site.call, (self.specs[j], name, calls[j]), task_key(name, j), ac=ac)
+
+        for j in calls:
+            send(j)
+        for batch in ac.batches():
+            for fut in batch:
+                with self._lock:
+                    item = self._inflight.pop(fut.key, None)
+                if item is None:
+                    continue
+                event = self._event(fut, item[1], name)
+                if event.lost:
+                    send(event.site)
+                elif event.error is not None:
+                    raise WorkerTaskError(event.error)
+                else:
+                    out[event.site] = event.result
+        return out
 
     def stop(self) -> None:
+        """Cancel what is in flight, drop this run's partitions from every Dask worker, stop the watchdog; each
+        step bounded in time and skipped when the scheduler is gone."""
         self._stop.set()
+        self._wake.set()
         with self._lock:
             leftovers = [f for f, _, _ in self._inflight.values()]
             self._inflight.clear()
-        for fut in leftovers:
-            fut.cancel()
-        if self.specs:
-            try:
-                self.client.run(site.release, self.specs[0].run_id)  # every Dask worker drops this run's partitions
-            except Exception:  # pragma: no cover - a dead worker holds nothing any more
-                pass
+        connected = self.client.status == "running" and self._scheduler_lost is None
+        if connected:
+            with contextlib.suppress(Exception):
+                if leftovers:
+                    self.client.cancel(leftovers, reason="spatialfed-stop")
+            if self._subscribed:
+                with contextlib.suppress(Exception):
+                    self.client.unsubscribe_topic("all")
+            if self.specs:
+                with contextlib.suppress(Exception):  # a dead worker holds nothing any more
+                    self.client.run(site.release, self.specs[0].run_id, on_error="return",
+                                    callback_timeout=self.scheduler_wait_s)
+        self._subscribed = False
         if self._guard is not None and self._guard.is_alive():
             self._guard.join(timeout=2 * self.poll_s)
         self._context.close()
 
     def describe(self) -> dict:
         return {"assignment": list(self.assignment), "n_tasks": self.n_tasks, "reassigned": self.reassigned,
-                "sizes": list(self.sizes)}
+                "sizes": list(self.sizes), "lost_workers": list(self.lost_workers)}
 
     @property
     def dashboard_link(self) -> str | None:
-        try:
-            return self.client.dashboard_link
-        except Exception:  # pragma: no cover - the scheduler may run without a dashboard
-            return None
+        return ClusterHandle(self.client).dashboard_link
 
     # --- internals -----------------------------------------------------------------------------------------
-    def _submit(self, j: int, request, fn, args: tuple, key: str) -> None:
+    def _submit(self, j: int, request, fn, args: tuple, key: str, ac=None) -> None:
+        if self.client.status != "running":
+            raise ClusterLostError(self._scheduler_message())
         fut = self.client.submit(fn, *args, workers=[self.assignment[j]], allow_other_workers=False, key=key,
                                  pure=False)
         with self._lock:
             self._inflight[fut.key] = (fut, j, request)
-        self._ac.add(fut)
+        (self._ac if ac is None else ac).add(fut)
         self.n_tasks += 1
+
+    def _event(self, fut, j: int, request) -> Event:
+        """The Event of a completed future: lost (its Dask worker left: the site moves), error, or result. Raises
+        ClusterLostError when the scheduler is gone (the client cancels every future when its connection drops)."""
+        if fut.status == "cancelled":
+            reason = getattr(getattr(getattr(fut, "_state", None), "exception", None), "reason", None)
+            if reason in (SCHEDULER_LOST, "scheduler-connection-lost") or self.client.status != "running" \
+                    or self._scheduler_lost is not None:
+                raise ClusterLostError(self._scheduler_message())
+            self._reassign(j)
+            return Event(j, request, lost=True)
+        if fut.status != "finished":
+            return Event(j, request, error=self._error(j, request, fut))
+        try:
+            return Event(j, request, fut.result(timeout=self.result_s))
+        except (CancelledError, TimeoutError):  # the result lived on a worker that left before it was fetched
+            if self.client.status != "running" or self._scheduler_lost is not None:
+                raise ClusterLostError(self._scheduler_message()) from None
+            self._reassign(j)
+            return Event(j, request, lost=True)
+
+    def _scheduler_message(self) -> str:
+        address = getattr(getattr(self.client, "scheduler", None), "address", None) or "(unknown address)"
+        why = self._scheduler_lost or "the connection to it closed"
+        with self._lock:
+            n = len(self._inflight)
+        return (f"lost the Dask scheduler at {address}: {why}; the fit stopped with {n} request(s) in flight "
+                f"(check that the scheduler process is running and reachable)")
 
     def _error(self, j: int, request, future) -> str:
         step = "load" if request is None else getattr(request, "step", request)
-        exc = future.exception()
+        if isinstance(step, tuple):
+            step = step[-1]
+        try:
+            exc = future.exception(timeout=self.result_s)
+        except Exception as why:  # pragma: no cover - the scheduler left while the error was fetched
+            exc = why
         return (f"federated worker {j} failed in sub-step '{step}' (Dask worker {self.assignment[j]}, task "
                 f"{future.key}): {type(exc).__name__}: {exc}")
 
+    def _workers_now(self, timeout: float | None = None) -> list[str]:
+        """worker_addresses within `timeout` (default scheduler_wait_s); ClusterLostError if the scheduler is
+        gone."""
+        try:
+            return worker_addresses(self.client, timeout=self.scheduler_wait_s if timeout is None else timeout)
+        except (OSError, TimeoutError) as exc:
+            self._scheduler_lost = self._scheduler_lost or f"it did not answer within {self.scheduler_wait_s:g} s " \
+                                                            f"({type(exc).__name__})"
+            raise ClusterLostError(self._scheduler_message()) from None
+
     def _alive_workers(self) -> list[str]:
         """Addresses of the connected Dask workers, waiting up to worker_wait_s seconds for at least one."""
-        alive = worker_addresses(self.client)
+        alive = [a for a in self._workers_now() if a not in self._gone]
         if not alive:
-            try:
-                self.client.wait_for_workers(1, timeout=self.worker_wait_s)
-            except (OSError, TimeoutError) as exc:
-                raise RuntimeError(f"every Dask worker left the cluster and none came back within "
-                                   f"{self.worker_wait_s:g} s") from exc
-            alive = worker_addresses(self.client)
+            log.warning("every Dask worker left the cluster; waiting up to %g s for one to join", self.worker_wait_s)
+            deadline = time.perf_counter() + self.worker_wait_s
+            while not alive and time.perf_counter() < deadline and not self._stop.is_set():
+                # not client.wait_for_workers: through a LocalCluster it counts the cluster's cached worker list,
+                # which still holds the worker that just died
+                self._stop.wait(min(0.25, max(deadline - time.perf_counter(), 0.0)))
+                alive = [a for a in self._workers_now() if a not in self._gone]
+            if not alive:
+                lost = ", ".join(self.lost_workers) or "all"
+                raise ClusterLostError(f"every Dask worker left the cluster (lost: {lost}) and none joined within "
+                                       f"{self.worker_wait_s:g} s")
         return alive
 
     def _reassign(self, j: int) -> None:
         """Move site j to the live Dask worker holding the fewest partitions (it reloads there)."""
+        old = self.assignment[j]
+        if old not in self.lost_workers:
+            self.lost_workers.append(old)
         alive = self._alive_workers()
         load = {a: sum(1 for b in self.assignment if b == a) for a in alive}
-        old, self.assignment[j] = self.assignment[j], min(sorted(alive), key=lambda a: load[a])
+        self.assignment[j] = min(sorted(alive), key=lambda a: load[a])
         self.reassigned += 1
         log.warning("Dask worker %s is gone; federated worker %d moves to %s (its partition is reloaded there)",
                     old, j, self.assignment[j])
 
-    def _watchdog(self) -> None:
-        """Cancel tasks pinned to Dask workers that left the cluster; `completed` then reports them lost."""
-        while not self._stop.wait(self.poll_s):
-            try:
-                alive = set(worker_addresses(self.client))
-            except Exception:  # pragma: no cover - scheduler briefly unreachable: try again next round
-                continue
+    def _on_scheduler_event(self, event) -> None:
+        """Handler of the scheduler's topic "all" (on the client's event loop): note removed workers, wake the
+        watchdog."""
+        msg = event[1] if isinstance(event, tuple) and len(event) == 2 else event
+        if isinstance(msg, dict) and msg.get("action") == "remove-worker" and msg.get("worker"):
+            self._gone.add(msg["worker"])
+            self._wake.set()
+
+    def _watchdog(self, stop: threading.Event, wake: threading.Event) -> None:
+        """Cancel (reason LOST) the tasks pinned to Dask workers that left; `completed` then reports them lost.
+        Woken by the scheduler's remove-worker event, else every poll_s seconds. A scheduler that does not answer
+        for scheduler_wait_s seconds: every task is cancelled and `completed` raises ClusterLostError."""
+        silent_since = None
+        while not stop.is_set():
+            wake.wait(self.poll_s)
+            wake.clear()
+            if stop.is_set():
+                return
             with self._lock:
                 items = list(self._inflight.values())
-            for fut, j, _ in items:
-                if self.assignment[j] not in alive and not fut.done():
-                    fut.cancel()
+            if not items:
+                continue
+            try:
+                alive = set(worker_addresses(self.client, timeout=max(self.poll_s, 1.0)))
+                silent_since = None
+            except Exception:
+                if self.client.status != "running":
+                    return  # the client noticed the closed connection: it cancels every future itself
+                silent_since = silent_since or time.perf_counter()
+                if time.perf_counter() - silent_since < self.scheduler_wait_s:
+                    continue
+                self._scheduler_lost = f"it did not answer for {self.scheduler_wait_s:g} s"
+                self._cancel([f for f, _, _ in items], SCHEDULER_LOST)
+                return
+            gone = [f for f, j, _ in items
+                    if (self.assignment[j] not in alive or self.assignment[j] in self._gone) and not f.done()]
+            if gone:
+                self._cancel(gone, LOST)
+
+    def _cancel(self, futures, reason: str) -> None:
+        try:
+            self.client.cancel(futures, reason=reason, msg="spatialfed: the Dask worker holding the task left")
+        except Exception:  # pragma: no cover - a closing client cancels its futures itself
+            pass
 
 
 def run_dask(client, store, n_workers: int, knots, nu, residual: str, config=None, slowdowns="balanced",
              start=None, *, on_event=None, on_result=None, addresses: list[str] | None = None, poll_s: float = 1.0,
-             worker_wait_s: float = 60.0, server=None, on_worker_error: str = "stop", delays=None,
+             worker_wait_s: float = WORKER_WAIT_S, scheduler_wait_s: float = SCHEDULER_WAIT_S, server=None, on_worker_error: str = "stop", delays=None,
              activations=None, seed: int = 0, checkpointer=None):
     """Fit on a Dask cluster through `client`; returns the finished server and a DaskRunInfo.
 
@@ -246,20 +384,21 @@ def run_dask(client, store, n_workers: int, knots, nu, residual: str, config=Non
     re-sends the requests that were in flight). The rest: `runtime.driver.drive`."""
     import numpy as np
 
-    from spatialfed.algorithm.server import FederatedServer
+    from spatialfed.algorithm.servers import server_for
     from spatialfed.model.matern import Matern
     from spatialfed.runtime.driver import drive
 
     kernel = nu if isinstance(nu, Matern) else Matern(float(nu))
     knots = np.asarray(knots, dtype=float)
     if server is None:
-        server = FederatedServer(int(n_workers), knots, kernel, config, start)  # validates config before any task
+        server = server_for(int(n_workers), knots, kernel, config, start)  # validates config before any task
     elif getattr(server, "knots", None) is not None and not np.array_equal(np.asarray(server.knots, float), knots):
         raise ValueError("the restored server's knots differ from the given knots (resume with the checkpoint's "
                          "knots: mu, Sigma and the stored quantities are in that basis)")
     fit_id = uuid.uuid4().hex[:12]
     specs = site.site_specs(fit_id, store, n_workers, knots, kernel, residual)
-    runtime = DaskRuntime(client, slowdowns, addresses=addresses, poll_s=poll_s, worker_wait_s=worker_wait_s)
+    runtime = DaskRuntime(client, slowdowns, addresses=addresses, poll_s=poll_s, worker_wait_s=worker_wait_s,
+                          scheduler_wait_s=scheduler_wait_s)
     tic = time.perf_counter()
     drive(server, runtime, specs, delays=delays, activations=activations, seed=seed, on_event=on_event,
           on_result=on_result, on_worker_error=on_worker_error, checkpointer=checkpointer)

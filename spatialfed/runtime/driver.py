@@ -26,6 +26,11 @@ log = logging.getLogger("spatialfed.runtime")
 ON_WORKER_ERROR = ("stop", "drop")
 
 
+class ClusterLostError(SpatialFedError, RuntimeError):
+    """The cluster the fit ran on is gone (every worker, or the scheduler): the fit cannot go on. `drive` adds
+    where its checkpoint is and how to continue from it."""
+
+
 class Checkpointer:
     """Writes the server's snapshot (algorithm.checkpoint) every `every` aggregations, when the fit is interrupted
     between two receive calls (the server is consistent there), and once at the end (docs/recovery.md)."""
@@ -144,15 +149,26 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
             hand_out()
         if not server.done:
             raise RuntimeError("the runtime ran out of work before the fit finished (no site has a task)")
-    except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError):
+    except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError) as exc:
         if checkpointer is not None and not receiving:
             checkpointer.write(server, failing=True)
         elif checkpointer is not None and checkpointer.path is not None:
             log.warning("fit interrupted while the server was updating; %s keeps the checkpoint of iteration %d",
                         checkpointer.path, checkpointer.last_t)
+        if isinstance(exc, (ClusterLostError, WorkerTaskError)) and exc.args:
+            exc.args = (f"{exc.args[0]}; {resume_hint(checkpointer)}", *exc.args[1:])
         raise
     finally:
         runtime.stop()
     if checkpointer is not None:
         checkpointer.write(server)  # the final state (a resume of it returns the same result)
     return server
+
+
+def resume_hint(checkpointer: Checkpointer | None) -> str:
+    """How to continue an interrupted fit: from its checkpoint when one was written, else how to get one."""
+    if checkpointer is None or checkpointer.path is None or not checkpointer.path.exists():
+        return ("no checkpoint was written (fit with checkpoint=PATH / `spatialfed fit --checkpoint-every K` to be "
+                "able to continue after a failure)")
+    return (f"the checkpoint {checkpointer.path} (iteration {checkpointer.last_t}) continues the fit: "
+            f"FederatedGP.resume('{checkpointer.path}') or `spatialfed fit --resume {checkpointer.path.parent}`")
