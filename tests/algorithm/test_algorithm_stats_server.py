@@ -93,7 +93,10 @@ def test_requests_carry_u_and_answers_are_statistics(problem):
     assert set(q.xi) >= {"S", "dS", "d2S", "d", "dd", "d2d", "n"}
 
 
-def test_snapshot_restore_ends_where_the_uninterrupted_fit_does(problem):
+def test_snapshot_restore_ends_where_the_uninterrupted_fit_does(problem, tmp_path):
+    """Through a checkpoint file (algorithm.checkpoint): the restored server ends where the whole run does."""
+    from spatialfed.algorithm.checkpoint import read_checkpoint, write_checkpoint
+
     models, knots, kernel, _ = problem
     config = FitConfig(mode="async", tol=1e-8, max_iter=100)
     whole = run_virtual(models, knots, kernel, server=StatsServer(4, knots, kernel, config), slowdowns=SLOW)
@@ -101,10 +104,11 @@ def test_snapshot_restore_ends_where_the_uninterrupted_fit_does(problem):
 
     def on_event(server, now):
         if server.phase == "loop" and server.t == 5 and not snaps:
-            snaps.append(server.snapshot())
+            snaps.append(write_checkpoint(tmp_path / "fit.ckpt", server))
 
     run_virtual(models, knots, kernel, server=StatsServer(4, knots, kernel, config), slowdowns=SLOW, on_event=on_event)
-    resumed = run_virtual(models, knots, kernel, server=StatsServer.restore(snaps[0]), slowdowns=SLOW)
+    resumed = run_virtual(models, knots, kernel, server=StatsServer.restore(read_checkpoint(snaps[0])),
+                          slowdowns=SLOW)
     assert resumed.loglik == pytest.approx(whole.loglik, abs=1e-8)
     np.testing.assert_allclose(resumed.params.u, whole.params.u, atol=1e-6)
 
