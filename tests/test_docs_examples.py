@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -155,13 +156,17 @@ class Workspace:
             script = self.dir / f"block_{b.line}.sh"
             script.write_text(console_commands(b.text) if b.kind == "console" else b.text, encoding="utf-8")
             cmd = [shutil.which("bash") or "bash", "-e", "-o", "pipefail", script.name]
+        # own session: on a timeout the whole process group goes (bash, spatialfed, its Dask workers)
+        proc = subprocess.Popen(cmd, cwd=self.dir, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, cwd=self.dir, env=self.env(), capture_output=True, text=True,
-                                  timeout=TIMEOUT_S)
+            out, err = proc.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             return f"{b.id} did not finish within {TIMEOUT_S} s"
         if proc.returncode != 0:
-            tail = (proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-6000:]).strip()
+            tail = (out[-3000:] + "\n--- stderr ---\n" + err[-6000:]).strip()
             return f"{b.id} exited with status {proc.returncode} in {self.dir}:\n{tail}"
         return None
 
