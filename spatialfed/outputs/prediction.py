@@ -42,7 +42,7 @@ from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.outputs import metrics
 from spatialfed.outputs import tables
-from spatialfed.outputs.results import load_fit
+from spatialfed.outputs.results import check_same_store, load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
 PREDICTORS = ("lowrank", "independent", "personal", "ols")
@@ -65,6 +65,8 @@ class FittedModel:
     residual: str
     method: str
     covariate_names: list[str] | None
+    store: str | None = None              # the store the fit was made on, and its fingerprint (fit.json)
+    store_fingerprint: str | None = None
 
     @property
     def kernel(self) -> Matern:
@@ -85,11 +87,14 @@ def load_model(fit_dir) -> FittedModel:
     Sigma = np.zeros((m, m)) if fit.Sigma is None else fit.Sigma
     p = fit.params
     params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
-    return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"))
+    return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"),
+                       fit.extra.get("store"), fit.store_fingerprint)
 
 
 def check_store(model: FittedModel, info: StoreInfo) -> None:
-    """Raise DataError unless the store has the covariates the model was fitted with."""
+    """Raise unless `info` is the store the model was fitted on (its fingerprint, results.check_same_store) and has
+    the covariates the model was fitted with."""
+    check_same_store(model.store_fingerprint, info, recorded_store=model.store)
     names = list(info.covariate_names)
     if len(names) != model.params.gamma.size or (model.covariate_names and names != list(model.covariate_names)):
         raise DataError(f"store {info.path} has covariates {names}, but the fit used "
