@@ -139,6 +139,9 @@ class FitConfig:
         In sync mode every quantity is fresh, so the block scheme's asynchronous presets do not apply."""
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
+        unknown = sorted(set(settings) - {f.name for f in fields(cls)})
+        if unknown:  # the constructor would raise a TypeError
+            raise ValueError(f"unknown fit setting(s) {unknown}; valid: {', '.join(f.name for f in fields(cls))}")
         if name == "stats":
             config = cls.stats(mode=mode, **settings)
         elif name == "paper" or mode == "sync":

@@ -37,9 +37,14 @@ def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
     ztz = sum(mo["ztz"] for mo in moments)
     N = int(sum(mo["n"] for mo in moments))
     p = XtX.shape[0]
-    if N <= p:
-        raise ValueError(f"need more observations than covariates to start the fit: N={N}, p={p}")
-    gamma = np.linalg.solve(XtX, Xtz)
+    if N <= p + 3:
+        raise ValueError(f"the fit estimates {p + 3} parameters (γ: {p}, δ, σ², β) from only N={N} observations; it "
+                         "needs more observations than parameters: add data or drop covariates")
+    try:
+        gamma = np.linalg.solve(XtX, Xtz)
+    except np.linalg.LinAlgError:
+        raise ValueError("the covariates are linearly dependent (ΣXᵀX is singular: e.g. a constant covariate beside "
+                         "the intercept, or one a multiple of another); drop the redundant covariate") from None
     s2 = float(ztz - gamma @ Xtz) / (N - p)
     if not s2 > 0:
         raise ValueError("the pooled OLS residual variance Σzᵀz − γ₀ᵀΣXᵀz is not positive: the covariates explain z "

@@ -39,7 +39,8 @@ def run(args) -> None:
     from spatialfed.data.simulate import simulate_store
     from spatialfed.model.matern import Matern
 
-    beta = Matern(args.nu).beta_from_range(args.range) if args.range is not None else (args.beta or 0.1)
+    beta = Matern(args.nu).beta_from_range(args.range) if args.range is not None else \
+        (0.1 if args.beta is None else args.beta)  # --beta 0 is refused by the simulator, not taken for 0.1
     info = simulate_store(args.out, args.workers, args.n_per_worker, sizes=args.sizes, nu=args.nu, beta=beta,
                           sigma2=args.sigma2, noise_sd=args.noise_sd, partition=args.partition,
                           test_size=args.test_size, seed=args.seed, method=args.method, overwrite=args.overwrite,

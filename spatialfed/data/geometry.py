@@ -107,6 +107,9 @@ def store_domain(info, worker_bounds) -> Domain:
     b = np.asarray(worker_bounds(), dtype=float).reshape(-1, 4)
     check_coordinates(np.vstack([b[:, :2], b[:, 2:]]), what="workers' bounding-box corners")
     (xmin, ymin), (xmax, ymax) = b[:, :2].min(axis=0), b[:, 2:].max(axis=0)
+    if xmax == xmin and ymax == ymin:
+        raise DataError(f"all observations lie at one location ({xmin:.6g}, {ymin:.6g}); a spatial model needs "
+                        "observations at several locations: check the coordinates of the store's partitions")
     pad_x, pad_y = 1e-9 * max(1.0, xmax - xmin), 1e-9 * max(1.0, ymax - ymin)
     domain = domain_from_bbox(xmin - pad_x, ymin - pad_y, xmax + pad_x, ymax + pad_y, crs=info.crs)
     check_domain(domain)

@@ -10,6 +10,7 @@ never leaves a partial store behind.
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def read_table(path, layer: str | None = None) -> pd.DataFrame:
     """Read CSV with pandas, GeoPackage (and other vector files) or (Geo)Parquet with geopandas."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"table {path} does not exist")
+        raise DataError(f"table {path} {'is a directory, not a table file' if path.is_dir() else 'does not exist'}")
     suffix = path.suffix.lower()
     try:
         if suffix in PARQUET_SUFFIXES:
@@ -77,7 +78,16 @@ def read_table(path, layer: str | None = None) -> pd.DataFrame:
                 return pd.read_parquet(path)
         if suffix in GEO_SUFFIXES:
             return gpd.read_file(path, layer=layer)
-        return pd.read_csv(path)
+        frame = pd.read_csv(path)
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            header = next(csv.reader(fh), [])
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:  # pandas would silently rename the second one NAME.1
+            raise DataError(f"{path}: duplicate column name(s) {repeated} in the header; rename them so that each "
+                            "column has its own name")
+        if frame.empty:
+            raise DataError(f"{path} has a header but no data rows; nothing to ingest")
+        return frame
     except DataError:
         raise
     except Exception as exc:  # parsers raise many unrelated types
@@ -132,7 +142,9 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     wanted = [c for c in [x, y, value, *covariates, group] if c is not None]
     missing_cols = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
     if missing_cols:
-        raise DataError(f"column(s) {missing_cols} not in the table; available: {list(map(str, frame.columns))}")
+        sep = next((c for c in (";", "\t", "|") if len(frame.columns) == 1 and c in str(frame.columns[0])), None)
+        hint = f"; the table reads as one column: is it separated by {sep!r} instead of commas?" if sep else ""
+        raise DataError(f"column(s) {missing_cols} not in the table; available: {list(map(str, frame.columns))}{hint}")
     report = IngestReport(n_read=len(frame), duplicates=duplicates)
     xs, ys, source_crs = _coordinates(frame, x, y, crs)
     columns = {"__x": _numeric(xs, x or "geometry x"), "__y": _numeric(ys, y or "geometry y"),
@@ -143,8 +155,10 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
         table["__group"] = frame[group].astype(object).where(frame[group].notna())
     shown = {"__x": x or "geometry x", "__y": y or "geometry y", "__group": group}
     for name in table.columns:
-        if table[name].isna().all():
-            raise DataError(f"column '{shown.get(name, name)}' has no values at all; choose another column")
+        col = table[name]
+        if col.isna().all() if name == "__group" else not np.isfinite(col.to_numpy(dtype=float)).any():
+            raise DataError(f"column '{shown.get(name, name)}' has no values at all (every row is missing, NaN or "
+                            "infinite); choose another column")
     missing = table.isna() | table.isin([np.inf, -np.inf])
     report.missing = {shown.get(c, c): int(k) for c, k in missing.sum().items()}
     keep = ~missing.any(axis=1)
@@ -152,6 +166,9 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     table = table[keep]
     if table.empty:
         raise DataError(f"every row has a missing value in {wanted}; nothing left to ingest")
+    if table[value].nunique() == 1:
+        raise DataError(f"column '{value}' has the same value ({table[value].iloc[0]:g}) in all {len(table)} rows: "
+                        "zero variance, nothing to model; check the --value column")
 
     n_params = len(names) + 3
     xy = check_coordinates(table[["__x", "__y"]].to_numpy(), min_distinct=max(3, n_params + 1),
@@ -161,6 +178,10 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
         raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude but no CRS was "
                         "given; pass --crs EPSG:4326 (they are then projected to metres), or --crs planar if they are "
                         "planar units")
+    target = parse_crs(target_crs)
+    if target is not None and target.is_geographic:  # project() keeps a geographic target equal to the source
+        raise DataError(f"--target-crs {crs_name(target)} is geographic (degrees), but distances need a projected CRS; "
+                        "omit --target-crs (lon/lat is projected to UTM) or give a projected one such as EPSG:3035")
     xy, out_crs, report.crs_note = project(xy, source_crs, target_crs)
     table["__x"], table["__y"] = xy[:, 0], xy[:, 1]
     report.crs_in, report.crs_out = crs_string(source_crs), crs_string(out_crs)

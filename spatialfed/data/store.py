@@ -27,6 +27,7 @@ import numpy as np
 import zarr
 
 from spatialfed.atomic import staged
+from spatialfed.data.coords import MAX_ABS_COORD
 from spatialfed.errors import StoreError
 
 FORMAT_VERSION = 1
@@ -159,6 +160,9 @@ def check_part(part, p: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndar
     for arr, label in ((locs, "locs"), (z, "z"), (X, "X")):
         if not np.all(np.isfinite(arr)):
             raise StoreError(f"{name}: {label} holds NaN or infinite values; drop or impute those rows first")
+    if np.abs(locs).max() > MAX_ABS_COORD:  # no map coordinates (data.coords): the knot layout would never end
+        raise StoreError(f"{name}: locs reach {np.abs(locs).max():.3g}, beyond ±{MAX_ABS_COORD:.0e} map units, while "
+                         "projected coordinates on Earth stay below 4e7 m; check the coordinates and their units")
     return locs, z, X
 
 

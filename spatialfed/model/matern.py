@@ -37,6 +37,10 @@ def check_points(pts, name: str) -> np.ndarray:
     return pts
 
 
+#: largest smoothness evaluated (Bessel and effective range checked finite up to ν = 45)
+MAX_NU = 40.0
+
+
 @dataclass(frozen=True)
 class Matern:
     """Matérn correlation family with smoothness ν fixed (closed forms for ν = 0.5, 1.5, 2.5)."""
@@ -46,6 +50,10 @@ class Matern:
     def __post_init__(self):
         if not np.isfinite(self.nu) or self.nu <= 0:
             raise ValueError(f"Matérn smoothness nu must be a finite number > 0, got {self.nu!r}")
+        if self.nu > MAX_NU:  # x^ν K_ν(x) overflows in double precision beyond about 45
+            raise ValueError(f"Matérn smoothness nu must be at most {MAX_NU:g}, got {self.nu!r}: beyond it the "
+                             "Bessel function overflows, and the field is already that of the Gaussian limit; "
+                             f"use nu ≤ {MAX_NU:g} (0.5, 1.5 and 2.5 have closed forms)")
 
     @property
     def scale(self) -> float:

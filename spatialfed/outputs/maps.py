@@ -46,6 +46,7 @@ def nice_resolution(domain: geometry.Domain, cells: int = 150) -> float:
 
 def covariates_at(points, table: pd.DataFrame, names: list[str], tolerance: float, source: str) -> np.ndarray:
     """X at `points` from the nearest row of a covariate table (x, y and covariate columns) within `tolerance`."""
+    design_matrix(table.iloc[:0], names, source)  # a missing covariate column is named before the coverage check
     dist, idx = cKDTree(table[["x", "y"]].to_numpy(float)).query(points)
     far = np.flatnonzero(dist > tolerance)
     if far.size:
@@ -254,7 +255,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
         dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
-        grid = geometry.prediction_grid(dom, resolution or nice_resolution(dom))
+        grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)  # 0 is refused
         X0 = map_design(grid, info, covariates)
         pred = predict_at(workers, model, grid.points, X0, predictor, worker)
         locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \

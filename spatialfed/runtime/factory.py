@@ -50,6 +50,9 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
     from spatialfed.runtime.dask_runtime import DaskRuntime
 
     handle = None
+    if n_dask_workers is not None and (isinstance(n_dask_workers, bool) or not float(n_dask_workers).is_integer()
+                                       or n_dask_workers < 1):  # 0 would silently mean "the default"
+        raise ValueError(f"n_dask_workers (--dask-workers) must be a positive integer, got {n_dask_workers!r}")
     if client is None:
         n = n_dask_workers or min(n_sites or default_n_workers(), default_n_workers())  # no idle processes
         handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security)

@@ -114,4 +114,21 @@ def tls_security(cert_dir=None, *, ca_file=None, cert_file=None, key_file=None):
                                  "the certificate directory; spatialfed.runtime.security.write_tls_files makes a "
                                  "self-signed set)")
         files.append(str(path.resolve()))
+    _check_pem(*files)
     return _security_from(*files)
+
+
+def _check_pem(ca_file: str, cert_file: str, key_file: str) -> None:
+    """Load the three files into an SSL context now, so a malformed PEM is one TLSConfigError naming the file
+    instead of a cluster that fails to start."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    checks = ((f"CA certificate {ca_file}", lambda: ctx.load_verify_locations(cafile=ca_file)),
+              (f"certificate {cert_file} or key {key_file}", lambda: ctx.load_cert_chain(cert_file, key_file)))
+    for what, load in checks:
+        try:
+            load()
+        except (ssl.SSLError, ValueError) as exc:
+            raise TLSConfigError(f"TLS {what} is not a valid PEM file ({exc}); replace it (write_tls_files in "
+                                 "spatialfed.runtime.security makes a self-signed set)") from None
