@@ -228,7 +228,8 @@ def test_knots_inside_a_domain_file(projected_store, tmp_path):
                      progress=False).fit(path)
     assert shapely.contains_xy(box.buffer(1e-6), gp.knots_[:, 0], gp.knots_[:, 1]).all()
     with pytest.raises(DataError, match="outside the domain"):
-        FederatedGP(knots=np.array([[180_100.0, 330_100.0]]), runtime="simulated", domain=tmp_path / "dom.gpkg",
+        FederatedGP(knots=np.array([[180_100.0, 330_100.0], [182_000.0, 331_000.0]]), runtime="simulated",
+                    domain=tmp_path / "dom.gpkg",
                     progress=False).fit(path)
 
 

@@ -309,6 +309,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path))
         cluster = scripts.embedded_cluster(runtime_name(self.runtime), client=self.client, scheduler=self.scheduler,
                                            jobqueue=self.jobqueue)
+        say.starting("an embedded Dask LocalCluster" if cluster else f"the {runtime_name(self.runtime)} runtime")
         with scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, say, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))

@@ -56,6 +56,25 @@ class TemporaryStore:
     def cleanup(self) -> None:
         self._finalizer()
 
+    def __reduce__(self):
+        """A pickled copy (joblib, multiprocessing) refers to the same directory but does not own it."""
+        return (_borrowed, (str(self.dir),))
+
+
+class _Borrowed:
+    """A TemporaryStore seen from a copy: the path, no clean-up."""
+
+    def __init__(self, directory: str):
+        self.dir = Path(directory)
+        self.path = self.dir / "data.zarr"
+
+    def cleanup(self) -> None:
+        pass
+
+
+def _borrowed(directory: str) -> _Borrowed:
+    return _Borrowed(directory)
+
 
 def is_store_path(X) -> bool:
     return isinstance(X, (str, os.PathLike))

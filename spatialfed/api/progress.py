@@ -1,22 +1,50 @@
-"""Progress of a fit on stderr: what runs where, one line per iteration, and a closing summary."""
+"""Progress of a fit on stderr: what runs where, the iterations with an ETA, and a closing summary.
+
+In a terminal or a notebook the iterations drive a ``tqdm`` bar (``tqdm.auto``: a widget in Jupyter when ipywidgets
+is installed) over ``max_iter`` with the current parameters and an ETA — an upper bound, as the tolerance may stop
+the fit earlier; elsewhere (logs, pipes) one plain line per iteration, each with its ETA. The time before the first
+iteration (cluster start-up, loading the partitions, the starting values φ₀) is announced and shown as "init".
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
 
+def interactive(stream) -> bool:
+    """Whether `stream` is shown live: a terminal, or a Jupyter kernel's output (its stderr is not a TTY)."""
+    if bool(getattr(stream, "isatty", lambda: False)()):
+        return True
+    return "ipykernel" in sys.modules and stream in (sys.stderr, sys.stdout)
+
+
+def eta(elapsed: float, done: int, total: int | None) -> str:
+    """'eta ≤ 12s' from the mean wall time per iteration so far (an upper bound: the fit may converge earlier)."""
+    if not total or done <= 0 or done >= total:
+        return ""
+    return f"eta ≤ {elapsed / done * (total - done):.0f}s"
+
+
 class Progress:
-    """One line per iteration (iteration, clock, parameters, max staleness) — rewritten in place on a terminal —
-    or nothing when quiet. A context manager: leaving it ends the current line."""
+    """The iterations (iteration, clock, parameters, max staleness, ETA) as a tqdm bar on a terminal or in a notebook,
+    else one line each; nothing when quiet. A context manager: leaving it closes the bar."""
 
     def __init__(self, enabled: bool, stream=None):
         self.enabled = bool(enabled)
         self.stream = stream or sys.stderr
         self.seen = 0
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.pending_cr = False
+        self.tty = interactive(self.stream)
+        self.bar = None
+        self.total = None
+        self.tic = time.perf_counter()
+
+    def starting(self, what: str) -> None:
+        """Announce the initialisation (before the runtime starts: a cluster can take seconds to come up)."""
+        self.tic = time.perf_counter()
+        self.line(f"spatialfed fit: starting {what} ...")
 
     def __enter__(self):
         return self
@@ -25,14 +53,12 @@ class Progress:
         self.finish()
 
     def line(self, text: str) -> None:
-        if self.enabled:
-            self._clear()
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
             print(text, file=self.stream, flush=True)
-
-    def _clear(self):
-        if self.pending_cr:
-            print(file=self.stream)
-            self.pending_cr = False
 
     def started(self, gp, runtime, server, monitor_url=None) -> None:
         """Where the fit runs and with which settings."""
@@ -53,6 +79,13 @@ class Progress:
                    f"{gp.mode} fit, {gp.residual} residual, Agg_threshold = {config.agg_threshold}")
         self.line(f"{setting}, m = {len(np.asarray(getattr(server, 'knots', [])))} knots, ν = {gp.nu}, slowdowns = "
                   f"{np.array2string(gp._slowdowns(J), precision=2, separator=',')}")
+        self.total = int(gp.max_iter) if gp.max_iter else None
+        if self.enabled and self.tty:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, desc="init", unit="iter", file=self.stream, dynamic_ncols=True,
+                            leave=True)
+        self.tic = time.perf_counter()
 
     def event(self, server, now: float) -> None:
         if not self.enabled:
@@ -66,17 +99,22 @@ class Progress:
                     f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "
                     f"max staleness {row['max_staleness']}"
                     + (f"  loglik≈{row['loglik']:.8g}" if row.get("loglik") is not None else ""))
-            if self.tty:
-                print("\r\033[K" + text, end="", file=self.stream, flush=True)
-                self.pending_cr = True
+            done = int(row["iter"])
+            if self.bar is not None:
+                self.bar.set_description("fit" if done else "init", refresh=False)
+                self.bar.set_postfix_str(text.split(maxsplit=2)[2], refresh=False)  # without "iter N"
+                self.bar.update(max(0, min(done, self.total or done) - self.bar.n))
             else:
-                print(text, file=self.stream, flush=True)
+                later = eta(time.perf_counter() - self.tic, done, self.total)
+                print(text + (f"  {later}" if later else ""), file=self.stream, flush=True)
 
     def finish(self):
-        if self.enabled:
-            self._clear()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def summary(self, gp) -> None:
+        self.finish()
         if self.enabled:
             state = "converged" if gp.converged_ else f"stopped ({gp.stop_reason_})"
             loglik = "n/a" if gp.loglik_ is None else f"{gp.loglik_:.6g}"

@@ -1,7 +1,10 @@
 """FederatedGP as a scikit-learn estimator: clone/get_params, NotFittedError, DataFrame/GeoDataFrame/array input,
 cross_val_score with GroupKFold on the shipped ozone data, and predict(return_std=True) equal to `spatialfed predict`."""
 
+import gc
 import json
+import pickle
+from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
@@ -168,3 +171,21 @@ def test_arrays_without_groups_are_partitioned_into_areas():
         three.predict(np.column_stack([X, X])[:4], coords=locs[:4])
     with pytest.raises(DataError, match="coords="):
         three.predict(X[:4])
+
+
+def test_the_temporary_store_lives_as_long_as_the_estimator():
+    _, locs, z, X, groups = _arrays()
+    gp = FederatedGP(**FAST).fit(X, z, coords=locs, groups=groups)
+    first = Path(gp.store_)
+    assert first.is_dir()
+    twin = pickle.loads(pickle.dumps(gp))  # a copy (joblib, multiprocessing) uses the store without owning it
+    np.testing.assert_allclose(twin.predict(X[:3], coords=locs[:3]), gp.predict(X[:3], coords=locs[:3]), rtol=1e-12)
+    del twin
+    gc.collect()
+    assert first.is_dir()
+    gp.fit(X, z, coords=locs)  # a new fit replaces (and removes) the previous temporary store
+    second = Path(gp.store_)
+    assert not first.exists() and second.is_dir()
+    del gp
+    gc.collect()
+    assert not second.exists()
