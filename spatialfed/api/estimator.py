@@ -336,6 +336,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.assignment_ = described.get("assignment")
         self.n_tasks_ = described.get("n_tasks")
         self.store_ = str(info.path)
+        self.store_fingerprint_ = getattr(info, "fingerprint", None)
         self.store_crs_ = info.crs
         self.n_workers_ = info.n_workers
         self.n_obs_ = int(server.n_obs)
@@ -437,7 +438,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
                    "variogram_params": dict(self.variogram_params_)},
-            privacy=self.privacy_report_,
+            privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 
     def save(self, out_dir) -> Path:
