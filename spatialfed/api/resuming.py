@@ -50,14 +50,13 @@ def restored_server(gp, resume, n_workers: int):
     import dataclasses
 
     from spatialfed.algorithm.checkpoint import read_checkpoint
-    from spatialfed.algorithm.fgpr import FgprServer
-    from spatialfed.algorithm.server import FederatedServer
+    from spatialfed.algorithm.servers import restore_server
 
     snap = resume if isinstance(resume, dict) else read_checkpoint(resume)
     if (snap.get("kind") == "fgpr") != (gp.method == "fgpr"):
         raise ValueError(f"the checkpoint is of a {'FGPR' if snap.get('kind') == 'fgpr' else 'block-wise'} fit; "
                          f"this estimator has method={gp.method!r}")
-    server = (FgprServer if gp.method == "fgpr" else FederatedServer).restore(snap)
+    server = restore_server(snap)  # FederatedServer, StatsServer or FgprServer, as the snapshot says
     if server.n_workers != n_workers:
         raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
     if float(server.kernel.nu) != float(gp.nu):
