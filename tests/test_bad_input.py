@@ -723,6 +723,33 @@ def test_python_dash_m_prints_no_traceback(world, tmp_path, case):
     assert _listing(T) == before
 
 
+# --- a full disk ------------------------------------------------------------------------------------------------------
+# RLIMIT_FSIZE makes every write beyond a few kB fail with EFBIG ("File too large"), as a full disk fails with
+# ENOSPC, part-way through the output: the staged output must vanish and the error be one line.
+
+FULL_DISK = [
+    pytest.param(["simulate", "{T}/out.zarr", "--quiet", *J3], 3000, id="simulate"),
+    pytest.param(["ingest", "{D}/good.csv", "{T}/out.zarr", "--x", "x", "--y", "y", "--value", "z"], 300, id="ingest"),
+    pytest.param(["fit", "{S}", "--out", "{T}/out", *FIT], 3000, id="fit"),
+    pytest.param(["map", "{F}", "--store", "{S}", "--out", "{T}/out", *MAPCOV, "--resolution", "0.1"], 3000, id="map"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, limit", FULL_DISK)
+def test_a_full_disk_is_one_line_and_leaves_nothing(world, tmp_path, argv, limit):
+    import resource
+
+    T = _case_dir(tmp_path)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-m", "spatialfed", *_fill(argv, world, T)], capture_output=True,
+                          text=True, timeout=300, env=env,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    check_message(done.returncode, done.stderr, r"File too large|could not write")
+    assert _listing(T) == set(), f"left behind: {sorted(_listing(T))}"
+
+
 # --- the Python API ---------------------------------------------------------------------------------------------------
 
 def _gp(**kw):

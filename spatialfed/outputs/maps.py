@@ -24,7 +24,7 @@ import pandas as pd
 import shapely
 from scipy.spatial import cKDTree
 
-from spatialfed.atomic import write_atomic, write_text
+from spatialfed.atomic import staged_entries, write_atomic, write_text
 from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError
@@ -127,7 +127,13 @@ def grid_frame(grid: geometry.PredictionGrid, pred: dict) -> gpd.GeoDataFrame:
 
 def write_grid_gpkg(path, frame: gpd.GeoDataFrame) -> Path:
     """The cells as a GeoPackage (layer "prediction")."""
-    return write_atomic(path, lambda tmp: frame.to_file(tmp, driver="GPKG", layer="prediction"))
+    def write(tmp):
+        try:
+            frame.to_file(tmp, driver="GPKG", layer="prediction")
+        except Exception as exc:  # pyogrio reports I/O failures (a full disk, ...) as its own error types
+            raise exc if isinstance(exc, OSError) else OSError(f"GDAL could not write the GeoPackage ({exc})") from None
+
+    return write_atomic(path, write)
 
 
 def _crs_unit(crs) -> str:
@@ -260,22 +266,23 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
         pred = predict_at(workers, model, grid.points, X0, predictor, worker)
         locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
             if sites else None
-    paths = {"mean": write_geotiff(out / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
-             "sd": write_geotiff(out / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
-             "netcdf": write_netcdf(out / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
-             "gpkg": write_grid_gpkg(out / GRID_GPKG, grid_frame(grid, pred))}
     if title is None:
         title = f"{predictor} prediction on {int(grid.mask.sum())} cells of {grid.resolution:g} " \
                 f"{_crs_unit(info.crs)} ({geometry.crs_name(info.crs) or 'planar units'})"
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
-    paths["png"] = map_figure(out / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
-                              overlays=overlays, overlay_label=overlay_label, units=units, title=title)
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
                "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,
                "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
                "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
-    paths["json"] = write_text(out / "map.json", json.dumps(summary, indent=1) + "\n")
-    return paths
+    with staged_entries(out, last=("map.json",)) as tmp:  # the whole set or nothing (a full disk, Ctrl-C)
+        paths = {"mean": write_geotiff(tmp / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
+                 "sd": write_geotiff(tmp / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
+                 "netcdf": write_netcdf(tmp / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
+                 "gpkg": write_grid_gpkg(tmp / GRID_GPKG, grid_frame(grid, pred)),
+                 "png": map_figure(tmp / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
+                                   overlays=overlays, overlay_label=overlay_label, units=units, title=title),
+                 "json": write_text(tmp / "map.json", json.dumps(summary, indent=1) + "\n")}
+    return {key: out / Path(path).name for key, path in paths.items()}
 
 
 def heldout_figure(path, frames: dict, units: str = "", title: str = "") -> Path:
