@@ -223,3 +223,13 @@ def test_block_runs_as_written(b, workspaces):
         ws.done[b.line] = ws.run(b)
     if ws.done[b.line] is not None:
         pytest.fail(ws.done[b.line])
+
+
+def test_synopsis_and_console_extraction():
+    synopsis = ("from a.b import (c,   # c(x) -> y\n    d)\nx = f(a) -> int\n    from not_top import z\n"
+                "import e  # e.g. (\nserver.t -> int\n")
+    assert import_lines(synopsis) == "from a.b import (c,\n    d)\nimport e\n"
+    console = "$ spatialfed fit s.zarr \\\n    --out f\nwrote f\n$ ls\nf\n"
+    assert console_commands(console) == "spatialfed fit s.zarr \\\n    --out f\nls\n"
+    marked = extract_blocks(ROOT / "docs" / "hpc.md")
+    assert any(b.markers.get("file") == "jobs.yaml" and b.lang == "yaml" for b in marked)
