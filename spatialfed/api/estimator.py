@@ -442,12 +442,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         )
 
     def save(self, out_dir) -> Path:
-        """Write fit.json, model.zarr, trace.csv (SPEC §6) atomically, and the monitoring report.html; returns the dir."""
+        """Write fit.json, model.zarr, trace.csv (SPEC §6) and report.html (a written summary above the monitor's
+        plots) as one atomic set; returns the dir."""
         from spatialfed.outputs.results import write_results
 
-        out = write_results(out_dir, self.result_)
-        self.monitor_.write_report(Path(out) / "report.html", title=f"spatialfed fit report: {self.store_}")
-        return out
+        result = self.result_
+        report = lambda path: self.monitor_.write_report(  # noqa: E731
+            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=self.preset)
+        return write_results(out_dir, result, extras={"report.html": report})
 
 
 def _scheduler_address(client) -> str | None:
