@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from spatialfed.errors import WorkerTaskError
 from spatialfed.runtime import site
 from spatialfed.runtime.driver import ClusterLostError
-from spatialfed.runtime.cluster import ClusterHandle, worker_addresses
+from spatialfed.runtime.cluster import ClusterHandle, quiet_reconnect_logs, worker_addresses
 from spatialfed.runtime.heterogeneity import resolve_slowdowns
 from spatialfed.runtime.interface import ACTIVATION, Event, Runtime
 
@@ -270,6 +270,7 @@ class DaskRuntime(Runtime):
             return Event(j, request, lost=True)
 
     def _scheduler_message(self) -> str:
+        quiet_reconnect_logs()  # the client's reconnection attempts would log a CommClosedError traceback
         address = getattr(getattr(self.client, "scheduler", None), "address", None) or "(unknown address)"
         why = self._scheduler_lost or "the connection to it closed"
         with self._lock:

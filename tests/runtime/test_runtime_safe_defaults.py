@@ -1,0 +1,69 @@
+"""Safe by default (issue 15): the embedded cluster listens on 127.0.0.1 only and, through TLS with a per-run
+certificate, refuses every other process — plain TCP, or TLS with another certificate — so nobody else can
+`client.run` code on the workers that hold the partitions."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from spatialfed.runtime.cluster import local_cluster, worker_addresses
+
+#: what another local process tries: connect to the scheduler, then run code on every worker
+INTRUDER = textwrap.dedent("""
+    import os, sys
+    from distributed import Client
+    from distributed.security import Security
+    for address in sys.argv[1:]:
+        for name, kw in (("plain", {}), ("own certificate", {"security": Security.temporary()})):
+            addr = address if name != "plain" else address.replace("tls://", "tcp://")
+            try:
+                with Client(addr, timeout=3, **kw) as c:
+                    print("RAN", name, c.run(os.getpid))
+            except BaseException as exc:
+                print("REFUSED", name, type(exc).__name__)
+    """)
+
+
+def test_embedded_cluster_binds_loopback_and_refuses_other_processes():
+    with local_cluster(1) as handle:
+        client = handle.client
+        scheduler = client.scheduler.address
+        workers = worker_addresses(client)
+        assert scheduler.startswith("tls://127.0.0.1:")
+        assert workers and all(a.startswith("tls://127.0.0.1:") for a in workers)
+        assert client.run(os.getpid)  # the fit's own client holds the certificate
+        # the scheduler, and a worker directly
+        out = subprocess.run([sys.executable, "-c", INTRUDER, scheduler, workers[0]], capture_output=True, text=True,
+                             timeout=120).stdout
+        assert "RAN" not in out, out
+        assert out.count("REFUSED") == 4, out
+
+
+def test_plain_tcp_only_when_asked():
+    with local_cluster(1, security=False) as handle:
+        assert handle.client.scheduler.address.startswith("tcp://127.0.0.1:")
+
+
+def test_a_batch_cluster_listening_beyond_this_machine_without_tls_warns(monkeypatch):
+    """The warning comes before any job is submitted (the dask-jobqueue class is replaced by one that stops)."""
+    import dask_jobqueue
+
+    from spatialfed.runtime import cluster
+
+    class Stop(Exception):
+        pass
+
+    def refuse(**kw):
+        raise Stop
+
+    monkeypatch.setattr(dask_jobqueue, "SLURMCluster", refuse)
+    with pytest.warns(UserWarning, match="without TLS"), pytest.raises(Stop):
+        cluster.jobqueue_cluster("slurm", host="10.0.0.5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(Stop):
+            cluster.jobqueue_cluster("slurm")  # 127.0.0.1: no warning
