@@ -31,15 +31,22 @@ def resume(cls, checkpoint_path, store, overrides: dict):
         settings["tls"] = None  # a given client carries its own security
     settings.update(overrides)
     gp = cls(**settings)
-    return gp.fit(store if store is not None else meta["store"], resume=snap)
+    store = store if store is not None else meta["store"]
+    from spatialfed.outputs.results import check_same_store
+
+    check_same_store(meta.get("store_fingerprint"), store, recorded_store=meta.get("store"), what="the checkpoint")
+    return gp.fit(store, resume=snap)
 
 
 def meta(gp, store_path) -> dict:
     """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
     import spatialfed
 
+    from spatialfed.data.store import store_fingerprint
+
     params = {k: str(v) if isinstance(v, Path) else v for k, v in gp.get_params().items() if k != "client"}
-    return {"store": str(Path(store_path).resolve()), "params": params, "version": spatialfed.__version__}
+    return {"store": str(Path(store_path).resolve()), "store_fingerprint": store_fingerprint(store_path),
+            "params": params, "version": spatialfed.__version__}
 
 
 def restored_server(gp, resume, n_workers: int):
