@@ -149,3 +149,19 @@ def test_the_check_sees_an_upward_import(tmp_path, source, expected):
 
 def test_the_check_sees_a_loop():
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_package_root_loads_the_estimator_only_when_asked():
+    """``from spatialfed import FederatedGP`` is the public facade (PEP 562 ``__getattr__``, the one documented way
+    the base layer names the api): importing spatialfed or a lower layer must not load the api, scikit-learn or Dask."""
+    import subprocess
+    import sys
+
+    code = ("import sys, spatialfed, spatialfed.model.local, spatialfed.algorithm.server; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed', 'sklearn') "
+            "or m.startswith('spatialfed.api')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    code = "import spatialfed; print(spatialfed.FederatedGP.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "spatialfed.api.estimator"
