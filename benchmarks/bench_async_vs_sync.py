@@ -23,7 +23,7 @@ reference is the synchronous StatsServer run to tol 1e-10 (the same ℓ_LR maxim
 sync_s / async_s (ratio), sync round trips; async answers per site. Every run settled; async ℓ within 2e-10 of sync.
 - full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 9.57 (1.00); graded 9.57 / 7.38 (0.77).
 - full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 41.3 (0.70); graded 59.1 / 78.8 (1.33).
-- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 309.9 (0.60); graded: see the report.
+- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 309.9 (0.60); graded 516.5 / 1150.0 (2.23).
 - mpp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 18.8 (1.00); graded 18.8 / 150.8 (8.0: the surrogate
   crawls, 204 answers per site).
 - pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 14.1 (0.75); graded 18.8 / 14.1 (0.75).
