@@ -120,7 +120,8 @@ def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, store, referen
 @pytest.mark.slow
 def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, store, reference):
     """The paper's strategy settings (moving average on) converge far more slowly: hence @slow."""
-    gp = FederatedGP(mode="async", knots=M, nu=NU, agg_threshold=3, profile="straggler", max_iter=300, tol=1e-7,
+    gp = FederatedGP(mode="async", preset="paper", knots=M, nu=NU, agg_threshold=3, profile="straggler", max_iter=300,
+                     tol=1e-7,
                      client=cluster.client, progress=False).fit(store)
     assert max(row["max_staleness"] for row in gp.trace_) > 0
     assert_at_maximiser(gp, reference)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from spatialfed.algorithm.config import MODES, PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.config import DEFAULT_PRESET, MODES, PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
 from spatialfed.api import inputs, predicting, resuming, scripts
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
@@ -82,9 +82,11 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
     progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
     scheduler_timeout : seconds to wait for the scheduler at ``scheduler`` before giving up.
-    preset : async settings: "paper" (the paper's strategies and Remark 8 defaults), "tuned"
-        (``FitConfig.tuned()``: see docs/algorithm.md) or "basic" (every strategy off, the ablation baseline);
-        ``strategies`` entries override the preset.
+    preset : async settings: "tuned" (the default, ``FitConfig.tuned()``: the fastest preset that settles under
+        balanced, straggler and graded compute, docs/algorithm.md), "paper" (the paper's strategies and Remark 8
+        defaults, for reproducing its experiments: it does not settle to 1e-3 when sites are equal), "stats" (one
+        round trip of sufficient statistics per iteration, SPEC §2b) or "basic" (every strategy off, the ablation
+        baseline); ``strategies`` entries override the preset.
     live : serve a live Bokeh page (parameters, log-likelihood, arrivals, staleness) on 127.0.0.1 during a Dask fit;
         its address is printed. Every fit keeps the same plots; ``save`` writes them as ``report.html``.
     tls : encrypt and authenticate every Dask connection (``runtime.security.tls_security``): True = a temporary
@@ -134,7 +136,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True, scheduler_timeout=5.0, preset="paper", live=False,
+                 strategies=None, progress=True, scheduler_timeout=5.0, preset=DEFAULT_PRESET, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
                  privacy=None, delays=None, activations=None, crs=None, n_sites=None):
         self.method = method
@@ -195,7 +197,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
                              f"residual={self.residual!r} applies to method='lowrank' only")
         if self.method == "fgpr":
-            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", "paper")):
+            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", DEFAULT_PRESET)):
                 if not _same(getattr(self, name), default):
                     raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
                                      "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "

@@ -51,9 +51,11 @@ def register(subparsers) -> None:
                    help="async: aggregate once A new quantities of the current step arrived (1..J; default "
                         "ceil(0.2·J))")
     p.add_argument("--preset", choices=PRESETS, default=None,
-                   help="async strategy settings: paper (gradient correction, staleness weights, moving average with "
-                        "Remark 8's defaults), tuned (see docs/algorithm.md), basic (all off) or section5 (all off, "
-                        "the step size of the paper's convergence analysis); default paper")
+                   help="async settings: tuned (default: gradient correction, uniform weights, staleness-scaled "
+                        "step; settles whether sites are equal or not, docs/algorithm.md), paper (the paper's "
+                        "strategies with Remark 8's values, for reproducing it), stats (one round trip of sufficient "
+                        "statistics per iteration), basic (all off) or section5 (all off, the step size of the "
+                        "paper's convergence analysis)")
     p.add_argument("--max-iter", type=int, default=None, help="maximum iterations (default 50)")
     p.add_argument("--tol", type=float, default=None, help="relative parameter change to stop at (default 1e-5)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="stop after this long")

@@ -18,7 +18,8 @@ from spatialfed.errors import SpatialFedError
 
 FIRST_MAX_ITER = 30  # the checkpoint's value: more than the interrupted run can reach before Ctrl-C
 #: async on Dask (the paper preset keeps moving by ~1e-3, so tol 1e-12 never stops it), a checkpoint per aggregation
-SETTINGS = ["--mode", "async", "--knots", "9", "--tol", "1e-12", "--checkpoint-every", "1", "--quiet"]
+SETTINGS = ["--mode", "async", "--preset", "paper", "--knots", "9", "--tol", "1e-12", "--checkpoint-every", "1",
+            "--quiet"]
 
 
 @pytest.fixture(scope="module")
