@@ -220,13 +220,17 @@ def nanny_cluster():
 
 @pytest.fixture(scope="module")
 def durations(store, nanny_cluster):
-    """Wall seconds of an undisturbed Dask fit per mode (the kill is drawn within it)."""
+    """Wall seconds of an undisturbed Dask fit per mode, measured on first use (the kill is drawn within it)."""
     out = {}
-    for mode, settings in (("sync", SYNC), ("async", ASYNC)):
-        tic = time.perf_counter()
-        FederatedGP(**settings, client=nanny_cluster.client).fit(store)
-        out[mode] = time.perf_counter() - tic
-    return out
+
+    def duration(mode):
+        if mode not in out:
+            tic = time.perf_counter()
+            FederatedGP(**(ASYNC if mode == "async" else SYNC), client=nanny_cluster.client).fit(store)
+            out[mode] = time.perf_counter() - tic
+        return out[mode]
+
+    return duration
 
 
 @pytest.mark.slow
@@ -237,7 +241,7 @@ def test_a_worker_killed_at_a_random_point(mode, trial, store, reference, nanny_
     alive = _wait_for(client, 2)
     victim = alive[int(rng.integers(len(alive)))]
     pid = _pid(client, victim)
-    delay = float(rng.uniform(0.05, 0.8)) * durations[mode]
+    delay = float(rng.uniform(0.05, 0.7)) * durations(mode)
     start = time.perf_counter()
     ck = tmp_path / "ck.json"
     result, killed, end = _fit_with_kill(ASYNC if mode == "async" else SYNC, store,
@@ -245,13 +249,17 @@ def test_a_worker_killed_at_a_random_point(mode, trial, store, reference, nanny_
                                          lambda: time.perf_counter() - start >= delay, ck, client=client)
     outcome = "finished" if not isinstance(result, Exception) else f"failed ({type(result).__name__})"
     took = float("nan") if killed is None else end - killed
-    print(f"{mode} trial {trial}: kill at {delay:.1f} s, kill -> end {took:.1f} s, {outcome}",
+    # what the kill cost: the time from the kill to the end beyond the undisturbed fit's remaining work (a long fit
+    # goes on for minutes after its lost site is recovered; on an idle machine these fits last well under 60 s)
+    cost = took - max(durations(mode) - delay, 0.0)
+    print(f"{mode} trial {trial}: kill at {delay:.1f} s, kill -> end {took:.1f} s (cost {cost:.1f} s), {outcome}",
           "" if not isinstance(result, Exception) else result)
     if killed is not None:
-        assert end - killed < ONE_WORKER_S
+        assert cost < ONE_WORKER_S
     if isinstance(result, Exception):
         assert isinstance(result, ClusterLostError) and "\n" not in str(result)
         _wait_for(client, 1, excluding=(victim,))
         result = FederatedGP.resume(ck, client=client)
     _same_estimate(result, reference[mode])
-    _wait_for(client, 2, excluding=(victim,))  # the nanny's restarted process is back for the next trial
+    if killed is not None:
+        _wait_for(client, 2, excluding=(victim,))  # the nanny's restarted process is back for the next trial

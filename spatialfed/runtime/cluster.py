@@ -271,13 +271,14 @@ def make_cluster(scheduler: str | None = None, *, n_workers: int | None = None, 
                  timeout: float = 5.0, security=None) -> ClusterHandle:
     """One entry point: ``scheduler`` address > ``jobqueue`` settings (dict with ``kind``) > embedded LocalCluster.
 
-    ``security`` (e.g. ``security.tls_security()``) is passed to whichever factory runs."""
+    ``security`` (e.g. ``security.tls_security()``) is passed to whichever factory runs; None gives the embedded
+    cluster its per-run TLS certificate (`local_cluster`) and leaves the others plain TCP, False is plain TCP."""
     if scheduler:
-        return connect(scheduler, timeout=timeout, security=security)
+        return connect(scheduler, timeout=timeout, security=security or None)
     if jobqueue:
         jq = dict(jobqueue)
-        return jobqueue_cluster(jq.pop("kind"), security=security, **jq)
-    return local_cluster(n_workers, security=security)
+        return jobqueue_cluster(jq.pop("kind"), security=security or None, **jq)
+    return local_cluster(n_workers, security=security)  # None: TLS with a per-run certificate; False: plain TCP
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -259,8 +259,11 @@ class DaskRuntime(Runtime):
                 raise ClusterLostError(self._scheduler_message())
             self._reassign(j)
             return Event(j, request, lost=True)
-        if fut.status != "finished":
+        if fut.status == "error":
             return Event(j, request, error=self._error(j, request, fut))
+        if fut.status != "finished":  # "lost": it finished, but its worker left before the result was fetched
+            self._reassign(j)
+            return Event(j, request, lost=True)
         try:
             return Event(j, request, fut.result(timeout=self.result_s))
         except (CancelledError, TimeoutError):  # the result lived on a worker that left before it was fetched
