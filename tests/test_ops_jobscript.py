@@ -109,3 +109,19 @@ def test_fit_cli_reads_a_yaml_job_configuration(tmp_path):
     jq = jobqueue_settings(args)
     assert (jq["kind"], jq["memory"], jq["cores"], jq["queue"], jq["account"], jq["jobs"]) == \
         ("slurm", "16GB", 4, "short", "geo", 3)
+
+
+def test_the_users_dask_jobqueue_configuration_is_respected_and_flags_override_it_only_when_given():
+    """~/.config/dask/jobqueue.yaml (here: dask.config.set, what that file feeds) sets memory and queue; spatialfed's
+    own defaults do not overwrite them, an option given on the command line does."""
+    import dask
+
+    from spatialfed.runtime.jobscript import DEFAULTS, resolve_options
+
+    with dask.config.set({"jobqueue.slurm.memory": "64GB", "jobqueue.slurm.queue": "long", "jobqueue.slurm.cores": 8}):
+        got = resolve_options("slurm")
+        assert (got["memory"], got["queue"], got["cores"]) == ("64GB", "long", 8)
+        assert got["walltime"] == DEFAULTS["walltime"]  # not set by the user: spatialfed's default
+        given = resolve_options("slurm", memory="16GB", queue=None)
+        assert (given["memory"], given["queue"]) == ("16GB", "long")  # a flag overrides; an absent one does not
+    assert resolve_options("slurm")["memory"] == DEFAULTS["memory"]  # without the user's configuration

@@ -79,8 +79,27 @@ def load_config(path, kind: str | None = None) -> dict:
     return flat
 
 
+def user_dask_config(kind: str) -> dict:
+    """The job settings the user put in Dask's own configuration for `kind` (``~/.config/dask/jobqueue.yaml``,
+    ``DASK_JOBQUEUE__SLURM__MEMORY`` ...): those of DEFAULTS' keys whose value differs from dask-jobqueue's shipped
+    defaults, so that a site's or user's configuration is respected rather than overwritten by spatialfed's."""
+    import os
+
+    import dask
+    import dask_jobqueue
+    import yaml
+
+    kind = check_kind(kind)
+    with open(os.path.join(os.path.dirname(dask_jobqueue.__file__), "jobqueue.yaml")) as fh:
+        shipped = (yaml.safe_load(fh) or {}).get("jobqueue", {}).get(kind, {}) or {}
+    current = dask.config.get(f"jobqueue.{kind}", default={}) or {}
+    return {key.replace("-", "_"): value for key, value in current.items()
+            if key.replace("-", "_") in DEFAULTS and value is not None and value != shipped.get(key)}
+
+
 def resolve_options(kind: str, config=None, **options) -> dict:
-    """DEFAULTS < YAML `config` (path or mapping) < explicit `options` (None values do not override)."""
+    """DEFAULTS < the user's Dask configuration (user_dask_config) < YAML `config` (path or mapping) < explicit
+    `options` (None values do not override): command-line flags override a user's configuration only when given."""
     kind = check_kind(kind)
     if config is None:
         from_file = {}
@@ -89,7 +108,7 @@ def resolve_options(kind: str, config=None, **options) -> dict:
     else:
         from_file = load_config(config, kind)
     given = {k: v for k, v in _normalise_keys(options, "options").items() if v is not None}
-    return {**DEFAULTS, **from_file, **given}
+    return {**DEFAULTS, **user_dask_config(kind), **from_file, **given}
 
 
 def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", queue=None, account=None,
