@@ -69,10 +69,24 @@ def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
     return out
 
 
-def graph() -> dict[str, list[tuple[str, int]]]:
+def import_graph() -> dict[str, list[tuple[str, int]]]:
     mods = modules()
     known = set(mods)
     return {name: imports(name, path, known) for name, path in mods.items()}
+
+
+def graph() -> dict[str, list[tuple[str, int]]]:
+    """import_graph() computed in a fresh interpreter: CPython 3.11's AST recursion bookkeeping can be left corrupt
+    by an earlier RecursionError in the test process ("AST constructor recursion depth mismatch")."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_layers as t; "
+            "print(json.dumps(t.import_graph()))")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                         check=True).stdout
+    return {name: [(dep, line) for dep, line in deps] for name, deps in json.loads(out).items()}
 
 
 def test_every_module_sits_in_a_layer():

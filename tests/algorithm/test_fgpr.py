@@ -235,7 +235,7 @@ def test_store(tmp_path_factory):
 
 @pytest.mark.parametrize("settings, message", [
     ({"agg_threshold": 2}, "does not apply to method='fgpr'"),
-    ({"preset": "tuned"}, "does not apply to method='fgpr'"),
+    ({"preset": "paper"}, "does not apply to method='fgpr'"),
     ({"fgpr": {"max_iter": 3}}, r"give \['max_iter'\] as FederatedGP"),
     ({"fgpr": {"participation": 9}}, "exceeds the J = 3 workers"),
     ({"residual": "pp"}, "full local covariance"),
