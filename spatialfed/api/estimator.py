@@ -370,7 +370,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     def _security(self):
         """The Security object for `tls` (None: plain TCP)."""
-        if self.tls is None or self.tls is False:
+        if self.tls is False:
+            return False  # plain TCP, asked for explicitly (the embedded cluster's default is TLS)
+        if self.tls is None:
             return None
         from spatialfed.runtime.security import tls_security
 

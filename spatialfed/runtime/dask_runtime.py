@@ -266,11 +266,21 @@ class DaskRuntime(Runtime):
             return Event(j, request, lost=True)
         try:
             return Event(j, request, fut.result(timeout=self.result_s))
-        except (CancelledError, TimeoutError):  # the result lived on a worker that left before it was fetched
-            if self.client.status != "running" or self._scheduler_lost is not None:
+        except (CancelledError, TimeoutError, OSError):  # the result lived on a worker that left before it was
+            # fetched — or the scheduler went while fetching it (CommClosedError is an OSError)
+            if self.client.status != "running" or self._scheduler_lost is not None or \
+                    not self._scheduler_alive():
                 raise ClusterLostError(self._scheduler_message()) from None
             self._reassign(j)
             return Event(j, request, lost=True)
+
+    def _scheduler_alive(self) -> bool:
+        """Whether the scheduler still answers a short identity call (5 s at most)."""
+        try:
+            self.client.sync(self.client.scheduler.identity, callback_timeout=5)
+            return True
+        except Exception:
+            return False
 
     def _scheduler_message(self) -> str:
         quiet_reconnect_logs()  # the client's reconnection attempts would log a CommClosedError traceback
