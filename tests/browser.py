@@ -17,10 +17,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 
 
-async def _screenshot(ws_url: str, url: str, settle_s: float, size: tuple[int, int]) -> bytes:
-    from tornado.websocket import websocket_connect
-
-    conn = await websocket_connect(ws_url, max_message_size=64 * 2**20)
+def devtools_caller(conn):
+    """`await call(method, **params)` -> the result of one DevTools protocol command over websocket `conn`."""
     ids = itertools.count(1)
 
     async def call(method, **params):
@@ -30,6 +28,15 @@ async def _screenshot(ws_url: str, url: str, settle_s: float, size: tuple[int, i
             msg = json.loads(await conn.read_message())
             if msg.get("id") == i:
                 return msg.get("result", {})
+
+    return call
+
+
+async def _screenshot(ws_url: str, url: str, settle_s: float, size: tuple[int, int]) -> bytes:
+    from tornado.websocket import websocket_connect
+
+    conn = await websocket_connect(ws_url, max_message_size=64 * 2**20)
+    call = devtools_caller(conn)
 
     await call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1], deviceScaleFactor=1, mobile=False)
     await call("Page.enable")

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from browser import CHROMIUM, FLAGS, screenshot
+from browser import CHROMIUM, FLAGS, devtools_caller, screenshot
 from conftest import grid_knots, simulate_parts
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import evaluate
@@ -183,15 +183,7 @@ async def _evaluate(ws_url: str, url: str, expression: str, settle_s: float):
     from tornado.websocket import websocket_connect
 
     conn = await websocket_connect(ws_url, max_message_size=64 * 2**20)
-    ids = iter(range(1, 100))
-
-    async def call(method, **params):
-        i = next(ids)
-        await conn.write_message(json.dumps({"id": i, "method": method, "params": params}))
-        while True:
-            msg = json.loads(await conn.read_message())
-            if msg.get("id") == i:
-                return msg.get("result", {})
+    call = devtools_caller(conn)
 
     await call("Emulation.setDeviceMetricsOverride", width=1100, height=900, deviceScaleFactor=1, mobile=False)
     await call("Page.enable")
