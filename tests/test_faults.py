@@ -182,6 +182,7 @@ def test_a_killed_worker_process_is_replaced_and_the_fit_matches(store, referenc
     _same_estimate(gp, reference["sync"])
 
 
+@pytest.mark.slow  # flaky within the full suite: 20.1 s alone, 50 s in 2 of 3 full runs (issue 15 stays open)
 def test_every_worker_killed_is_one_clear_error_and_the_checkpoint_resumes(store, reference, subprocess_cluster,
                                                                           tmp_path):
     ck = tmp_path / "ck.json"
