@@ -25,7 +25,10 @@ def register(subparsers) -> None:
     p.add_argument("--crs", help="CRS of the coordinates, e.g. EPSG:4326 (lon/lat is projected to UTM) or "
                                  "EPSG:28992; omit for planar units (store crs null)")
     p.add_argument("--target-crs", help="projected CRS to convert to instead of the automatic UTM zone")
-    p.add_argument("--partition", default="random", help="random | area | neighbor | column:NAME (default random)")
+    p.add_argument("--partition", default="area",
+                   help="area (default: spatially compact blocks, one region per site: geographic ownership, and "
+                        "4-5 percent better predictions than random on the real data we measured) | random | "
+                        "neighbor | column:NAME (docs/user-guide.md)")
     p.add_argument("--workers", type=int, help="number of workers J (default 4; not used with column:NAME)")
     p.add_argument("--sizes", type=int_list, help="unequal rows per worker, e.g. 50,100 (random/area/neighbor)")
     p.add_argument("--test-fraction", type=float, default=0.0, help="share of rows held out as test group")

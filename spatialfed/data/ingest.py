@@ -209,7 +209,7 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
 
 
 def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, y: str | None = None, covariates=(),
-                 crs=None, target_crs=None, partition: str = "random", n_workers: int | None = None, sizes=None,
+                 crs=None, target_crs=None, partition: str = "area", n_workers: int | None = None, sizes=None,
                  test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
                  overwrite: bool = False, extra_attrs: dict | None = None) -> tuple[StoreInfo, IngestReport]:
     """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`."""
