@@ -5,12 +5,23 @@ Notation (SPEC §1–3): ρ are unit-variance correlations, ρ̇ = ∂ρ/∂log 
 W = σ² W̃(β) and R = W + ε I with ε = 1/δ. The objective is written f_j = ½ log det R + ½ tr(R⁻¹ Ψ) with
 Ψ = V Ξ Vᵀ, V = [r, B], Ξ = blockdiag(1, Σ), r = z − Xγ − Bμ (this is SPEC §1's f_j). Every derivative in
 u = (log δ, log σ², log β) is analytic; docs/equations.md maps each term to the paper.
+
+Memory (issue 14): between requests a worker keeps only its data, the knots and, for the latest (δ, θ), the whitened
+L⁻¹[B, X, z] with log det R (O(n_j(m + p)) numbers); no n_j × n_j matrix and no knot basis outlive a request,
+except one factorisation kept for prediction (`residual_kriging`). The `full` residual's n_j × n_j work is done in
+column blocks of the lower triangle (distances and correlations are recomputed from the locations when needed, never
+stored), in place where LAPACK allows: a theta step holds at most three n_j × n_j arrays at once (R⁻¹, σ²∂W̃/∂log β
+and their product), an R_j factorisation one. The price: the theta step of the full residual factorises R_j again
+(≈ 10 % of its time) instead of reusing the mu_sigma step's factor.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 from scipy import linalg
+from scipy.linalg import lapack
 from scipy.spatial.distance import cdist
 
 from spatialfed.errors import check_finite
@@ -47,28 +58,55 @@ def check_knots(knots) -> np.ndarray:
 
 
 class KnotBasis:
-    """β-dependent knot quantities: ρ_K, ρ_js with their log-β derivatives, B, Ḃ, B̈ (Eq. 4)."""
+    """β-dependent knot quantities: ρ_K, ρ_js with their log-β derivatives, B, Ḃ, B̈ (Eq. 4).
 
-    def __init__(self, kernel: Matern, d_K: np.ndarray, d_js: np.ndarray, beta: float):
+    B (and ρ_js) are computed at once; the derivative blocks (ρ̇_js, ρ̈_js, Ḃ, B̈, ...) on first use, so a
+    mu_sigma or gamma request pays for B alone. Built per request and dropped after it (n_j × m arrays each).
+    """
+
+    def __init__(self, kernel: Matern, d_K: np.ndarray, locs: np.ndarray, knots: np.ndarray, beta: float):
         self.beta = beta
+        self.kernel = kernel
+        self.d_js = cdist(locs, knots)
         self.rK, self.rK1, self.rK2 = kernel.correlation_derivatives(d_K, beta)
-        self.rjs, self.rjs1, self.rjs2 = kernel.correlation_derivatives(d_js, beta)
-        self._local = None
         self.LK, self.jitter = cholesky_with_jitter(self.rK, "the knot correlation matrix K")
         if self.jitter:
             self.rK = self.rK + self.jitter * np.eye(self.rK.shape[0])
+        self.rjs = kernel.correlation(self.d_js, beta)
         self.B = self._right_solve(self.rjs)
-        self.BrK1 = self.B @ self.rK1
-        # Ḃ ρ_K = ρ̇_js − B ρ̇_K,  B̈ ρ_K = ρ̈_js − 2 Ḃ ρ̇_K − B ρ̈_K
-        self.dB_rK = self.rjs1 - self.BrK1
-        self.dB = self._right_solve(self.dB_rK)
-        self.d2B = self._right_solve(self.rjs2 - 2.0 * self.dB @ self.rK1 - self.B @ self.rK2)
 
-    def local_correlations(self, kernel: Matern, d_jj: np.ndarray):
-        """(ρ_jj, ρ̇_jj, ρ̈_jj) among the worker's own locations, evaluated once per β (full residual only)."""
-        if self._local is None:
-            self._local = kernel.correlation_derivatives(d_jj, self.beta)
-        return self._local
+    @cached_property
+    def _rjs_derivatives(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ρ̇_js, ρ̈_js)."""
+        return self.kernel.correlation_derivatives(self.d_js, self.beta)[1:]
+
+    @property
+    def rjs1(self) -> np.ndarray:
+        return self._rjs_derivatives[0]
+
+    @property
+    def rjs2(self) -> np.ndarray:
+        return self._rjs_derivatives[1]
+
+    @cached_property
+    def BrK1(self) -> np.ndarray:
+        """B ρ̇_K."""
+        return self.B @ self.rK1
+
+    @cached_property
+    def dB_rK(self) -> np.ndarray:
+        """Ḃ ρ_K = ρ̇_js − B ρ̇_K."""
+        return self.rjs1 - self.BrK1
+
+    @cached_property
+    def dB(self) -> np.ndarray:
+        """Ḃ = ∂B/∂log β."""
+        return self._right_solve(self.dB_rK)
+
+    @cached_property
+    def d2B(self) -> np.ndarray:
+        """B̈ = ∂²B/∂log β², from B̈ ρ_K = ρ̈_js − 2 Ḃ ρ̇_K − B ρ̈_K."""
+        return self._right_solve(self.rjs2 - 2.0 * self.dB @ self.rK1 - self.B @ self.rK2)
 
     def _right_solve(self, M: np.ndarray) -> np.ndarray:
         """M ρ_K⁻¹."""
@@ -88,37 +126,79 @@ class KnotBasis:
         return U, np.hstack([self.B, self.dB])
 
 
-def _sym_lowrank(U: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """U Vᵀ + V Uᵀ."""
-    M = U @ V.T
-    M += M.T
-    return M
-
-
 def _rowsum2(U: np.ndarray, V: np.ndarray) -> np.ndarray:
     """diag(U Vᵀ + V Uᵀ)."""
     return 2.0 * np.einsum("ij,ij->i", U, V)
 
 
-class _Factorised:
-    """R_j(δ, θ) with its factorisation and whitened data: the cache shared by all sub-steps at (δ, θ)."""
+#: bytes of one column block of an n_j × n_j computation (the blocks' temporaries stay near a few times this)
+BLOCK_BYTES = 4 * 2**20
 
-    def __init__(self, model: "LocalModel", delta: float, sigma2: float, beta: float):
+
+def column_blocks(n: int, block_bytes: int | None = None):
+    """Slices [c0, c1) covering 0..n, each of about block_bytes (default BLOCK_BYTES) / (8 n) columns (≥ 16)."""
+    width = max(16, int(BLOCK_BYTES if block_bytes is None else block_bytes) // (8 * max(n, 1)))
+    for c0 in range(0, n, width):
+        yield slice(c0, min(c0 + width, n))
+
+
+def fill_upper(A: np.ndarray) -> np.ndarray:
+    """Copy the lower triangle of a square array onto its upper triangle, in place and by blocks (no n × n
+    temporary); returns A, now symmetric."""
+    for c in column_blocks(A.shape[0]):
+        diag = A[c, c]
+        A[c, c] = np.tril(diag) + np.tril(diag, -1).T
+        A[c, c.stop :] = A[c.stop :, c].T
+    return A
+
+
+def inverse_in_place(factor) -> np.ndarray:
+    """R⁻¹ from its factor: dense R⁻¹ computed in the factor's own storage (LAPACK potri, then the upper triangle
+    filled), so the factor is consumed (`factor.L` is None afterwards); the diagonal of R⁻¹ for a DiagFactor."""
+    if isinstance(factor, DiagFactor):
+        return factor.inverse()
+    L, factor.L = factor.L, None
+    inv, info = lapack.dpotri(L, lower=1, overwrite_c=1)
+    if info != 0:
+        raise np.linalg.LinAlgError("inverting the residual covariance failed")
+    return fill_upper(inv)
+
+
+class _Whitened:
+    """What the mu_sigma, gamma and value sub-steps at one (δ, θ) need, kept between requests: log det R_j and
+    L⁻¹[B, X, z] (n_j × (m + p + 1))."""
+
+    __slots__ = ("key", "logdet", "Bh", "Xh", "zh")
+
+    def __init__(self, key, logdet: float, Bh: np.ndarray, Xh: np.ndarray, zh: np.ndarray):
+        self.key, self.logdet, self.Bh, self.Xh, self.zh = key, logdet, Bh, Xh, zh
+
+
+class _Factorised:
+    """R_j(δ, θ) factorised, with its knot basis and whitened data: built for one request and dropped after it
+    (or kept for prediction)."""
+
+    def __init__(self, model: "LocalModel", delta: float, sigma2: float, beta: float, whiten: bool = True):
+        self.key = (delta, sigma2, beta)
         self.kb = model._basis(beta)
         self.eps = 1.0 / delta
         self.sigma2 = sigma2
-        self.Wt = model._residual_unit(self.kb)
-        R = sigma2 * self.Wt
-        if R.ndim == 2:
-            R[np.diag_indices_from(R)] += self.eps
-            self.factor = DenseFactor(R, f"R_j of worker data (n={model.n})")
+        what = f"R_j of worker data (n={model.n})"
+        if model.residual == "full":
+            self.factor = DenseFactor(model._dense_residual(self.kb, sigma2, self.eps), what)  # in place
         else:
-            self.factor = DiagFactor(R + self.eps, f"R_j of worker data (n={model.n})")
+            self.factor = DiagFactor(sigma2 * model._residual_unit(self.kb) + self.eps, what)
+        self.logdet = self.factor.logdet()
+        self.Bh = self.Xh = self.zh = None
+        if not whiten:
+            return
         # one triangular solve serves the mu_sigma, gamma and value sub-steps: L⁻¹[B, X, z]
         W = self.factor.whiten(np.hstack([self.kb.B, model.X, model.z[:, None]]))
         m, p = self.kb.B.shape[1], model.X.shape[1]
         self.Bh, self.Xh, self.zh = W[:, :m], W[:, m : m + p], W[:, -1]
-        self.G = None
+
+    def whitened(self) -> _Whitened:
+        return _Whitened(self.key, self.logdet, self.Bh, self.Xh, self.zh)
 
 
 class LocalModel:
@@ -144,10 +224,8 @@ class LocalModel:
         self.kernel = kernel
         self.residual = check_residual(residual)
         self.d_K = cdist(self.knots, self.knots)
-        self.d_js = cdist(self.locs, self.knots)
-        self.d_jj = cdist(self.locs, self.locs) if residual == "full" else None
-        self._basis_cache: KnotBasis | None = None
-        self._fact_cache: tuple[tuple, _Factorised] | None = None
+        self._white: _Whitened | None = None  # the latest (δ, θ)'s whitened data: what the fit keeps between requests
+        self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
 
     @property
     def n(self) -> int:
@@ -165,20 +243,44 @@ class LocalModel:
         return self.knots.shape[0]
 
     def clear_cache(self) -> None:
-        """Drop the cached knot basis and factorisation of R_j."""
-        self._basis_cache = None
-        self._fact_cache = None
+        """Drop what is kept between requests (the whitened data and the prediction factorisation)."""
+        self._white = None
+        self._kriging = None
+
+    def cached_arrays(self) -> list[np.ndarray]:
+        """The arrays this model keeps between requests beyond its data (for memory checks and diagnostics)."""
+        out = []
+        if self._white is not None:
+            out += [self._white.Bh, self._white.Xh, self._white.zh]
+        if self._kriging is not None:
+            fz = self._kriging
+            out += [a for a in (getattr(fz.factor, "L", None), getattr(fz.factor, "r", None), fz.Bh, fz.Xh, fz.zh)
+                    if a is not None]
+            out += [v for v in vars(fz.kb).values() if isinstance(v, np.ndarray)]
+        return out
+
+    def cached_nbytes(self) -> int:
+        """Bytes of `cached_arrays` (views of one buffer counted once per view)."""
+        return int(sum(a.nbytes for a in self.cached_arrays()))
 
     def _basis(self, beta: float) -> KnotBasis:
-        if self._basis_cache is None or self._basis_cache.beta != beta:
-            self._basis_cache = KnotBasis(self.kernel, self.d_K, self.d_js, beta)
-        return self._basis_cache
+        return KnotBasis(self.kernel, self.d_K, self.locs, self.knots, beta)
 
-    def _factorised(self, params: Params) -> _Factorised:
-        key = params.theta_key
-        if self._fact_cache is None or self._fact_cache[0] != key:
-            self._fact_cache = (key, _Factorised(self, *key))
-        return self._fact_cache[1]
+    def _factorise(self, params: Params, whiten: bool = True) -> _Factorised:
+        """A fresh factorisation of R_j at params' (δ, θ); with `whiten`, its whitened data become the kept
+        `_white` (the statistics route needs no whitened data: whiten=False)."""
+        fz = _Factorised(self, *params.theta_key, whiten=whiten)
+        if whiten:
+            self._white = fz.whitened()
+        if self._kriging is not None and self._kriging.key != fz.key:
+            self._kriging = None
+        return fz
+
+    def _whitened(self, params: Params) -> _Whitened:
+        """The kept whitened data at params' (δ, θ), factorising R_j (then dropping the factor) on a miss."""
+        if self._white is None or self._white.key != params.theta_key:
+            self._factorise(params)
+        return self._white
 
     def _check_params(self, params: Params) -> None:
         if params.mu.shape[0] != self.m or params.gamma.shape[0] != self.p:
@@ -188,33 +290,71 @@ class LocalModel:
             )
 
     # --- residual structure (Remark 3), unit variance: W = σ² W̃ -------------------------------------
+    def _local_blocks(self, beta: float, lower: bool, derivative: int):
+        """(slice c, rows, block) over column blocks of an n_j × n_j function of the distances among S_j:
+        block = ρ (derivative 0), ρ̇ (1) or ρ̈ (2) at rows × c, rows = c.start: (the lower triangle) or all.
+        Each block is returned transposed in memory (C order of c × rows), i.e. Fortran order of rows × c."""
+        for c in column_blocks(self.n):
+            r0 = c.start if lower else 0
+            d = cdist(self.locs[c], self.locs[r0:])
+            if derivative == 0:
+                block = self.kernel.correlation(d, beta)
+            else:
+                block = self.kernel.correlation_derivatives(d, beta)[derivative]
+            yield c, slice(r0, self.n), block.T
+
+    def _dense_residual(self, kb: KnotBasis, sigma2: float, eps: float) -> np.ndarray:
+        """R_j = σ²(C̃_jj − Q̃) + εI of the full residual: its lower triangle, Fortran order (for LAPACK in place);
+        the strict upper triangle is left unset."""
+        F = kb.lowrank_sqrt()
+        R = np.empty((self.n, self.n), order="F")
+        for c, rows, block in self._local_blocks(kb.beta, lower=True, derivative=0):
+            block -= F[rows] @ F[c].T
+            block *= sigma2
+            R[rows, c] = block
+        R[np.diag_indices(self.n)] += eps
+        return R
+
     def _residual_unit(self, kb: KnotBasis) -> np.ndarray:
-        """W̃ = C̃_jj − Q̃ (full), its diagonal (mpp), or 0 (pp)."""
+        """The diagonal of W̃: 1 − diag(Q̃) (mpp) or 0 (pp); the full residual's dense W̃ is `_dense_residual`'s."""
         if self.residual == "pp":
             return np.zeros(self.n)
-        F = kb.lowrank_sqrt()
         if self.residual == "mpp":
+            F = kb.lowrank_sqrt()
             return 1.0 - np.einsum("ij,ij->i", F, F)
-        Wt = kb.local_correlations(self.kernel, self.d_jj)[0].copy()
-        Wt -= F @ F.T
-        return Wt
+        raise ValueError("the full residual's W̃ is dense: use _dense_residual")
 
-    def _residual_unit_derivatives(self, kb: KnotBasis):
-        """∂W̃/∂log β (dense or diagonal, like W̃) and ∂²W̃/∂log β² as (D, U, V): D − (UVᵀ + VUᵀ).
-
-        For `full` the second derivative keeps its low-rank part factored (U = [ρ̈_js − ½Bρ̈_K, Ḃρ_K],
-        V = [B, Ḃ]) so that no second dense n×n matrix is formed; for `mpp`/`pp` U = V = None.
-        """
+    def _residual_beta(self, kb: KnotBasis, sigma2: float) -> np.ndarray:
+        """σ² ∂W̃/∂log β: dense (full, the one n_j × n_j array it allocates, built by column blocks of its lower
+        triangle) or its diagonal (mpp, pp)."""
         if self.residual == "pp":
-            return np.zeros(self.n), (np.zeros(self.n), None, None)
+            return np.zeros(self.n)
         U1, V1 = kb.lowrank_d1_factors()
-        U2, V2 = kb.lowrank_d2_factors()
         if self.residual == "mpp":
             # the diagonal of C̃_jj is 1 for every β, so only the low-rank part moves
-            return -_rowsum2(U1, V1), (-_rowsum2(U2, V2), None, None)
-        _, rho1, rho2 = kb.local_correlations(self.kernel, self.d_jj)
-        Wt1 = rho1 - _sym_lowrank(U1, V1)
-        return Wt1, (rho2, U2, V2)
+            return -sigma2 * _rowsum2(U1, V1)
+        Wb = np.empty((self.n, self.n), order="F")
+        for c, rows, block in self._local_blocks(kb.beta, lower=True, derivative=1):
+            block -= U1[rows] @ V1[c].T
+            block -= V1[rows] @ U1[c].T
+            block *= sigma2
+            Wb[rows, c] = block
+        return fill_upper(Wb)
+
+    def _residual_beta2_terms(self, kb: KnotBasis, G: np.ndarray, Y: np.ndarray):
+        """∂²W̃/∂log β² = D₂ − (U₂V₂ᵀ + V₂U₂ᵀ): returns (⟨G, D₂⟩, YᵀD₂Y, U₂, V₂), with the dense D₂ = ρ̈_jj of the
+        full residual visited by column blocks (never formed); for mpp/pp D₂ is diagonal and U₂ = V₂ = None."""
+        if self.residual == "pp":
+            return 0.0, np.zeros((Y.shape[1], Y.shape[1])), None, None
+        U2, V2 = kb.lowrank_d2_factors()
+        if self.residual == "mpp":
+            D2 = -_rowsum2(U2, V2)
+            return inner(G, D2), Y.T @ apply(D2, Y), None, None
+        tGD2, YD2Y = 0.0, np.zeros((Y.shape[1], Y.shape[1]))
+        for c, _, block in self._local_blocks(kb.beta, lower=False, derivative=2):
+            tGD2 += float(np.einsum("ij,ij->", G[:, c], block))
+            YD2Y += Y[c].T @ (block.T @ Y)
+        return tGD2, 0.5 * (YD2Y + YD2Y.T), U2, V2
 
     # --- initialisation summaries -------------------------------------------------------------------
     def moments(self) -> dict:
@@ -275,43 +415,59 @@ class LocalModel:
         W_j lets the server take the exact joint (μ, γ) step given θ (docs/algorithm.md): with an intercept in X,
         the intercept and Bμ both carry the mean and alternating μ- and γ-updates crawl.
         """
-        fz = self._factorised(params)
-        r0h = fz.zh - fz.Xh @ params.gamma
-        return {"A": fz.Bh.T @ fz.Bh, "b": fz.Bh.T @ r0h, "BtRX": fz.Bh.T @ fz.Xh}
+        wh = self._whitened(params)
+        r0h = wh.zh - wh.Xh @ params.gamma
+        return {"A": wh.Bh.T @ wh.Bh, "b": wh.Bh.T @ r0h, "BtRX": wh.Bh.T @ wh.Xh}
 
     def gamma_step(self, params: Params) -> dict:
         """X_jᵀR_j⁻¹X_j and X_jᵀR_j⁻¹(z_j − B_jμ) for Eq. (9)."""
-        fz = self._factorised(params)
-        return {"XtRX": fz.Xh.T @ fz.Xh, "XtRr": fz.Xh.T @ (fz.zh - fz.Bh @ params.mu)}
+        wh = self._whitened(params)
+        return {"XtRX": wh.Xh.T @ wh.Xh, "XtRr": wh.Xh.T @ (wh.zh - wh.Bh @ params.mu)}
 
     def value(self, params: Params) -> float:
         """f_j = ½ log det R_j + ½ rᵀR_j⁻¹r + ½ tr(B_jᵀR_j⁻¹B_jΣ) (SPEC §1)."""
-        fz = self._factorised(params)
-        rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
-        return 0.5 * (fz.factor.logdet() + rh @ rh + inner(fz.Bh.T @ fz.Bh, params.Sigma))
+        wh = self._whitened(params)
+        rh = wh.zh - wh.Xh @ params.gamma - wh.Bh @ params.mu
+        return 0.5 * (wh.logdet + rh @ rh + inner(wh.Bh.T @ wh.Bh, params.Sigma))
 
     def theta(self, params: Params) -> dict:
-        """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16)."""
-        fz = self._factorised(params)
+        """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16).
+
+        Full residual: at most three n_j × n_j arrays at once (R⁻¹ in the factor's storage, W_b, then R⁻¹W_b in
+        place of nothing: W_b is dropped as soon as the product exists); ∂²W̃/∂log β² is visited by blocks.
+        """
+        fz = self._factorise(params)
         kb, eps, s2, n, m = fz.kb, fz.eps, fz.sigma2, self.n, self.m
-        if fz.G is None:
-            fz.G = fz.factor.inverse()
-        G = fz.G
-        Wt1, (D2, U2, V2) = self._residual_unit_derivatives(kb)
-        Wb = s2 * Wt1
 
         # V = [r, B], V_b = ∂V/∂log β = [−Ḃμ, Ḃ], V_bb = [−B̈μ, B̈]; Ξ = blockdiag(1, Σ)
         rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
         Vh = np.hstack([rh[:, None], fz.Bh])  # L⁻¹V
         Y = fz.factor.unwhiten_t(Vh)  # R⁻¹V
+        Yw = fz.factor.whiten(Y)
+        del Vh
+        G = inverse_in_place(fz.factor)  # R⁻¹ (consumes the factor)
         V = np.hstack([(self.z - self.X @ params.gamma - kb.B @ params.mu)[:, None], kb.B])
         Vb = np.hstack([-(kb.dB @ params.mu)[:, None], kb.dB])
         Vbb = np.hstack([-(kb.d2B @ params.mu)[:, None], kb.d2B])
         Yb = apply(G, Vb)
+        Wb = self._residual_beta(kb, s2)  # W_b = ∂W/∂log β
+        WbY = apply(Wb, Y)
+        Z = apply(G, WbY)  # R⁻¹W_bR⁻¹V
         P = matmul(G, Wb)  # R⁻¹W_b
-        Z = apply(P, Y)  # R⁻¹W_bR⁻¹V
-        Yw = fz.factor.whiten(Y)
-        Zs = fz.factor.sqrt_t_times(Z)
+        del Wb
+        t1, t2 = trace(G), inner(G, G)
+        trP, tPP, tGP = trace(P), inner(P, transpose(P)), inner(G, transpose(P))
+        del P
+        # W_bb = σ²[D₂ − (U₂V₂ᵀ + V₂U₂ᵀ)]: ⟨R⁻¹, W_bb⟩ and YᵀW_bbY without forming W_bb
+        tGWbb, YWbbY, U2, V2 = self._residual_beta2_terms(kb, G, Y)
+        del G
+        if U2 is not None:
+            GV2 = np.hstack([Y[:, 1:], Yb[:, 1:]])  # R⁻¹[B, Ḃ]
+            tGWbb -= 2.0 * float(np.einsum("ij,ij->", GV2, U2))
+            YU, YV = Y.T @ U2, Y.T @ V2
+            YWbbY -= YU @ YV.T + YV @ YU.T
+        tGWbb *= s2
+        YWbbY *= s2
         Xi = np.zeros((m + 1, m + 1))
         Xi[0, 0] = 1.0
         Xi[1:, 1:] = params.Sigma
@@ -324,31 +480,19 @@ class LocalModel:
         def xi(C):
             return float(np.einsum("ij,ij->", C, Xi))
 
-        t1, t2 = trace(G), inner(G, G)
-        trP, tPP, tGP = trace(P), inner(P, transpose(P)), inner(G, transpose(P))
-        # W_bb = σ²[D₂ − (U₂V₂ᵀ + V₂U₂ᵀ)]: ⟨R⁻¹, W_bb⟩ and YᵀW_bbY without forming W_bb
-        YWbbY = Y.T @ apply(D2, Y)
-        tGWbb = inner(G, D2)
-        if U2 is not None:
-            GV2 = np.hstack([Y[:, 1:], Yb[:, 1:]])  # R⁻¹[B, Ḃ]
-            tGWbb -= 2.0 * float(np.einsum("ij,ij->", GV2, U2))
-            YU, YV = Y.T @ U2, Y.T @ V2
-            YWbbY -= YU @ YV.T + YV @ YU.T
-        tGWbb *= s2
-        YWbbY *= s2
         psi0 = xi(C_VY)  # tr(R⁻¹Ψ) = rᵀR⁻¹r + tr(BᵀR⁻¹BΣ)
         trGam = xi(C_YY)  # tr Γ, Γ = R⁻¹ΨR⁻¹
         trGamG = xi(Yw.T @ Yw)  # tr(ΓR⁻¹)
         WbGam = xi(C_VZ)  # ⟨W_b, Γ⟩
         GamWbG = xi(Y.T @ Z)  # tr(ΓW_bR⁻¹)
-        WbGamWbG = xi(Zs.T @ Zs)  # tr(W_bΓW_bR⁻¹)
+        WbGamWbG = xi(WbY.T @ Z)  # tr(W_bΓW_bR⁻¹) = ⟨Ξ, (W_bY)ᵀR⁻¹W_bY⟩
         WbbGam = xi(YWbbY)  # ⟨W_bb, Γ⟩
         GPsib = 2.0 * xi(C_VbY)  # tr(R⁻¹Ψ_b)
         G2Psib = 2.0 * xi(Yb.T @ Y)  # tr(R⁻²Ψ_b)
         GWbGPsib = 2.0 * xi(Vb.T @ Z)  # tr(R⁻¹W_bR⁻¹Ψ_b)
         GPsibb = 2.0 * xi(Vbb.T @ Y) + 2.0 * xi(Vb.T @ Yb)  # tr(R⁻¹Ψ_bb)
 
-        f = 0.5 * (fz.factor.logdet() + psi0)
+        f = 0.5 * (fz.logdet + psi0)
         grad = 0.5 * np.array([
             -eps * t1 + eps * trGam,
             n - eps * t1 - psi0 + eps * trGam,
@@ -392,6 +536,13 @@ class LocalModel:
             cross[i, k] = sigma2 * (1.0 - np.einsum("ij,ij->i", b0[i], kb.rjs[k]))
         return cross
 
+    def _kriging_factor(self, params: Params) -> _Factorised:
+        """The one factorisation a worker keeps: R_j at params' (δ, θ), reused by every prediction batch."""
+        if self._kriging is None or self._kriging.key != params.theta_key:
+            self._kriging = None  # free the old factor before building the new one
+            self._kriging = _Factorised(self, *params.theta_key)
+        return self._kriging
+
     def residual_kriging(self, locs0, params: Params) -> dict:
         """E[w̃(s₀) | η = μ, z_j], and the pieces of Var(y(s₀) | z) owed to this worker's residual.
 
@@ -400,7 +551,7 @@ class LocalModel:
         """
         self._check_params(params)
         locs0 = check_points(locs0, "prediction locations")
-        fz = self._factorised(params)
+        fz = self._kriging_factor(params)
         kh = fz.factor.whiten(self._residual_cross(locs0, fz.kb, params.sigma2).T)
         rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
         return {"mean": kh.T @ rh, "BRk": kh.T @ fz.Bh, "kRk": np.einsum("ij,ij->j", kh, kh)}
@@ -414,8 +565,7 @@ class LocalModel:
         X0 = check_finite(np.atleast_2d(np.asarray(X0, dtype=float)), "prediction covariates")
         if X0.shape != (locs0.shape[0], self.p):
             raise ValueError(f"prediction covariates must have shape ({locs0.shape[0]}, {self.p}), got {X0.shape}")
-        d_jj = self.d_jj if self.d_jj is not None else cdist(self.locs, self.locs)
-        M = params.sigma2 * self.kernel.correlation(d_jj, params.beta)
+        M = params.sigma2 * self.kernel.correlation(cdist(self.locs, self.locs), params.beta)
         M[np.diag_indices_from(M)] += 1.0 / params.delta
         factor = DenseFactor(M, f"C_jj + δ⁻¹I of worker data (n={self.n})")
         k0 = factor.whiten(params.sigma2 * self.kernel.correlation(cdist(self.locs, locs0), params.beta))

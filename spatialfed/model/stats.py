@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from spatialfed.model.linalg import apply, inner, matmul, trace, transpose
-from spatialfed.model.local import LocalModel
+from spatialfed.model.local import LocalModel, inverse_in_place
 from spatialfed.model.params import Params
 
 #: (a, b) pairs with a ≤ b in the order of the second-derivative arrays "d2S" and "d2d"
@@ -60,19 +60,16 @@ def site_statistics(lm: LocalModel, params) -> dict:
     delta, sigma2, beta = (float(v) for v in np.exp(u))
     m, p, n = lm.m, lm.p, lm.n
     key = Params(np.zeros(m), np.eye(m), np.zeros(p), delta, sigma2, beta)
-    fz = lm._factorised(key)
+    fz = lm._factorise(key, whiten=False)
     kb, eps, s2 = fz.kb, fz.eps, fz.sigma2
-    if fz.G is None:
-        fz.G = fz.factor.inverse()
-    G = fz.G  # P = R⁻¹, dense (full) or its diagonal (mpp, pp)
+    G = inverse_in_place(fz.factor)  # P = R⁻¹, dense (full, in the factor's storage) or its diagonal (mpp, pp)
     k = m + p + 1
     W = np.hstack([kb.B, lm.X, lm.z[:, None]])
     Y = apply(G, W)
     S = W.T @ Y
     YY = Y.T @ Y
     PY = apply(G, Y)
-    Wt1, (D2, U2, V2) = lm._residual_unit_derivatives(kb)
-    Rb = s2 * Wt1
+    Rb = lm._residual_beta(kb, s2)  # R_β: the second (and last) dense n×n array of the full residual
     Zb = apply(Rb, Y)
     Tb = apply(G, Zb)
     Z = [-eps * Y, W - eps * Y, Zb]  # R_aY (R_σY = RY − εY = W − εY)
@@ -92,7 +89,7 @@ def site_statistics(lm: LocalModel, params) -> dict:
     dS = np.stack([eps * YY, -(S - eps * YY), sym(EY) - Y.T @ Zb])  # −YᵀR_aY (+ E-terms for β)
 
     # −YᵀR_abY; R_ββ = σ²[D₂ − (U₂V₂ᵀ + V₂U₂ᵀ)] (U₂ = V₂ = None for mpp/pp); R_δσ = R_δβ = 0
-    YWbbY = Y.T @ apply(D2, Y)
+    tPD2, YWbbY, U2, V2 = lm._residual_beta2_terms(kb, G, Y)
     if U2 is not None:
         YU, YV = Y.T @ U2, Y.T @ V2
         YWbbY -= sym(YU @ YV.T)
@@ -114,8 +111,10 @@ def site_statistics(lm: LocalModel, params) -> dict:
     # log det R and its derivatives
     trP, trP2 = trace(G), inner(G, G)
     PRb = matmul(G, Rb)
+    del Rb
     tPRb, tP2Rb, tPRbPRb = trace(PRb), inner(G, transpose(PRb)), inner(PRb, transpose(PRb))
-    tPRbb = inner(G, D2)
+    del PRb, G
+    tPRbb = tPD2
     if U2 is not None:
         tPRbb -= 2.0 * float(np.einsum("ij,ij->", np.hstack([Y[:, :m], Yb]), U2))  # ⟨P, U₂V₂ᵀ + V₂U₂ᵀ⟩
     tPRbb *= s2
@@ -131,7 +130,7 @@ def site_statistics(lm: LocalModel, params) -> dict:
     c = np.array([1.0, 0.0, 0.0]) if lm.residual == "pp" else np.array([1.0, -1.0, 0.0])
     return {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p), "S": 0.5 * (S + S.T),
             "dS": 0.5 * (dS + dS.transpose(0, 2, 1)),
-            "d2S": d2S, "d": fz.factor.logdet(), "dd": dd, "d2d": d2d}
+            "d2S": d2S, "d": fz.logdet, "dd": dd, "d2d": d2d}
 
 
 def message_size(stats: dict) -> int:

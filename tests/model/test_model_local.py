@@ -68,16 +68,17 @@ def test_mu_sigma_and_gamma_quantities_are_gradients_of_f(setting, residual):
     np.testing.assert_allclose(g_gam, qg["XtRX"] @ par.gamma - qg["XtRr"], rtol=1e-5, atol=1e-7)
 
 
-def test_factorisation_is_cached_per_theta(setting):
+def test_whitened_data_are_kept_per_theta(setting):
+    """mu_sigma, gamma and value at one (δ, θ) share one factorisation's whitened data; a new θ replaces them."""
     locs, z, X, knots, par = setting
     lm = LocalModel(locs, z, X, knots, Matern(0.5), "full")
     lm.mu_sigma(par)
-    cached = lm._fact_cache[1]
+    cached = lm._white
     lm.gamma_step(par)
-    lm.theta(par)
-    assert lm._fact_cache[1] is cached
+    lm.value(par)
+    assert lm._white is cached
     lm.theta(par.with_u(par.u + 0.1))
-    assert lm._fact_cache[1] is not cached
+    assert lm._white is not cached and lm._white.key == par.with_u(par.u + 0.1).theta_key
 
 
 def test_returned_sizes_do_not_grow_with_n(setting):

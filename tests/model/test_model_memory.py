@@ -1,0 +1,96 @@
+"""Memory bounds of a worker's LocalModel (issue 14): nothing n_j × n_j outlives a fit request, at most one
+factorisation is kept (for prediction), and the blockwise full-residual computations equal the unblocked ones."""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import spatialfed.model.local as local
+from spatialfed.model.local import LocalModel, column_blocks, fill_upper
+from spatialfed.model.matern import Matern
+from spatialfed.model.params import Params
+from spatialfed.model.stats import site_statistics
+
+RESIDUALS = ["full", "mpp", "pp"]
+
+
+def make(n=240, m=9, residual="full", nu=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    locs = rng.uniform(size=(n, 2))
+    g = np.linspace(0.1, 0.9, int(np.sqrt(m)))
+    knots = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
+    X = np.column_stack([np.ones(n), rng.standard_normal(n)])
+    z = 3.0 + rng.standard_normal(n)
+    A = rng.standard_normal((m, m))
+    par = Params(0.3 * rng.standard_normal(m), A @ A.T / m + 0.1 * np.eye(m), np.array([2.9, 0.1]), 2.0, 1.3, 0.2)
+    return LocalModel(locs, z, X, knots, Matern(nu), residual), par
+
+
+def n_by_n(lm):
+    return [a for a in lm.cached_arrays() if a.size >= lm.n * lm.n]
+
+
+@pytest.mark.parametrize("residual", RESIDUALS)
+def test_fit_requests_keep_no_n_by_n_array(residual):
+    lm, par = make(residual=residual)
+    for step in ("mu_sigma", "gamma", "theta", "value"):
+        lm.quantity(step, par)
+        assert n_by_n(lm) == []
+    site_statistics(lm, par.with_u(par.u + 0.05))
+    assert n_by_n(lm) == []
+    # what stays is O(n_j (m + p)): the whitened [B, X, z] of the latest θ
+    assert lm.cached_nbytes() <= 8 * lm.n * (lm.m + lm.p + 1)
+
+
+def test_prediction_keeps_at_most_one_factorisation():
+    lm, par = make()
+    locs0 = np.random.default_rng(1).uniform(size=(5, 2))
+    lm.residual_kriging(locs0, par)
+    assert len(n_by_n(lm)) == 1
+    lm.residual_kriging(locs0, par.with_u(par.u + 0.1))  # another θ replaces it
+    assert len(n_by_n(lm)) == 1
+    lm.theta(par)  # a fit request at another θ drops it
+    assert n_by_n(lm) == []
+
+
+@pytest.mark.parametrize("request_", ["theta", "stats"])
+def test_full_theta_peak_is_three_n_by_n_arrays(monkeypatch, request_):
+    """tracemalloc peak of one theta (or statistics) request, blocks of 32 columns: R⁻¹, W_b and R⁻¹W_b, with
+    the O(n_j (m + p)) and block temporaries under half an n_j × n_j array more."""
+    lm, par = make(n=900)
+    monkeypatch.setattr(local, "BLOCK_BYTES", 8 * lm.n * 32)
+    run = (lambda: lm.theta(par)) if request_ == "theta" else (lambda: site_statistics(lm, par))
+    run()  # warm caches of imports
+    lm.clear_cache()
+    tracemalloc.start()
+    try:
+        run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 3.5 * 8 * lm.n**2, peak / (8 * lm.n**2)
+
+
+@pytest.mark.parametrize("nu", [0.5, 1.5, 0.8])
+def test_blockwise_equals_one_block(monkeypatch, nu):
+    """Many small column blocks give the same theta quantities and statistics as one block (rtol 1e-10)."""
+    lm, par = make(n=150, nu=nu)
+    one = (lm.theta(par), site_statistics(lm, par))
+    monkeypatch.setattr(local, "BLOCK_BYTES", 1)  # 16 columns per block
+    assert len(list(column_blocks(lm.n))) == 10
+    lm.clear_cache()
+    many = (lm.theta(par), site_statistics(lm, par))
+    for a, b in zip(one, many):
+        for key in a:
+            np.testing.assert_allclose(np.asarray(b[key], float), np.asarray(a[key], float), rtol=1e-10,
+                                       atol=1e-12 * max(1.0, float(np.max(np.abs(a[key])))))
+
+
+def test_fill_upper_symmetrises_in_place(monkeypatch):
+    monkeypatch.setattr(local, "BLOCK_BYTES", 1)
+    A = np.asfortranarray(np.random.default_rng(2).standard_normal((50, 50)))
+    lower = np.tril(A)
+    out = fill_upper(A)
+    assert out is A
+    np.testing.assert_array_equal(A, lower + np.tril(lower, -1).T)
