@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from spatialfed.cli.args import add_fitted, fitted_settings
+from spatialfed.cli.args import add_fitted, add_quiet, fitted_settings
+from spatialfed.cli.predict import add_batch
 
 NAME = "map"
 HELP = "predict on a grid and write GeoTIFFs, a GeoPackage and a PNG map"
@@ -34,6 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-sites", action="store_true",
                    help="do not draw observation sites (drawing them sends the site coordinates, not the values, "
                         "from the workers)")
+    add_batch(p)
+    add_quiet(p)
     p.set_defaults(handler=run)
 
 
@@ -44,7 +47,7 @@ def run(args) -> None:
     tic = time.perf_counter()
     paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
                      units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
-                     sites=not args.no_sites, **fitted_settings(args))
+                     sites=not args.no_sites, batch=args.batch, progress=not args.quiet, **fitted_settings(args))
     summary = json.loads(paths["json"].read_text())
     print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "
           f"{summary['resolution']:g}) in {time.perf_counter() - tic:.1f} s")

@@ -6,7 +6,7 @@ import sys
 import time
 import warnings
 
-from spatialfed.cli.args import add_fitted, fitted_settings
+from spatialfed.cli.args import add_fitted, add_quiet, fitted_settings
 
 NAME = "predict"
 HELP = "predict at new locations (or the store's test group) with uncertainty"
@@ -26,23 +26,36 @@ def register(subparsers) -> None:
     p.add_argument("--locations", default=None, metavar="FILE.csv",
                    help="CSV with columns x, y (store CRS) and the fitted covariates ('intercept' is added), or a "
                         "point GeoPackage/GeoParquet in the store's CRS; default: the store's test group")
-    p.add_argument("--out", required=True, metavar="PRED.csv", help="output CSV")
+    p.add_argument("--out", required=True, metavar="PRED.csv",
+                   help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at the end")
+    add_batch(p)
+    add_quiet(p)
     p.set_defaults(handler=run)
 
 
+def add_batch(p) -> None:
+    """--batch N: prediction locations per round of site calls (predict and map)."""
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="prediction locations per batch (default: about 4 million matrix entries over the largest "
+                        "site's n_j, 256..65536); memory per site call grows with N × n_j")
+
+
 def run(args) -> None:
-    """Handler of `spatialfed predict`: outputs.prediction.predict and write_prediction; warnings as one line each."""
-    from spatialfed.outputs.prediction import predict, write_prediction
+    """Handler of `spatialfed predict`: outputs.prediction.predict_to_file (batches streamed to the output, a progress
+    bar with ETA on stderr); warnings as one line each."""
+    from spatialfed.outputs.prediction import predict_to_file
 
     tic = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frame, scores = predict(args.fit_dir, args.store, locations=args.locations, **fitted_settings(args))
+        done = predict_to_file(args.fit_dir, args.store, args.out, locations=args.locations, batch=args.batch,
+                               progress=not args.quiet, **fitted_settings(args))
     for w in caught:
         print(f"spatialfed predict: warning: {w.message}", file=sys.stderr)
-    out, mpath = write_prediction(frame, args.out, scores)
-    print(f"wrote {out}: {len(frame)} predictions in {time.perf_counter() - tic:.1f} s")
+    print(f"wrote {done['out']}: {done['n']} predictions in {time.perf_counter() - tic:.1f} s "
+          f"(batches of {done['batch']})")
+    scores = done["scores"]
     if scores is not None:
         print(f"held-out scores ({scores['predictor']}, n = {scores['n']}): RMSE {scores['rmse']:.4g}  "
               f"MAE {scores['mae']:.4g}  CRPS {scores['crps']:.4g}  95% coverage {scores['coverage95']:.3f}  "
-              f"-> {mpath}")
+              f"-> {done['metrics']}")

@@ -29,9 +29,10 @@ from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError
 from spatialfed.outputs import metrics
-from spatialfed.outputs.prediction import (INTERCEPT, check_predictor, check_store, default_domain, default_predictor,
-                                           design_matrix, load_domain, load_model, open_workers, predict_at)
-from spatialfed.outputs.tables import read_points
+from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store, default_domain,
+                                           default_predictor, design_matrix, load_domain, load_model, open_workers,
+                                           predict_batches, progress_bar)
+from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
 
@@ -117,9 +118,10 @@ def write_netcdf(path, grid: geometry.PredictionGrid, mean, sd, crs, units: str 
     return write_atomic(path, lambda tmp: ds.to_netcdf(tmp, engine="scipy", format="NETCDF3_64BIT"))
 
 
-def grid_frame(grid: geometry.PredictionGrid, pred: dict) -> gpd.GeoDataFrame:
-    """The grid's cells as square polygons with the prediction columns."""
-    pts, h = grid.points, grid.resolution / 2
+def grid_frame(grid: geometry.PredictionGrid, pred: dict, rows: slice = slice(None)) -> gpd.GeoDataFrame:
+    """The grid's cells (those of `rows`, in grid.points order) as square polygons with the prediction columns
+    (`pred` holds the values of those rows)."""
+    pts, h = grid.points[rows], grid.resolution / 2
     cells = shapely.box(pts[:, 0] - h, pts[:, 1] - h, pts[:, 0] + h, pts[:, 1] + h)
     cols = {k: pred[k] for k in ("mean", "sd", "sd_latent", "owner")}
     return gpd.GeoDataFrame({"x": pts[:, 0], "y": pts[:, 1], **cols}, geometry=cells, crs=grid.crs)
@@ -247,8 +249,12 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, units="", title=None,
              overlay=None, overlay_label="", sites=True, predictor=None, worker=None, runtime="dask", client=None,
-             scheduler=None, n_dask_workers=None) -> dict:
-    """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths."""
+             scheduler=None, n_dask_workers=None, batch=None, progress: bool = False) -> dict:
+    """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
+
+    Cells are predicted in batches (`prediction.predict_batches`, `batch` cells per round; default `batch_size`),
+    each batch's cells appended to grid.gpkg in the staged output directory as it finishes, with a tqdm bar and ETA
+    when `progress`; the rasters keep one float per cell."""
     model = load_model(fit_dir)
     info = open_store(store)
     check_store(model, info)
@@ -258,14 +264,50 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} exists and is not a directory; give a directory for the map files")
     overlays = None if overlay is None else read_overlay(overlay, info)
-    with open_workers(info, model, runtime, client=client, scheduler=scheduler,
-                      n_dask_workers=n_dask_workers) as workers:
-        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
-        grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)  # 0 is refused
-        X0 = map_design(grid, info, covariates)
-        pred = predict_at(workers, model, grid.points, X0, predictor, worker)
-        locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
-            if sites else None
+    with staged_entries(out, last=("map.json",)) as tmp:  # the whole set or nothing (a full disk, Ctrl-C)
+        with open_workers(info, model, runtime, client=client, scheduler=scheduler,
+                          n_dask_workers=n_dask_workers) as workers:
+            dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+            grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
+            X0 = map_design(grid, info, covariates)
+            pred = _predict_grid(workers, model, grid, X0, predictor, worker,
+                                 batch_size(info.sizes, len(model.knots), batch), tmp / GRID_GPKG, progress)
+            locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
+                if sites else None
+        paths = _write_map_files(tmp, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units, title)
+    return {key: out / Path(path).name for key, path in paths.items()}
+
+
+def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg: Path, progress: bool) -> dict:
+    """Predict the grid's cells batch by batch, appending each batch's cells to the GeoPackage `gpkg` (layer
+    "prediction"); returns the per-cell arrays the rasters need."""
+    n = len(grid.points)
+    pred = {key: np.empty(n) for key in ("mean", "sd", "sd_latent")}
+    pred["owner"] = np.empty(n, dtype=np.int64)
+    stream = TableStream(gpkg, ".gpkg", crs=grid.crs, layer="prediction")
+    bar = progress_bar(n, progress, desc="map")
+    try:
+        for i, part in predict_batches(workers, model, grid.points, X0, predictor, worker, batch):
+            rows = slice(i, i + len(part["mean"]))
+            for key in pred:
+                pred[key][rows] = part[key]
+            try:
+                stream.append(grid_frame(grid, part, rows))
+            except Exception as exc:  # pyogrio reports I/O failures (a full disk, ...) as its own error types
+                raise exc if isinstance(exc, OSError) else OSError(f"GDAL could not write the GeoPackage ({exc})") \
+                    from None
+            if bar is not None:
+                bar.update(len(part["mean"]))
+    finally:
+        stream.close()
+        if bar is not None:
+            bar.close()
+    return pred
+
+
+def _write_map_files(tmp: Path, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units,
+                     title) -> dict:
+    """The rasters, NetCDF, PNG and map.json of make_map into the staged directory `tmp` (grid.gpkg is there)."""
     if title is None:
         title = f"{predictor} prediction on {int(grid.mask.sum())} cells of {grid.resolution:g} " \
                 f"{_crs_unit(info.crs)} ({geometry.crs_name(info.crs) or 'planar units'})"
@@ -274,15 +316,13 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
                "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,
                "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
                "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
-    with staged_entries(out, last=("map.json",)) as tmp:  # the whole set or nothing (a full disk, Ctrl-C)
-        paths = {"mean": write_geotiff(tmp / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
-                 "sd": write_geotiff(tmp / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
-                 "netcdf": write_netcdf(tmp / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
-                 "gpkg": write_grid_gpkg(tmp / GRID_GPKG, grid_frame(grid, pred)),
-                 "png": map_figure(tmp / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
-                                   overlays=overlays, overlay_label=overlay_label, units=units, title=title),
-                 "json": write_text(tmp / "map.json", json.dumps(summary, indent=1) + "\n")}
-    return {key: out / Path(path).name for key, path in paths.items()}
+    return {"mean": write_geotiff(tmp / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
+            "sd": write_geotiff(tmp / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
+            "netcdf": write_netcdf(tmp / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
+            "gpkg": tmp / GRID_GPKG,
+            "png": map_figure(tmp / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
+                              overlays=overlays, overlay_label=overlay_label, units=units, title=title),
+            "json": write_text(tmp / "map.json", json.dumps(summary, indent=1) + "\n")}
 
 
 def heldout_figure(path, frames: dict, units: str = "", title: str = "") -> Path:

@@ -19,6 +19,13 @@ Predictors (`PREDICTORS`):
 
 Runtimes: `dask` runs every worker's part in a task on the Dask worker that loads and keeps partition j (the fit's
 partition executor, `runtime.site`); `simulated` loads the partitions in this process (small data, tests).
+
+**Scale (issue 14).** Locations are predicted in batches (`predict_batches`): every site call sees one batch, so a
+worker builds at most batch × n_j cross-covariances and the server batch × m matrices — never an n₀ × n₀ or
+n₀ × n_j one. `batch_size` picks the batch from the largest site (about 4·10⁶ entries per matrix, 32 MB). The
+predict command streams each finished batch to a staged temporary file (`tables.stream_table`, renamed into place
+at the end by `spatialfed.atomic`), with a tqdm bar and its ETA on stderr (`predict_to_file`); memory is the
+targets (n₀ × (2 + p)) plus one batch.
 """
 
 from __future__ import annotations
@@ -47,7 +54,10 @@ from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of pr
 
 PREDICTORS = ("lowrank", "independent", "personal", "ols")
 INTERCEPT = "intercept"
-CHUNK = 2048   # prediction locations per round of worker tasks
+CHUNK = 2048   # prediction locations per round of worker tasks when no batch size is given
+#: entries of the largest per-batch matrix (batch × max(n_j, m)): 4·2²⁰ float64 = 32 MB
+BATCH_BUDGET = 4 * 2**20
+BATCH_RANGE = (256, 65_536)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -141,8 +151,10 @@ def _groups(owners: np.ndarray) -> dict:
 
 
 def ols_prediction(workers, X0) -> dict:
-    """Pooled OLS from summed moments: mean x₀ᵀγ̂, sd s√(1 + x₀ᵀ(XᵀX)⁻¹x₀) (sd_latent: s√(x₀ᵀ(XᵀX)⁻¹x₀))."""
-    mom = workers.call("moments", {j: () for j in range(workers.n_workers)}).values()
+    """Pooled OLS from summed moments: mean x₀ᵀγ̂, sd s√(1 + x₀ᵀ(XᵀX)⁻¹x₀) (sd_latent: s√(x₀ᵀ(XᵀX)⁻¹x₀)).
+    `workers`: a runtime (the moments are asked for) or the {j: moments} it answered."""
+    mom = (workers if isinstance(workers, dict) else
+           workers.call("moments", {j: () for j in range(workers.n_workers)})).values()
     XtX, Xtz = sum(m["XtX"] for m in mom), sum(m["Xtz"] for m in mom)
     ztz, n = sum(m["ztz"] for m in mom), sum(m["n"] for m in mom)
     g = np.linalg.solve(XtX, Xtz)
@@ -161,24 +173,81 @@ def check_predictor(predictor: str, worker: int | None, n_workers: int) -> None:
                          f"got {worker!r}")
 
 
-def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
-               chunk: int = CHUNK) -> dict:
-    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
+def batch_size(sizes, m: int, batch: int | None = None) -> int:
+    """Prediction locations per batch: `batch` when given (a positive integer), else BATCH_BUDGET entries over the
+    largest of the sites' n_j and m, clipped to BATCH_RANGE (a site's batch × n_j cross-covariance stays ≈ 32 MB)."""
+    if batch is not None:
+        if isinstance(batch, bool) or int(batch) != batch or batch < 1:
+            raise ValueError(f"the batch size (--batch) must be a positive integer, got {batch!r}")
+        return int(batch)
+    widest = max([int(n) for n in sizes] + [int(m), 1])
+    return int(np.clip(BATCH_BUDGET // widest, *BATCH_RANGE))
 
-    Locations go to the workers `chunk` at a time, which bounds the n₀ × n_j cross-covariances a worker builds.
-    """
-    check_predictor(predictor, worker, workers.n_workers)
+
+def _check_targets(model: FittedModel, locs0, X0) -> tuple[np.ndarray, np.ndarray]:
     locs0, X0 = np.asarray(locs0, dtype=float).reshape(-1, 2), np.atleast_2d(np.asarray(X0, dtype=float))
     p = model.params.gamma.size
     if len(locs0) == 0:
         raise DataError("there are no prediction locations")
     if X0.shape != (len(locs0), p):
         raise DataError(f"prediction covariates must have shape ({len(locs0)}, {p}) to match the fit, got {X0.shape}")
+    return locs0, X0
+
+
+def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
+                    batch: int = CHUNK):
+    """Yield (start, part) for consecutive batches of `batch` locations: part = {"mean", "sd", "sd_latent",
+    "owner"} at locs0[start:start + batch]. Each batch is one round of site calls (owner distances, then the owners'
+    residual parts), so memory per call is O(batch · max(n_j, m)); `ols` is one pooled moment call, then batches."""
+    check_predictor(predictor, worker, workers.n_workers)
+    locs0, X0 = _check_targets(model, locs0, X0)
+    batch = batch_size((), 0, batch)
     if predictor == "ols":
-        return ols_prediction(workers, X0)
-    parts = [_predict_block(workers, model, locs0[i:i + chunk], X0[i:i + chunk], predictor, worker)
-             for i in range(0, len(locs0), chunk)]
-    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        mom = workers.call("moments", {j: () for j in range(workers.n_workers)})
+        for i in range(0, len(locs0), batch):
+            yield i, ols_prediction(mom, X0[i:i + batch])
+        return
+    for i in range(0, len(locs0), batch):
+        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker)
+
+
+def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream=None):
+    """A tqdm bar over `total` locations with rate and ETA on stderr (None when disabled): refreshed twice a second
+    on a terminal, every 15 s in logs and pipes."""
+    if not enabled:
+        return None
+    import sys
+
+    from tqdm.auto import tqdm
+
+    stream = stream or sys.stderr
+    live = bool(getattr(stream, "isatty", lambda: False)())
+    return tqdm(total=int(total), desc=desc, unit="pt", unit_scale=True, file=stream, dynamic_ncols=True,
+                mininterval=0.5 if live else 15.0, smoothing=0.1)
+
+
+def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
+               chunk: int | None = None, *, progress: bool = False) -> dict:
+    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
+
+    Locations go to the workers `chunk` at a time (`predict_batches`; default CHUNK), which bounds the batch × n_j
+    cross-covariances a worker builds; the results are the same for every batch size (to rounding). `progress`
+    shows a tqdm bar with its ETA."""
+    locs0, X0 = _check_targets(model, locs0, X0)
+    out = {key: np.empty(len(locs0)) for key in ("mean", "sd", "sd_latent")}
+    out["owner"] = np.empty(len(locs0), dtype=np.int64)
+    bar = progress_bar(len(locs0), progress)
+    try:
+        for i, part in predict_batches(workers, model, locs0, X0, predictor, worker, chunk or CHUNK):
+            k = len(part["mean"])
+            for key in out:
+                out[key][i:i + k] = part[key]
+            if bar is not None:
+                bar.update(k)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
 
 
 def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worker: int | None) -> dict:
@@ -287,9 +356,8 @@ def default_predictor(model: FittedModel) -> str:
     return "lowrank" if model.method == "lowrank" else "independent"
 
 
-def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, worker=None, runtime="dask",
-            client=None, scheduler=None, n_dask_workers=None) -> tuple[pd.DataFrame, dict | None]:
-    """Predict at a locations file, or at the store's test group; returns the table and held-out scores (or None)."""
+def _prepare(fit_dir, store, locations, predictor, worker):
+    """(model, store info, targets, predictor) of a predict run, every check done before a site starts."""
     model = load_model(fit_dir)
     info = open_store(store)
     check_store(model, info)
@@ -298,17 +366,73 @@ def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, work
     targets = heldout_targets(info) if locations is None else table_targets(locations, info)
     predictor = predictor or default_predictor(model)
     check_predictor(predictor, worker, info.n_workers)
+    return model, info, targets, predictor
+
+
+def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, worker=None, runtime="dask",
+            client=None, scheduler=None, n_dask_workers=None, batch=None,
+            progress: bool = False) -> tuple[pd.DataFrame, dict | None]:
+    """Predict at a locations file, or at the store's test group; returns the table and held-out scores (or None).
+    The whole table is in memory: for 10⁵–10⁶ locations use `predict_to_file`, which streams it to disk."""
+    model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker)
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
         dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
         outside = outside_domain(targets.locs, dom)
-        pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker)
+        pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker,
+                          batch_size(info.sizes, len(model.knots), batch), progress=progress)
     frame = prediction_frame(targets, pred, outside)
     frame.attrs["crs"] = info.crs  # the store's: where x, y are (write_prediction georeferences .gpkg/.parquet)
     scores = None
     if targets.observed is not None:
         scores = {"predictor": predictor, **metrics.scores(targets.observed, pred["mean"], pred["sd"])}
     return frame, scores
+
+
+def predict_to_file(fit_dir, store, out, *, locations=None, domain=None, predictor=None, worker=None,
+                    runtime="dask", client=None, scheduler=None, n_dask_workers=None, batch=None,
+                    progress: bool = True) -> dict:
+    """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
+    `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
+    the store's test group also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
+
+    Returns {"out", "metrics" (path or None), "n", "batch", "outside" (count), "scores" (or None)}. Memory: the
+    targets plus one batch's matrices (`batch_size`), whatever the number of locations."""
+    tables.check_writer(out)  # an output format we cannot write is refused before any site starts
+    model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker)
+    n = len(targets.locs)
+    size = batch_size(info.sizes, len(model.knots), batch)
+    scoring = targets.observed is not None
+    mean, sd = (np.empty(n), np.empty(n)) if scoring else (None, None)
+    n_outside = 0
+    with open_workers(info, model, runtime, client=client, scheduler=scheduler,
+                      n_dask_workers=n_dask_workers) as workers:
+        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        with tables.stream_table(out, crs=info.crs) as stream:
+            bar = progress_bar(n, progress)
+            try:
+                for i, part in predict_batches(workers, model, targets.locs, targets.X, predictor, worker, size):
+                    rows = slice(i, i + len(part["mean"]))
+                    outside = ~dom.contains(targets.locs[rows])
+                    n_outside += int(outside.sum())
+                    piece = Targets(targets.locs[rows], targets.X[rows],
+                                    None if not scoring else targets.observed[rows])
+                    stream.append(prediction_frame(piece, part, outside))
+                    if scoring:
+                        mean[rows], sd[rows] = part["mean"], part["sd"]
+                    if bar is not None:
+                        bar.update(len(part["mean"]))
+            finally:
+                if bar is not None:
+                    bar.close()
+    if n_outside:
+        warnings.warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
+                      "column outside_domain)", stacklevel=2)
+    scores = {"predictor": predictor, **metrics.scores(targets.observed, mean, sd)} if scoring else None
+    out = Path(out)
+    mpath = None if scores is None else write_text(out.with_name("metrics.json"),
+                                                   json.dumps(scores, indent=1) + "\n")
+    return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}
 
 
 def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=None) -> tuple[Path, Path | None]:

@@ -7,17 +7,23 @@
 - `write_table(frame, path, crs=None)`: `.csv`, `.gpkg` (GeoPackage, point geometry from x/y) or `.parquet`
   (GeoParquet); any other extension is refused with the list. Written through `spatialfed.atomic.write_atomic`,
   so a reader never sees a partial file.
+- `stream_table(path, crs=None)`: the same formats written batch by batch (prediction at 10⁵–10⁶ points): a context
+  manager yielding a `TableStream` whose `append(frame)` adds rows to a staged temporary file (`atomic.staged`),
+  renamed into place when the block ends normally; memory is one batch, not the table.
 """
 
 from __future__ import annotations
 
+import json
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
 import pandas as pd
 
-from spatialfed.atomic import write_atomic
+from spatialfed.atomic import staged, write_atomic
 from spatialfed.data import geometry
 from spatialfed.errors import DataError
 
@@ -115,10 +121,7 @@ def write_table(frame: pd.DataFrame, path, *, crs=None, layer: str | None = None
     """Write a table whose format follows the extension: .csv, .gpkg (GeoPackage, layer `layer` or the file's stem)
     or .parquet (GeoParquet); points from x/y in `crs` (the store's) unless `frame` is a GeoDataFrame. Atomic."""
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in WRITERS:
-        raise DataError(f"cannot write {path}: the output format follows the extension and "
-                        f"{suffix or '(no extension)'} is not one of {', '.join(WRITERS)}; rename the output")
+    suffix = check_writer(path)
     if suffix == ".csv":
         plain = pd.DataFrame(frame.drop(columns=frame.geometry.name)) if isinstance(frame, gpd.GeoDataFrame) \
             else frame
@@ -128,3 +131,80 @@ def write_table(frame: pd.DataFrame, path, *, crs=None, layer: str | None = None
         name = layer or path.stem
         return write_atomic(path, lambda tmp: geo.to_file(tmp, driver="GPKG", layer=name))
     return write_atomic(path, lambda tmp: geo.to_parquet(tmp, index=False))
+
+
+def check_writer(path) -> str:
+    """The output format (suffix) of `path`; DataError naming the writable ones otherwise."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in WRITERS:
+        raise DataError(f"cannot write {path}: the output format follows the extension and "
+                        f"{suffix or '(no extension)'} is not one of {', '.join(WRITERS)}; rename the output")
+    return suffix
+
+
+class TableStream:
+    """Rows appended batch by batch to `tmp` (a staged temporary file) in the format of `suffix`: CSV (header with
+    the first batch), GeoPackage (layer `layer`, appended through GDAL) or GeoParquet (one row group per batch,
+    pyarrow's ParquetWriter; the `geo` metadata without the optional per-file bbox, which only the whole table
+    knows). Points come from x/y in `crs`. `rows` counts what was written."""
+
+    def __init__(self, tmp, suffix: str, *, crs=None, layer: str = "prediction", target: Path | None = None):
+        self.path, self.suffix, self.crs, self.layer = Path(tmp), suffix, crs, layer
+        self.target = target or self.path
+        self.rows = 0
+        self._parquet = None
+
+    def append(self, frame: pd.DataFrame) -> None:
+        """Write the rows of `frame` after those already written."""
+        first = self.rows == 0
+        if self.suffix == ".csv":
+            plain = pd.DataFrame(frame.drop(columns=frame.geometry.name)) if isinstance(frame, gpd.GeoDataFrame) \
+                else frame
+            plain.to_csv(self.path, mode="w" if first else "a", header=first, index=False)
+        elif self.suffix == ".gpkg":
+            geo = _geo(frame, self.crs, self.target)
+            with warnings.catch_warnings():  # a store in planar units has no CRS to give (not news, per batch)
+                warnings.filterwarnings("ignore", message="'crs' was not provided")
+                geo.to_file(self.path, driver="GPKG", layer=self.layer, mode="w" if first else "a")
+        else:
+            self._append_parquet(_geo(frame, self.crs, self.target))
+        self.rows += len(frame)
+
+    def _append_parquet(self, geo: gpd.GeoDataFrame) -> None:
+        import pyarrow.parquet as pq
+        from geopandas.io.arrow import _geopandas_to_arrow
+
+        table = _geopandas_to_arrow(geo, index=False)
+        if self._parquet is None:
+            meta = dict(table.schema.metadata or {})
+            geo_meta = json.loads(meta[b"geo"])
+            for column in geo_meta.get("columns", {}).values():
+                column.pop("bbox", None)  # optional in GeoParquet; a batch's bbox would be wrong for the file
+            meta[b"geo"] = json.dumps(geo_meta).encode()
+            self._schema = table.schema.with_metadata(meta)
+            self._parquet = pq.ParquetWriter(self.path, self._schema)
+        self._parquet.write_table(table.replace_schema_metadata(self._schema.metadata))
+
+    def close(self) -> None:
+        """Finish the file (the Parquet footer); CSV and GeoPackage need nothing."""
+        if self._parquet is not None:
+            self._parquet.close()
+            self._parquet = None
+
+
+@contextmanager
+def stream_table(path, *, crs=None, layer: str | None = None):
+    """Yield a TableStream writing to a staged temporary sibling of `path` (format by its extension); on a normal
+    exit the file is closed and renamed into place (atomic: a reader sees the old file or the complete new one).
+    No rows appended is an error (there would be nothing to write)."""
+    path = Path(path)
+    suffix = check_writer(path)
+    with staged(path) as tmp:
+        stream = TableStream(tmp, suffix, crs=crs, layer=layer or path.stem, target=path)
+        try:
+            yield stream
+        finally:
+            stream.close()
+        if stream.rows == 0:
+            raise DataError(f"cannot write {path}: no rows were produced")
