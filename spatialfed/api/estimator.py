@@ -66,7 +66,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     nu : Matérn smoothness ν (fixed).
     agg_threshold : Agg_threshold in 1..J (async; default ceil(0.2·J)); sync always uses J.
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
-    runtime : "dask" | "simulated".
+    runtime : "auto" (default: in this process for small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask
+        option given; Dask otherwise: ``runtime.factory.choose_runtime``) | "dask" | "simulated".
     profile : heterogeneity profile "balanced" | "straggler" | "graded" (ignored when slowdown is given).
     slowdown : explicit per-worker slowdown factors s_1..s_J ≥ 1.
     scheduler : address of a running Dask scheduler (tcp://host:port); None starts an embedded LocalCluster.
@@ -134,7 +135,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
-                 max_iter=50, tol=1e-5, runtime="dask", profile="balanced", slowdown=None, scheduler=None, seed=0,
+                 max_iter=50, tol=1e-5, runtime="auto", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=DEFAULT_PRESET, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
@@ -214,7 +215,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         if runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
             raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
         if self.tls is not None and self.tls is not False:
-            if runtime != "dask":
+            if runtime == "simulated":
                 raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
             if self.client is not None:
                 raise ValueError("tls=... cannot be applied to an existing client=; create it with "
@@ -304,14 +305,16 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         tic = time.perf_counter()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
+        self.runtime_used_, self.runtime_reason_ = self._choose_runtime(info)
         server = resuming.restored_server(self, resume, info.n_workers)
         resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
         say = Progress(self.progress)
-        monitor = FitMonitor(info.n_workers, live=bool(self.live) and runtime_name(self.runtime) == "dask")
+        monitor = FitMonitor(info.n_workers, live=bool(self.live) and self.runtime_used_ == "dask")
         ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path))
-        cluster = scripts.embedded_cluster(runtime_name(self.runtime), client=self.client, scheduler=self.scheduler,
+        cluster = scripts.embedded_cluster(self.runtime_used_, client=self.client, scheduler=self.scheduler,
                                            jobqueue=self.jobqueue)
-        say.starting("an embedded Dask LocalCluster" if cluster else f"the {runtime_name(self.runtime)} runtime")
+        say.starting(("an embedded Dask LocalCluster" if cluster else f"the {self.runtime_used_} runtime")
+                     + (f" ({self.runtime_reason_})" if self.runtime_reason_ else ""))
         with scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, say, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
@@ -362,9 +365,23 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.n_iter_ = int(server.iterations)
         self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
 
+    def _choose_runtime(self, info) -> tuple[str, str]:
+        """(runtime, why) of a fit on the store `info` (runtime.factory.choose_runtime: "auto" is in-process for
+        small jobs without Dask options)."""
+        from spatialfed.runtime.factory import choose_runtime, knot_count
+
+        asked = {"client": self.client is not None, "scheduler": self.scheduler, "jobqueue": self.jobqueue,
+                 "tls": self.tls not in (None, False), "live": self.live,
+                 "on_worker_error='drop'": self.on_worker_error == "drop", "n_dask_workers": self.n_dask_workers,
+                 "profile/slowdown": self.slowdown is not None or self.profile != "balanced",
+                 "delays/activations": self.delays is not None or self.activations is not None}
+        m = 0 if self.method in ("independent", "fgpr") else knot_count(self.knots)
+        return choose_runtime(self.runtime, n_obs=sum(info.sizes), n_knots=m,
+                              dask_options=[name for name, given in asked.items() if given])
+
     def _open_runtime(self, n_sites: int):
         """The runtime of this fit as a context manager (runtime.factory.open_runtime)."""
-        return open_runtime(self.runtime, slowdowns=self._slowdowns(n_sites), client=self.client,
+        return open_runtime(getattr(self, "runtime_used_", self.runtime), slowdowns=self._slowdowns(n_sites), client=self.client,
                             scheduler=self.scheduler, jobqueue=self.jobqueue, n_dask_workers=self.n_dask_workers,
                             n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout)
 
@@ -437,7 +454,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
             trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_, dropped_workers=self.dropped_workers_,
-            extra={"store": self.store_, "runtime": self.runtime, "profile": self.profile,
+            extra={"store": self.store_, "runtime": self.runtime_used_, "runtime_reason": self.runtime_reason_,
+                   "profile": self.profile,
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,

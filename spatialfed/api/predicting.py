@@ -55,16 +55,21 @@ def predict(gp, locs, X0) -> dict:
     estimator's runtime."""
     from spatialfed.api.scripts import embedded_cluster, spawn_safe
     from spatialfed.data.store import open_store
-    from spatialfed.outputs.prediction import default_predictor, open_workers, predict_at
-    from spatialfed.runtime.factory import runtime_name
+    from spatialfed.outputs.prediction import (batch_size, default_predictor, open_workers, predict_at,
+                                               prediction_runtime)
 
     model = fitted_model(gp)
     info = open_store(gp.store_)
-    runtime = runtime_name(gp.runtime)
+    runtime = getattr(gp, "runtime_used_", None) or gp.runtime  # where the fit ran ("auto" resolved)
+    if gp.jobqueue:
+        runtime = "dask"
+    runtime = prediction_runtime(runtime, info, model, client=gp.client, scheduler=gp.scheduler,
+                                 n_dask_workers=gp.n_dask_workers)
     cluster = embedded_cluster(runtime, client=gp.client, scheduler=gp.scheduler, jobqueue=gp.jobqueue)
     with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
                                            n_dask_workers=gp.n_dask_workers) as workers:
-        return predict_at(workers, model, locs, X0, default_predictor(model))
+        return predict_at(workers, model, locs, X0, default_predictor(model),
+                          batch_size(info.sizes, len(model.knots)))
 
 
 def log_predictive_density(y, mean, sd) -> np.ndarray:

@@ -144,9 +144,9 @@ def add_fitted(p, runtimes: tuple, predictors: tuple) -> None:
     p.add_argument("--domain", default=None, metavar="FILE",
                    help="polygon file (GeoPackage, shapefile, GeoJSON) in the store's CRS; default: the union of "
                         "the workers' bounding boxes ([0,1]² for simulated stores)")
-    local = " | ".join(r for r in runtimes if r != "dask")
-    add_dask(p, runtimes, f"dask (default; each worker's part runs where its partition lives) or {local} (loads "
-                          "the partitions in this process; small data)")
+    add_dask(p, runtimes, "auto (default: in this process for small stores, observations × knots ≤ 500,000, else "
+                          "Dask), dask (each worker's part runs where its partition lives) or simulated (loads the "
+                          "partitions in this process)")
 
 
 def fitted_settings(args) -> dict:

@@ -248,7 +248,7 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 
 
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, units="", title=None,
-             overlay=None, overlay_label="", sites=True, predictor=None, worker=None, runtime="dask", client=None,
+             overlay=None, overlay_label="", sites=True, predictor=None, worker=None, runtime="auto", client=None,
              scheduler=None, n_dask_workers=None, batch=None, progress: bool = False) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
 

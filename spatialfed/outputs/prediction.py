@@ -112,14 +112,28 @@ def check_store(model: FittedModel, info: StoreInfo) -> None:
                         "fitted on")
 
 
+def prediction_runtime(runtime, info: StoreInfo, model: FittedModel, *, client=None, scheduler=None,
+                       n_dask_workers=None) -> str:
+    """The runtime prediction runs on: "auto" is in-process for small stores (runtime.factory.choose_runtime on the
+    store's observations × the fit's knots) unless a client, scheduler or Dask worker count is given."""
+    from spatialfed.runtime.factory import choose_runtime
+
+    given = {"client": client is not None, "scheduler": scheduler, "n_dask_workers": n_dask_workers}
+    return choose_runtime(runtime, n_obs=sum(info.sizes), n_knots=len(model.knots),
+                          dask_options=[name for name, value in given.items() if value])[0]
+
+
 @contextmanager
-def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "dask", *, client=None, scheduler=None,
+def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, client=None, scheduler=None,
                  n_dask_workers=None):
     """The store's sites with their partitions loaded, as a started `Runtime` (`call(name, {j: args})` runs
     runtime.site.SITE_CALLS where partition j lives): Dask (an embedded cluster unless told otherwise) or, with
-    runtime="simulated", this process (small data, tests)."""
+    runtime="simulated", this process (small data, tests); "auto" chooses (`prediction_runtime`)."""
     from spatialfed.runtime import site
     from spatialfed.runtime.factory import open_runtime
+
+    runtime = prediction_runtime(runtime, info, model, client=client, scheduler=scheduler,
+                                 n_dask_workers=n_dask_workers)
 
     specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
                             model.residual)
@@ -369,7 +383,7 @@ def _prepare(fit_dir, store, locations, predictor, worker):
     return model, info, targets, predictor
 
 
-def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, worker=None, runtime="dask",
+def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, worker=None, runtime="auto",
             client=None, scheduler=None, n_dask_workers=None, batch=None,
             progress: bool = False) -> tuple[pd.DataFrame, dict | None]:
     """Predict at a locations file, or at the store's test group; returns the table and held-out scores (or None).
@@ -390,7 +404,7 @@ def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, work
 
 
 def predict_to_file(fit_dir, store, out, *, locations=None, domain=None, predictor=None, worker=None,
-                    runtime="dask", client=None, scheduler=None, n_dask_workers=None, batch=None,
+                    runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
                     progress: bool = True) -> dict:
     """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
     `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
