@@ -10,6 +10,11 @@ then serves every later request. It answers two kinds of request:
 
 The Dask runtime runs these inside tasks pinned to the Dask worker holding the partition; the virtual runtime and
 in-process prediction run them here. Nothing else reads a partition.
+
+Memory: a registered LocalModel keeps its partition and, between requests, only the latest θ's whitened data
+(O(n_j (m + p)) numbers; model/local.py), plus one factorisation of R_j once prediction asks for it; so a process
+holding many sites needs their data plus the transient arrays of the one request it runs (`kept_bytes` reports
+what the registry holds).
 """
 
 from __future__ import annotations
@@ -141,6 +146,14 @@ def release(run_id: str) -> int:
         for k in keys:
             del _REGISTRY[k]
     return len(keys)
+
+
+def kept_bytes(run_id: str | None = None) -> dict[str, int]:
+    """Bytes this process's registered LocalModels (of run `run_id`, or all) hold between requests: their data
+    (locations, z, X) and their caches (LocalModel.cached_nbytes), per key "run_id/w<j>"."""
+    with _REGISTRY_LOCK:
+        items = [(k, lm) for k, lm in _REGISTRY.items() if run_id is None or k.startswith(f"{run_id}/")]
+    return {k: int(lm.locs.nbytes + lm.z.nbytes + lm.X.nbytes + lm.cached_nbytes()) for k, lm in sorted(items)}
 
 
 def registry_keys() -> list[str]:

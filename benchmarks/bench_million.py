@@ -1,0 +1,165 @@
+"""10⁶ simulated points over J = 100 area sites (issue 14): simulate, write the store, fit with mpp and pp residuals
+under the default preset (the block scheme) and preset="stats" (one round trip of sufficient statistics per
+iteration), recording wall time and peak memory.
+
+Simulation (``spatialfed.data.simulate.simulate``): N points on a jittered grid in [0,1]², SPEC §7's covariates and
+noise (p = 5, γ = (−1, 2, 1, 1, 1), noise sd 2), an exponential Matérn field (σ² = 1, β = 0.1) drawn by circulant
+embedding on a regular grid of step β/100 (O(M log M) for the M torus cells, whatever N) and interpolated to the
+points, area partition into J sites. ``simulate_s``: locations, field and partition in memory; ``ingest_s``:
+writing the Zarr store (``data.store.write_store``).
+
+Each fit (m = 100 knots, ν = 0.5, ``--mode`` sync by default) runs on a Dask LocalCluster of ``--dask-workers``
+processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with the library's
+progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
+``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
+sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during
+simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready), loglik,
+params, truth.
+
+    nice -n 10 python benchmarks/bench_million.py --n 100000 --max-iter 5 --residual mpp --preset default  # quick
+    nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, mpp and pp, both presets
+    nice -n 10 python benchmarks/bench_million.py --profile 100000      # cProfile of one fit (top 25 on stderr)
+
+One JSON row per fit on stdout (and appended to --out FILE). Measured 2026-11-23 on the shared 2-core machine:
+docs/results.md, "Large data: memory and 10⁶ points".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_large import PeakRSS, say  # noqa: E402
+
+
+def make_store(path: Path, n: int, J: int, seed: int) -> dict:
+    """Simulate n points and write them as a J-site area-partitioned store; timings and peak RSS."""
+    from spatialfed.data.simulate import simulate
+    from spatialfed.data.store import write_store
+
+    with PeakRSS(children=False) as mem:
+        tic = time.perf_counter()
+        sim = simulate(J, n // J, partition="area", beta=0.1, seed=seed, progress=True)
+        simulate_s = time.perf_counter() - tic
+        tic = time.perf_counter()
+        write_store(path, sim.parts(), partition=sim.partition, crs=None, covariate_names=sim.covariate_names,
+                    truth=sim.truth, overwrite=True, extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
+        ingest_s = time.perf_counter() - tic
+    say(f"simulated {len(sim.z)} points ({sim.method}) in {simulate_s:.1f} s, wrote {path} in {ingest_s:.1f} s, "
+        f"peak {mem.mb:.0f} MB")
+    return {"simulate_s": round(simulate_s, 2), "ingest_s": round(ingest_s, 2), "sim_peak_rss_mb": round(mem.mb, 1),
+            "truth": sim.truth, "method": sim.method}
+
+
+def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, object]:
+    from spatialfed.api import FederatedGP
+
+    settings = {"mode": args.mode, "max_iter": args.max_iter}
+    if preset != "default":
+        settings["preset"] = preset
+    gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
+                     client=client, progress=True, **settings)
+    with PeakRSS(children=args.runtime == "dask") as mem:
+        tic = time.perf_counter()
+        gp.fit(str(store))
+        fit_s = time.perf_counter() - tic
+    p = gp.params_
+    init_s = float(gp.trace_[0]["time_s"]) if gp.trace_ and gp.trace_[0].get("step") == "init" else None
+    say(f"[{residual}/{preset}] fit {fit_s:.1f} s, {gp.n_iter_} iterations, converged={gp.converged_} "
+        f"({gp.stop_reason_}), peak {mem.mb:.0f} MB")
+    return {"residual": residual, "preset": preset, "fit_s": round(fit_s, 2), "iterations": int(gp.n_iter_),
+            "converged": bool(gp.converged_), "peak_rss_mb": round(mem.mb, 1), "mode": gp.config_.mode,
+            "stop_reason": gp.stop_reason_, "init_s": init_s,
+            "loglik": None if gp.loglik_ is None else float(gp.loglik_),
+            "params": {"delta": p["delta"], "sigma2": p["sigma2"], "beta": p["beta"],
+                       "gamma": [round(float(g), 4) for g in p["gamma"]]}}, gp
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=float, default=1e6, help="points (default 10⁶)")
+    ap.add_argument("--workers", type=int, default=100, help="J area sites (default 100)")
+    ap.add_argument("--residual", default="mpp,pp", help="comma list of mpp, pp, full (default mpp,pp)")
+    ap.add_argument("--preset", default="default,stats", help="comma list: default (the library's), stats, ...")
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--knots", type=int, default=100)
+    ap.add_argument("--max-iter", type=int, default=50)
+    ap.add_argument("--runtime", choices=("dask", "simulated"), default="dask")
+    ap.add_argument("--dask-workers", type=int, default=2)
+    ap.add_argument("--store", type=Path, default=None,
+                    help="write (or, with --reuse, read) the store here instead of a temporary folder")
+    ap.add_argument("--reuse", action="store_true", help="fit the existing --store instead of simulating")
+    ap.add_argument("--profile", type=float, default=None, metavar="N",
+                    help="cProfile one in-process (simulated runtime) fit of the first residual/preset at N points")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    n, J = int(args.n if args.profile is None else args.profile), args.workers
+    residuals = [r for r in args.residual.split(",") if r]
+    presets = [p for p in args.preset.split(",") if p]
+
+    def emit(row: dict) -> None:
+        line = json.dumps(row)
+        print(line, flush=True)
+        if args.out is not None:
+            with open(args.out, "a") as fh:
+                fh.write(line + "\n")
+
+    tmp = None
+    if args.store is None:
+        tmp = tempfile.mkdtemp(prefix="bench_million-")
+        store = Path(tmp) / "million.zarr"
+    else:
+        store = args.store
+    try:
+        if args.reuse:
+            made = {"simulate_s": None, "ingest_s": None, "sim_peak_rss_mb": None, "truth": None}
+        else:
+            made = make_store(store, n, J, args.seed)
+        if args.profile is not None:
+            import cProfile
+            import pstats
+
+            args.runtime = "simulated"
+            prof = cProfile.Profile()
+            prof.enable()
+            row, _ = fit(store, residuals[0], presets[0], args, None)
+            prof.disable()
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+            emit({"n": n, "J": J, **made, **row, "runtime": "simulated (profiled)"})
+            return
+        handle = None
+        if args.runtime == "dask":
+            from spatialfed.runtime.cluster import local_cluster
+
+            tic = time.perf_counter()
+            handle = local_cluster(args.dask_workers)
+            say(f"Dask LocalCluster with {args.dask_workers} worker processes in {time.perf_counter() - tic:.1f} s")
+        try:
+            for k, (residual, preset) in enumerate((r, p) for r in residuals for p in presets):
+                if handle is not None and k:
+                    handle.client.restart(timeout=900)
+                row, _ = fit(store, residual, preset, args, None if handle is None else handle.client)
+                emit({"n": n, "J": J, **{key: made[key] for key in ("simulate_s", "ingest_s")}, **row,
+                      "sim_peak_rss_mb": made["sim_peak_rss_mb"], "truth": made["truth"],
+                      "runtime": args.runtime, "dask_workers": args.dask_workers})
+        finally:
+            if handle is not None:
+                handle.close()
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
