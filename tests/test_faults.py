@@ -199,18 +199,41 @@ def test_every_worker_killed_is_one_clear_error_and_the_checkpoint_resumes(store
     _same_estimate(gp, reference["sync"])
 
 
-def test_a_killed_scheduler_is_one_clear_error_and_the_checkpoint_resumes(store, reference, subprocess_cluster,
-                                                                          tmp_path):
-    ck = tmp_path / "ck.json"
-    err, killed, end = _fit_with_kill(SYNC, store, subprocess_cluster.kill_scheduler, _checkpointed(ck), ck,
-                                      scheduler=subprocess_cluster.address)
-    print(f"scheduler killed: kill -> error {end - killed:.1f} s")
+def _theta_step_reached(client, t: int):
+    """A condition: the scheduler holds a theta task of iteration >= t (keys 'theta-w<j>-t<t>-<hex>')."""
+
+    def reached():
+        keys = client.run_on_scheduler(lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks])
+        return any(k.startswith("theta-") and int(k.split("-")[2][1:]) >= t for k in keys)
+
+    return reached
+
+
+def test_a_killed_scheduler_is_one_clear_error_and_the_rescued_state_resumes(store, reference, subprocess_cluster,
+                                                                             tmp_path, monkeypatch):
+    """No checkpoint= given: the lost cluster's fit still saves its state (a temporary directory) and names it."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the rescue directory goes
+    thread, killed = _when(_theta_step_reached(subprocess_cluster.client, 3), subprocess_cluster.kill_scheduler)
+    try:
+        FederatedGP(**SYNC, scheduler=subprocess_cluster.address).fit(store)
+        err = None
+    except SpatialFedError as exc:
+        err = exc
+    end = time.perf_counter()
+    thread.join(timeout=1)
+    print(f"scheduler killed: kill -> error {end - killed[0]:.1f} s")
     assert isinstance(err, ClusterLostError), err
-    assert end - killed < CLUSTER_S
+    assert end - killed[0] < CLUSTER_S
     msg = str(err)
     assert "\n" not in msg and f"lost the Dask scheduler at {subprocess_cluster.address}" in msg
-    assert "CommClosedError" not in msg and "FederatedGP.resume" in msg
-    gp = FederatedGP.resume(ck, scheduler=None, n_dask_workers=2)
+    assert "CommClosedError" not in msg
+    rescued = list(tmp_path.glob("spatialfed-rescue-*/checkpoint.pkl"))
+    assert len(rescued) == 1 and err.checkpoint == rescued[0] and err.iteration >= 2
+    assert f"FederatedGP.resume('{rescued[0]}')" in msg and f"spatialfed fit --resume {rescued[0]}" in msg
+    gp = FederatedGP.resume(rescued[0], scheduler=None, n_dask_workers=2)
+    assert gp.resumed_from_["t"] == err.iteration
     _same_estimate(gp, reference["sync"])
 
 

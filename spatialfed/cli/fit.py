@@ -1,15 +1,23 @@
 """`spatialfed fit STORE.zarr --out DIR`: fit a federated low-rank GP on a partitioned store and write fit.json,
 model.zarr and trace.csv (SPEC §6); `--resume DIR` continues a checkpointed fit (docs/recovery.md).
 
+Every fit keeps DIR/checkpoint.pkl while it runs (every 10 aggregations, at most 5 % of the wall time, and when it
+is interrupted): a fit that loses its cluster (every Dask worker, or the scheduler) or is stopped by Ctrl-C ends with
+one line naming the `spatialfed fit --resume DIR` command that continues it. Without --checkpoint-every the file is
+removed once fit.json is written, and when the fit failed before it had anything worth continuing.
+
 Every estimator option defaults to None ("not given"): the estimator's own defaults apply to a new fit, and on
 `--resume` only the options given on the command line override the checkpoint's values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
+
+from spatialfed.errors import OutputError
 
 from spatialfed.cli.args import (add_dask, add_jobqueue, add_quiet, add_tls, dask_settings, exclusive, flag,
                                  float_list, given, jobqueue_settings, tls_setting)
@@ -69,7 +77,8 @@ def register(subparsers) -> None:
     ck = p.add_argument_group("checkpoint and resume (docs/recovery.md)")
     ck.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
                     help="write OUT/checkpoint.pkl atomically every K aggregations, when the fit is interrupted, "
-                         "and at the end")
+                         "and at the end, and keep it (without this option: every 10 aggregations, at most 5 %% of "
+                         "the wall time, removed once fit.json is written)")
     ck.add_argument("--resume", default=None, metavar="DIR",
                     help="continue the fit checkpointed in DIR/checkpoint.pkl (or a checkpoint file): model and "
                          "algorithm settings come from the checkpoint; --max-iter, --tol, --time-budget, "
@@ -130,8 +139,10 @@ def run(args) -> None:
     else:
         checkpoint, out = None, args.out
     settings = estimator_settings(args)
-    if args.resume or args.checkpoint_every is not None:
-        settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)
+    check_out(out)
+    settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)  # always: a lost cluster or Ctrl-C can be resumed
+    implicit = not args.resume and args.checkpoint_every is None  # nobody asked to keep it after the fit
+    existed, before = Path(out).exists(), identity(Path(settings["checkpoint"]))
     try:
         if args.resume:
             check_resumable(checkpoint, settings)
@@ -139,11 +150,71 @@ def run(args) -> None:
         else:
             gp = FederatedGP(**settings).fit(args.store)
     except KeyboardInterrupt:
-        if settings.get("checkpoint") and Path(settings["checkpoint"]).exists():
+        if Path(settings["checkpoint"]).exists():
             print(f"spatialfed fit: the checkpoint {settings['checkpoint']} keeps the fit so far; continue it with "
-                  f"`spatialfed fit --resume {out}`", file=sys.stderr)
+                  f"`{resume_command(out)}`", file=sys.stderr)
+        raise
+    except Exception as exc:
+        from spatialfed.runtime.driver import ClusterLostError
+
+        kept = getattr(exc, "checkpoint", None) is not None  # drive saved the state (a lost cluster, a failed site)
+        if implicit and not (kept and (isinstance(exc, ClusterLostError) or (exc.iteration or 0) >= 1)):
+            discard(Path(settings["checkpoint"]), Path(out), existed, before)  # nothing worth continuing
+        elif kept:
+            raise type(exc)(f"{exc.reason}; the checkpoint {exc.checkpoint} (iteration {exc.iteration}) keeps the "
+                            f"fit: continue it with `{resume_command(out)}`{elsewhere(settings)}") from None
         raise
     report(gp, out)
+    if implicit:
+        Path(settings["checkpoint"]).unlink(missing_ok=True)  # fit.json holds the result now
+
+
+def check_out(out) -> None:
+    """Refuse an --out that exists and is not a directory, or lies under a file, before anything runs (the
+    checkpoint goes there too)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"cannot write results to {out}: it exists and is a file, not a directory; choose another "
+                          "--out")
+    above = next((parent for parent in out.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise OutputError(f"cannot write results to {out}: {above} is a file, not a directory; choose another --out")
+
+
+def resume_command(out) -> str:
+    """The command that continues the fit checkpointed in `out`."""
+    import shlex
+
+    return f"spatialfed fit --resume {shlex.quote(str(out))}"
+
+
+def elsewhere(settings) -> str:
+    """How to resume on another cluster when the fit ran on a scheduler of its own (the checkpoint records it)."""
+    if settings.get("scheduler"):
+        return (f" (it reconnects to {settings['scheduler']}; add --scheduler ADDRESS to continue on another "
+                "cluster)")
+    if settings.get("jobqueue"):
+        return " (it submits new batch jobs with the same settings)"
+    return ""
+
+
+def identity(path: Path):
+    """(inode, mtime) of `path`, None when missing: a checkpoint (re)written by this fit has another identity."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def discard(checkpoint: Path, out: Path, existed: bool, before) -> None:
+    """Remove the checkpoint this fit wrote though nobody asked for it (one an earlier fit left is kept), and `out`
+    when this fit created it and it is now empty."""
+    if identity(checkpoint) != before:
+        checkpoint.unlink(missing_ok=True)
+    if not existed:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def resume_paths(resume, out) -> tuple[Path, str]:

@@ -230,7 +230,7 @@ def jobqueue_cluster(
     kind = str(kind).lower()
     if kind not in JOBQUEUE_KINDS:
         raise ValueError(f"jobqueue kind must be one of {JOBQUEUE_KINDS}, got {kind!r}")
-    import dask_jobqueue
+    dask_jobqueue = import_dask_jobqueue()
     from distributed import Client
 
     cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster, "sge": dask_jobqueue.SGECluster}[kind]
@@ -265,6 +265,27 @@ def jobqueue_cluster(
         cluster.close()
         raise
     return ClusterHandle(client=client, cluster=cluster, owns_cluster=True)
+
+
+def import_dask_jobqueue():
+    """``dask_jobqueue``, without the side effect of importing it: its ``runner`` module (imported by the SLURM one)
+    replaces this process's SIGINT handler with ``sys.exit``, so Ctrl-C raised SystemExit instead of
+    KeyboardInterrupt and a fit skipped its Ctrl-C checkpoint message and exit status 130. That handler is replaced
+    by the one before (Python's default when that was dask_jobqueue's too); only the main thread can do this."""
+    import signal
+
+    def ours(handler) -> bool:
+        return getattr(handler, "__module__", None) != "dask_jobqueue.runner"
+
+    before = signal.getsignal(signal.SIGINT)
+    import dask_jobqueue
+
+    if not ours(signal.getsignal(signal.SIGINT)):
+        try:
+            signal.signal(signal.SIGINT, before if ours(before) and callable(before) else signal.default_int_handler)
+        except ValueError:  # pragma: no cover - not the main thread
+            pass
+    return dask_jobqueue
 
 
 def make_cluster(scheduler: str | None = None, *, n_workers: int | None = None, jobqueue: dict | None = None,

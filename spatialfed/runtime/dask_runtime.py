@@ -22,10 +22,14 @@ Worker loss (docs/recovery.md)
     event wakes a watchdog thread (which also polls every `poll_s` seconds) that cancels, with reason `LOST`, every
     in-flight task pinned to a worker no longer connected; `completed` reports them `lost`, the site moves to the
     live worker with the fewest partitions, which loads the partition from the store itself, and the driver sends
-    the request again. A result fetched after its worker left (status "lost") is handled the same way.
+    the request again. A result fetched after its worker left (status "lost") is handled the same way; so is one
+    whose worker dies while the result is being fetched (distributed's gather then resets the future to pending and
+    waits for a recomputation that can never run on the dead worker: the future stays in the in-flight set until
+    fetched, so the watchdog cancels it — before this, the fetch waited for its 30 s timeout).
 
 Deadlines
-    With no worker left, the runtime waits `worker_wait_s` (20 s) for one to join, then raises ClusterLostError.
+    With no worker left, the runtime waits `worker_wait_s` (10 s: a LocalCluster's nanny restarts a killed worker
+    process in about 1.5 s) for one to join, then raises ClusterLostError.
     When the connection to the scheduler closes, distributed's client cancels every future (reason
     "scheduler-connection-lost"): `completed` raises ClusterLostError at once; a scheduler that stops answering
     without closing the connection is given up after `scheduler_wait_s` (10 s). `stop` skips every call to a
@@ -37,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from asyncio import CancelledError
+from concurrent.futures import CancelledError as FutureCancelled
 import threading
 import time
 import uuid
@@ -54,7 +59,7 @@ SPAN_NAME = "spatialfed-fit"
 #: cancellation reasons: the task's Dask worker left (the site moves) / the scheduler stopped answering
 LOST, SCHEDULER_LOST = "spatialfed-worker-lost", "spatialfed-scheduler-lost"
 #: default deadlines (seconds): for a live worker once every worker left; for the scheduler to answer
-WORKER_WAIT_S, SCHEDULER_WAIT_S = 20.0, 10.0
+WORKER_WAIT_S, SCHEDULER_WAIT_S = 10.0, 10.0
 log = logging.getLogger("spatialfed.runtime.dask")
 
 
@@ -109,8 +114,10 @@ class DaskRuntime(Runtime):
         self.sizes: list[int] = []
         self.n_tasks = 0
         self.reassigned = 0
+        self.rebalanced = 0  # sites moved to a Dask worker that joined holding no site (e.g. a restarted one)
+        self._spare: list[str] = []  # live Dask workers holding no site (the watchdog's last look)
         self.lost_workers: list[str] = []  # Dask workers that left during the run, in the order noticed
-        self._inflight: dict = {}  # key -> (future, j, request)
+        self._inflight: dict = {}  # key -> (future, j, request, Dask worker address), until its result is fetched
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -167,12 +174,7 @@ class DaskRuntime(Runtime):
 
     def completed(self):
         for batch in self._ac.batches():
-            events = []
-            for fut in batch:
-                with self._lock:
-                    item = self._inflight.pop(fut.key, None)
-                if item is not None:
-                    events.append(self._event(fut, item[1], item[2]))
+            events = [event for event in map(self._take, batch) if event is not None]
             yield events
 
     def now(self) -> float:
@@ -192,11 +194,9 @@ class DaskRuntime(Runtime):
             send(j)
         for batch in ac.batches():
             for fut in batch:
-                with self._lock:
-                    item = self._inflight.pop(fut.key, None)
-                if item is None:
+                event = self._take(fut)
+                if event is None:
                     continue
-                event = self._event(fut, item[1], name)
                 if event.lost:
                     send(event.site)
                 elif event.error is not None:
@@ -211,7 +211,7 @@ class DaskRuntime(Runtime):
         self._stop.set()
         self._wake.set()
         with self._lock:
-            leftovers = [f for f, _, _ in self._inflight.values()]
+            leftovers = [item[0] for item in self._inflight.values()]
             self._inflight.clear()
         connected = self.client.status == "running" and self._scheduler_lost is None
         if connected:
@@ -232,6 +232,7 @@ class DaskRuntime(Runtime):
 
     def describe(self) -> dict:
         return {"assignment": list(self.assignment), "n_tasks": self.n_tasks, "reassigned": self.reassigned,
+                "rebalanced": self.rebalanced,
                 "sizes": list(self.sizes), "lost_workers": list(self.lost_workers)}
 
     @property
@@ -242,36 +243,56 @@ class DaskRuntime(Runtime):
     def _submit(self, j: int, request, fn, args: tuple, key: str, ac=None) -> None:
         if self.client.status != "running":
             raise ClusterLostError(self._scheduler_message())
+        if self.assignment[j] in self._gone:  # announced removed since the site's last task: move it first
+            self._reassign(j)
+        elif self._spare and request is not ACTIVATION:
+            self._rebalance(j)
         fut = self.client.submit(fn, *args, workers=[self.assignment[j]], allow_other_workers=False, key=key,
                                  pure=False)
         with self._lock:
-            self._inflight[fut.key] = (fut, j, request)
+            self._inflight[fut.key] = (fut, j, request, self.assignment[j])
         (self._ac if ac is None else ac).add(fut)
         self.n_tasks += 1
 
-    def _event(self, fut, j: int, request) -> Event:
-        """The Event of a completed future: lost (its Dask worker left: the site moves), error, or result. Raises
-        ClusterLostError when the scheduler is gone (the client cancels every future when its connection drops)."""
+    def _take(self, fut) -> Event | None:
+        """The Event of a completed future of this run (None for one already handled). The future stays in the
+        in-flight set until its result is fetched: when its worker dies first, distributed's gather fails, resets the
+        future to pending and waits for a recomputation that can never run (the task is pinned to the dead worker);
+        the watchdog sees it there and cancels it, so the fetch ends at once instead of after `result_s`."""
+        with self._lock:
+            item = self._inflight.get(fut.key)
+        if item is None:
+            return None
+        try:
+            return self._event(fut, item[1], item[2], item[3])
+        finally:
+            with self._lock:
+                self._inflight.pop(fut.key, None)
+
+    def _event(self, fut, j: int, request, address: str | None = None) -> Event:
+        """The Event of a completed future that ran on `address`: lost (its Dask worker left: the site moves),
+        error, or result. Raises ClusterLostError when the scheduler is gone (the client cancels every future when
+        its connection drops) or no worker is left."""
         if fut.status == "cancelled":
             reason = getattr(getattr(getattr(fut, "_state", None), "exception", None), "reason", None)
             if reason in (SCHEDULER_LOST, "scheduler-connection-lost") or self.client.status != "running" \
                     or self._scheduler_lost is not None:
                 raise ClusterLostError(self._scheduler_message())
-            self._reassign(j)
+            self._reassign(j, address)
             return Event(j, request, lost=True)
         if fut.status == "error":
             return Event(j, request, error=self._error(j, request, fut))
         if fut.status != "finished":  # "lost": it finished, but its worker left before the result was fetched
-            self._reassign(j)
+            self._reassign(j, address)
             return Event(j, request, lost=True)
         try:
             return Event(j, request, fut.result(timeout=self.result_s))
-        except (CancelledError, TimeoutError, OSError):  # the result lived on a worker that left before it was
+        except (CancelledError, FutureCancelled, TimeoutError, OSError):  # the result lived on a worker that left before it was
             # fetched — or the scheduler went while fetching it (CommClosedError is an OSError)
             if self.client.status != "running" or self._scheduler_lost is not None or \
                     not self._scheduler_alive():
                 raise ClusterLostError(self._scheduler_message()) from None
-            self._reassign(j)
+            self._reassign(j, address)
             return Event(j, request, lost=True)
 
     def _scheduler_alive(self) -> bool:
@@ -329,9 +350,15 @@ class DaskRuntime(Runtime):
                                        f"{self.worker_wait_s:g} s")
         return alive
 
-    def _reassign(self, j: int) -> None:
-        """Move site j to the live Dask worker holding the fewest partitions (it reloads there)."""
+    def _reassign(self, j: int, address: str | None = None) -> None:
+        """Move site j, whose task on `address` was lost, to the live Dask worker holding the fewest partitions (it
+        reloads there); nothing when the site already left `address` (another of its tasks was lost first)."""
         old = self.assignment[j]
+        if address is not None and address != old:
+            if address not in self.lost_workers:
+                self.lost_workers.append(address)
+            if old not in self._gone:
+                return
         if old not in self.lost_workers:
             self.lost_workers.append(old)
         alive = self._alive_workers()
@@ -340,6 +367,20 @@ class DaskRuntime(Runtime):
         self.reassigned += 1
         log.warning("Dask worker %s is gone; federated worker %d moves to %s (its partition is reloaded there)",
                     old, j, self.assignment[j])
+
+    def _rebalance(self, j: int) -> None:
+        """Move site j to a Dask worker holding no site when its own holds several (after a lost worker's sites
+        piled up on the survivors, a restarted or new process takes one back; it reloads the partition)."""
+        if self.addresses is not None or sum(a == self.assignment[j] for a in self.assignment) < 2:
+            return
+        with self._lock:
+            spare = [a for a in self._spare if a not in self._gone and a not in self.assignment]
+            self._spare = spare[1:]
+        if spare:
+            log.info("Dask worker %s holds no site; federated worker %d moves there from %s", spare[0], j,
+                     self.assignment[j])
+            self.assignment[j] = spare[0]
+            self.rebalanced += 1
 
     def _on_scheduler_event(self, event) -> None:
         """Handler of the scheduler's topic "all" (on the client's event loop): note removed workers, wake the
@@ -373,10 +414,12 @@ class DaskRuntime(Runtime):
                 if time.perf_counter() - silent_since < self.scheduler_wait_s:
                     continue
                 self._scheduler_lost = f"it did not answer for {self.scheduler_wait_s:g} s"
-                self._cancel([f for f, _, _ in items], SCHEDULER_LOST)
+                self._cancel([item[0] for item in items], SCHEDULER_LOST)
                 return
-            gone = [f for f, j, _ in items
-                    if (self.assignment[j] not in alive or self.assignment[j] in self._gone) and not f.done()]
+            with self._lock:
+                self._spare = sorted(alive - self._gone - set(self.assignment))
+            gone = [f for f, _, _, address in items if (address not in alive or address in self._gone)
+                    and not f.done()]
             if gone:
                 self._cancel(gone, LOST)
 

@@ -28,24 +28,59 @@ ON_WORKER_ERROR = ("stop", "drop")
 
 class ClusterLostError(SpatialFedError, RuntimeError):
     """The cluster the fit ran on is gone (every worker, or the scheduler): the fit cannot go on. `drive` adds
-    where its checkpoint is and how to continue from it."""
+    where its checkpoint is and how to continue from it; it also sets ``reason`` (the cause alone),
+    ``checkpoint`` (the file that continues the fit, or None) and ``iteration`` (the checkpoint's t)."""
+
+    reason: str | None = None
+    checkpoint: Path | None = None
+    iteration: int | None = None
+
+
+#: default cadence: a checkpoint every DEFAULT_EVERY aggregations, but writing at most MAX_SHARE of the wall time
+DEFAULT_EVERY, MAX_SHARE = 10, 0.05
 
 
 class Checkpointer:
     """Writes the server's snapshot (algorithm.checkpoint) every `every` aggregations, when the fit is interrupted
-    between two receive calls (the server is consistent there), and once at the end (docs/recovery.md)."""
+    between two receive calls (the server is consistent there), and once at the end (docs/recovery.md).
 
-    def __init__(self, path, every: int | None = None, meta: dict | None = None):
+    `every` None: every DEFAULT_EVERY (10) aggregations, further apart when a write costs more than MAX_SHARE (5 %)
+    of the wall time since the previous one (a write grows like J·m²: 4 MB and ~0.1 s for J = 10, m = 100).
+    `rescue`: with no `path`, a fit that loses its cluster still saves its state, in a new temporary directory
+    (`rescue_dir`, default the system's), and the error names that file."""
+
+    def __init__(self, path, every: int | None = None, meta: dict | None = None, *, rescue: bool = True,
+                 rescue_dir=None):
         self.path = None if path is None else Path(path)
-        self.every = None if path is None else int(every or 10)
+        self.adaptive = every is None
+        self.every = None if path is None else int(every or DEFAULT_EVERY)
         self.meta = meta
+        self.rescue = bool(rescue)
+        self.rescue_dir = rescue_dir
         self.last_t = 0
         self.writes = 0
         self.seconds = 0.0
+        self._last_write = (time.perf_counter(), 0.0)  # (when the previous write ended, how long it took)
 
     def on_event(self, server) -> None:
         if self.path is not None and server.phase == "loop" and server.t >= self.last_t + self.every:
+            ended, took = self._last_write
+            if self.adaptive and took > MAX_SHARE * (time.perf_counter() - ended):
+                return  # the last write was costly: wait until it is under MAX_SHARE of the time since
             self.write(server)
+
+    def write_rescue(self, server) -> None:
+        """With no path: save `server` to DIR/checkpoint.pkl in a new temporary directory (a lost cluster)."""
+        if self.path is not None or not self.rescue or server is None:
+            return
+        import tempfile
+
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix="spatialfed-rescue-", dir=self.rescue_dir)) / "checkpoint.pkl"
+        except OSError:
+            return
+        self.every = DEFAULT_EVERY
+        self.write(server, failing=True)
 
     def write(self, server, failing: bool = False) -> None:
         if self.path is None or server is None:
@@ -59,9 +94,11 @@ class Checkpointer:
             if not failing:
                 raise
             return  # do not hide the original failure
-        self.seconds += time.perf_counter() - tic
+        took = time.perf_counter() - tic
+        self.seconds += took
         self.writes += 1
         self.last_t = server.t
+        self._last_write = (time.perf_counter(), took)
 
 
 def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None, seed: int = 0,
@@ -151,11 +188,18 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
             raise RuntimeError("the runtime ran out of work before the fit finished (no site has a task)")
     except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError) as exc:
         if checkpointer is not None and not receiving:
-            checkpointer.write(server, failing=True)
+            if isinstance(exc, ClusterLostError) and checkpointer.path is None:
+                checkpointer.write_rescue(server)  # no checkpoint asked for: the state is saved anyway
+            else:
+                checkpointer.write(server, failing=True)
         elif checkpointer is not None and checkpointer.path is not None:
             log.warning("fit interrupted while the server was updating; %s keeps the checkpoint of iteration %d",
                         checkpointer.path, checkpointer.last_t)
         if isinstance(exc, (ClusterLostError, WorkerTaskError)) and exc.args:
+            exc.reason = str(exc.args[0])
+            kept = checkpointer is not None and checkpointer.path is not None and checkpointer.path.exists()
+            exc.checkpoint = checkpointer.path if kept else None
+            exc.iteration = checkpointer.last_t if kept else None
             exc.args = (f"{exc.args[0]}; {resume_hint(checkpointer)}", *exc.args[1:])
         raise
     finally:
@@ -170,5 +214,8 @@ def resume_hint(checkpointer: Checkpointer | None) -> str:
     if checkpointer is None or checkpointer.path is None or not checkpointer.path.exists():
         return ("no checkpoint was written (fit with checkpoint=PATH / `spatialfed fit --checkpoint-every K` to be "
                 "able to continue after a failure)")
+    import shlex
+
     return (f"the checkpoint {checkpointer.path} (iteration {checkpointer.last_t}) continues the fit: "
-            f"FederatedGP.resume('{checkpointer.path}') or `spatialfed fit --resume {checkpointer.path.parent}`")
+            f"FederatedGP.resume('{checkpointer.path}') or "
+            f"`spatialfed fit --resume {shlex.quote(str(checkpointer.path))}`")
