@@ -345,7 +345,7 @@ class DaskRuntime(Runtime):
                 self._stop.wait(min(0.25, max(deadline - time.perf_counter(), 0.0)))
                 alive = [a for a in self._workers_now() if a not in self._gone]
             if not alive:
-                lost = ", ".join(self.lost_workers) or "all"
+                lost = ", ".join(sorted(set(self.lost_workers) | self._gone)) or "all"
                 raise ClusterLostError(f"every Dask worker left the cluster (lost: {lost}) and none joined within "
                                        f"{self.worker_wait_s:g} s")
         return alive
