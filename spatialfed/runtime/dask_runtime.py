@@ -25,7 +25,9 @@ Worker loss (docs/recovery.md)
     the request again. A result fetched after its worker left (status "lost") is handled the same way; so is one
     whose worker dies while the result is being fetched (distributed's gather then resets the future to pending and
     waits for a recomputation that can never run on the dead worker: the future stays in the in-flight set until
-    fetched, so the watchdog cancels it — before this, the fetch waited for its 30 s timeout).
+    fetched, so the watchdog cancels it — before this, the fetch waited for its 30 s timeout). A site whose worker
+    was announced removed moves before its next task is sent; a worker that joins holding no site (a nanny's
+    restarted process, a new job) takes a site from a worker holding several when that site's next task is sent.
 
 Deadlines
     With no worker left, the runtime waits `worker_wait_s` (10 s: a LocalCluster's nanny restarts a killed worker
@@ -287,8 +289,9 @@ class DaskRuntime(Runtime):
             return Event(j, request, lost=True)
         try:
             return Event(j, request, fut.result(timeout=self.result_s))
-        except (CancelledError, FutureCancelled, TimeoutError, OSError):  # the result lived on a worker that left before it was
-            # fetched — or the scheduler went while fetching it (CommClosedError is an OSError)
+        except (CancelledError, FutureCancelled, TimeoutError, OSError):
+            # the result lived on a worker that left before it was fetched (the watchdog cancelled the fetch), or the
+            # scheduler went while fetching it (CommClosedError is an OSError)
             if self.client.status != "running" or self._scheduler_lost is not None or \
                     not self._scheduler_alive():
                 raise ClusterLostError(self._scheduler_message()) from None
@@ -432,8 +435,8 @@ class DaskRuntime(Runtime):
 
 def run_dask(client, store, n_workers: int, knots, nu, residual: str, config=None, slowdowns="balanced",
              start=None, *, on_event=None, on_result=None, addresses: list[str] | None = None, poll_s: float = 1.0,
-             worker_wait_s: float = WORKER_WAIT_S, scheduler_wait_s: float = SCHEDULER_WAIT_S, server=None, on_worker_error: str = "stop", delays=None,
-             activations=None, seed: int = 0, checkpointer=None):
+             worker_wait_s: float = WORKER_WAIT_S, scheduler_wait_s: float = SCHEDULER_WAIT_S, server=None,
+             on_worker_error: str = "stop", delays=None, activations=None, seed: int = 0, checkpointer=None):
     """Fit on a Dask cluster through `client`; returns the finished server and a DaskRunInfo.
 
     `store` must be a path every Dask worker can read; `nu` a Matérn smoothness or kernel. `server`: a server to

@@ -3,8 +3,9 @@ separate processes (`dask scheduler`, `dask worker --no-nanny`) whose workers, o
 
 No `--checkpoint-every` is given: every CLI fit keeps OUT/checkpoint.pkl (every 10 aggregations and when it is
 interrupted). The fit must end within 30 s of the kill with exit status 1, no traceback and one error line (after
-the runtime's warnings as it noticed each loss) naming the exact `spatialfed fit --resume OUT` command; that command (with `--scheduler` of a fresh cluster) then reaches the
-undisturbed estimate (sync: to 1e-6 relative, the arrival order does not matter).
+the runtime's warnings as it noticed each loss) naming the exact `spatialfed fit --resume OUT` command; that command
+(with `--scheduler` of a fresh cluster) then reaches the undisturbed estimate (sync: to 1e-6 relative, the arrival
+order does not matter).
 """
 
 import json
