@@ -16,7 +16,15 @@ core) and load_avg the 1-minute load average around it (other jobs on the machin
 Measured on the 2-core session machine (shared with other jobs, load average 4–10) on 2026-11-23, J = 10 sites of
 500 points, m = 100 knots, in-process runtime, CSV output:
 
-    (numbers in docs/results.md, "Prediction at scale"; the rows are filled in below when measured)
+    cells  residual  runtime     batch  predict_s  predict_cpu_s  peak_rss_mb  load_avg
+    10⁵    full      in-process  8388    27.8       8.1            432          11.5
+    10⁶    full      in-process  8388   232.8      76.9            542          13.9
+    10⁶    full      in-process  1024   108.3      68.7            468          10.5
+    10⁵    pp        in-process  8388    25.2       5.6            433          15.4
+    10⁶    pp        in-process  8388   178.3      53.0            491          15.4
+    10⁵    full      dask (2)    8388    29.0      19.8 (all)      433 (workers 293)  9.6
+
+(docs/results.md, "Prediction at scale").
 """
 
 from __future__ import annotations
