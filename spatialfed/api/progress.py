@@ -93,7 +93,7 @@ class Progress:
         rows = server.trace[self.seen:]
         self.seen = len(server.trace)
         for row in rows:
-            if row["step"] not in ("init", "theta", "fgpr"):
+            if row["step"] not in ("init", "theta", "fgpr", "stats"):
                 continue
             text = (f"iter {row['iter']:>3}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  "
                     f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "
