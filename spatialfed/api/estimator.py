@@ -17,9 +17,10 @@ gets the store's path. DataFrames, GeoDataFrames and arrays are a convenience fo
 cross-validation: they are written to a temporary store (``api.inputs``), kept while the estimator lives.
 A script may fit at top level without ``if __name__ == "__main__":`` (``api.scripts``).
 
-Runtimes: ``"dask"`` (default; an embedded LocalCluster on 127.0.0.1, a running scheduler via ``scheduler=``,
-a dask-jobqueue cluster via ``jobqueue=``, or an existing ``client=``) keeps every partition on the Dask worker that
-loaded it; ``"simulated"`` runs the same server on a virtual clock in this process (loads all partitions here: for
+Runtimes: ``"auto"`` (default: ``"simulated"`` for small jobs without Dask options, else ``"dask"``;
+``runtime.factory.choose_runtime``), ``"dask"`` (an embedded LocalCluster on 127.0.0.1, a running scheduler via
+``scheduler=``, a dask-jobqueue cluster via ``jobqueue=``, or an existing ``client=``) keeps every partition on the
+Dask worker that loaded it; ``"simulated"`` runs the same server on a virtual clock in this process (loads all partitions here: for
 experiments on simulated data, not for private data).
 """
 

@@ -62,7 +62,7 @@ def exclusive(args, *names) -> None:
 # --- shared option groups --------------------------------------------------------------------------------------------
 
 def add_dask(p, runtimes: tuple, runtime_help: str) -> None:
-    """--runtime (with this command's choices, default dask), --scheduler and --dask-workers."""
+    """--runtime (with this command's choices; default: the library's, auto), --scheduler and --dask-workers."""
     p.add_argument("--runtime", choices=runtimes, default=None, help=runtime_help)
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="address of a running Dask scheduler (tcp://host:8786); default: an embedded LocalCluster")

@@ -27,7 +27,8 @@ def register(subparsers) -> None:
                    help="CSV with columns x, y (store CRS) and the fitted covariates ('intercept' is added), or a "
                         "point GeoPackage/GeoParquet in the store's CRS; default: the store's test group")
     p.add_argument("--out", required=True, metavar="PRED.csv",
-                   help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at the end")
+                   help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at "
+                        "the end")
     add_batch(p)
     add_quiet(p)
     p.set_defaults(handler=run)
