@@ -212,8 +212,8 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
 def resume_hint(checkpointer: Checkpointer | None) -> str:
     """How to continue an interrupted fit: from its checkpoint when one was written, else how to get one."""
     if checkpointer is None or checkpointer.path is None or not checkpointer.path.exists():
-        return ("no checkpoint was written (fit with checkpoint=PATH / `spatialfed fit --checkpoint-every K` to be "
-                "able to continue after a failure)")
+        return ("no checkpoint was written (give FederatedGP(checkpoint=PATH) to be able to continue after a failure; "
+                "`spatialfed fit` always keeps one)")
     import shlex
 
     return (f"the checkpoint {checkpointer.path} (iteration {checkpointer.last_t}) continues the fit: "
