@@ -373,7 +373,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         asked = {"client": self.client is not None, "scheduler": self.scheduler, "jobqueue": self.jobqueue,
                  "tls": self.tls not in (None, False), "live": self.live,
-                 "on_worker_error='drop'": self.on_worker_error == "drop", "n_dask_workers": self.n_dask_workers,
+                 "on_worker_error='drop'": self.on_worker_error == "drop", "n_dask_workers": self.n_dask_workers is not None,
                  "profile/slowdown": self.slowdown is not None or self.profile != "balanced",
                  "delays/activations": self.delays is not None or self.activations is not None}
         m = 0 if self.method in ("independent", "fgpr") else knot_count(self.knots)

@@ -118,7 +118,7 @@ def prediction_runtime(runtime, info: StoreInfo, model: FittedModel, *, client=N
     store's observations × the fit's knots) unless a client, scheduler or Dask worker count is given."""
     from spatialfed.runtime.factory import choose_runtime
 
-    given = {"client": client is not None, "scheduler": scheduler, "n_dask_workers": n_dask_workers}
+    given = {"client": client is not None, "scheduler": scheduler, "n_dask_workers": n_dask_workers is not None}
     return choose_runtime(runtime, n_obs=sum(info.sizes), n_knots=len(model.knots),
                           dask_options=[name for name, value in given.items() if value])[0]
 
