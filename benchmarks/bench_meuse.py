@@ -13,8 +13,14 @@ LocalCluster, TLS), plus the fit with every default (async, m = 100). Prints one
 interpreter start-up included; cpu_s their CPU seconds (user + system, worker processes included): on an idle
 machine the in-process wall time is about cpu_s, on a shared one the wall time grows with the load average.
 
-Measured on the 2-core session machine on 2026-11-23 (shared: load average 8–13 from other jobs):
-see docs/user-guide.md, "Small jobs run in this process", for the table.
+Measured on the 2-core session machine on 2026-11-23 (shared: load average 8.1–13.5 from other jobs), --repeats 3:
+
+    setting         total_s              cpu_s
+    sync-50 auto    11.6, 15.3, 25.1     6.4, 6.4, 8.0
+    sync-50 dask    28.6, 36.6, 47.0     16.3, 18.2, 18.1
+    defaults auto   29.0, 34.4, 30.4     7.0, 8.8, 7.7
+
+(docs/user-guide.md, "Small jobs run in this process").
 """
 
 from __future__ import annotations
