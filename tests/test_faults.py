@@ -26,11 +26,12 @@ from spatialfed.errors import SpatialFedError
 from spatialfed.runtime.cluster import SINGLE_THREAD_ENV, local_cluster, worker_addresses
 from spatialfed.runtime.driver import ClusterLostError
 
-#: sync: every iteration aggregates all sites, so the estimate does not depend on the arrival order (1e-6 relative);
-#: async: the "tuned" preset converges to the maximum likelihood estimate whatever the order, with tol tight enough
-#: that two runs agree to 1e-6 relative
+#: sync: every iteration aggregates all sites, so the estimate does not depend on the arrival order; async: the
+#: "tuned" preset converges to the maximum likelihood estimate whatever the order (on the store below, measured on
+#: the simulated runtime: balanced, straggler and graded compute all end within 6e-9 of the sync MLE, in 11, 416 and
+#: 614 iterations; hence max_iter 2000), with tol tight enough that two runs agree to 1e-6 relative
 SYNC = dict(mode="sync", knots=9, max_iter=40, tol=1e-9, progress=False)
-ASYNC = dict(mode="async", preset="tuned", knots=9, max_iter=400, tol=1e-9, progress=False)
+ASYNC = dict(mode="async", preset="tuned", knots=9, max_iter=2000, tol=1e-9, progress=False)
 ONE_WORKER_S, CLUSTER_S = 60.0, 30.0  # deadlines (kill -> the fit has ended)
 
 
@@ -40,27 +41,26 @@ def _vector(gp) -> np.ndarray:
 
 
 def _same_estimate(gp, ref, rtol=1e-6):
-    """The same estimate. Async runs reach the same optimum by different paths: on this store the maximum lies at
-    δ → ∞ (no nugget; two undisturbed-equivalent runs ended at δ = 1.0e5 and 3.0e5 with ℓ equal to 1e-6), so δ is
-    not compared there and σ², β, γ are compared at the tolerance's level (1e-5; measured differences ≤ 1.7e-6)."""
-    if gp.config_.mode == "async":
-        np.testing.assert_allclose(gp.loglik_, ref.loglik_, rtol=rtol)
-        np.testing.assert_allclose(_vector(gp)[1:-1], _vector(ref)[1:-1], rtol=1e-5)
-    else:
-        np.testing.assert_allclose(_vector(gp), _vector(ref), rtol=rtol)
+    """The same estimate: every parameter and ℓ to `rtol`, and the fit converged (stopped by tol) as the
+    undisturbed one did. (The store used before had δ → ∞ on a ridge and two maxima: no fit converged, sync stopped at
+    max_iter, async ones on another trajectory, and one async kill trial in 20 ended at the other maximum,
+    ℓ −270.11 against −268.97: the comparison tested the path, not the fault handling.)"""
+    assert gp.converged_ and ref.converged_, (gp.stop_reason_, ref.stop_reason_)
+    np.testing.assert_allclose(_vector(gp), _vector(ref), rtol=rtol)
 
 
 def _deviation(gp, ref) -> float:
-    """The largest relative difference `_same_estimate` checks (δ left out for async, as there)."""
+    """The largest relative difference `_same_estimate` checks."""
     a, b = _vector(gp), _vector(ref)
-    keep = slice(1, None) if gp.config_.mode == "async" else slice(None)
-    return float(np.max(np.abs(a[keep] - b[keep]) / np.abs(b[keep])))
+    return float(np.max(np.abs(a - b) / np.abs(b)))
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
+    """J = 3 sites of 60 points with a real nugget (noise sd 0.5, δ = 4): the likelihood has one well-identified
+    maximum (sync converges in 12 iterations to δ = 2.88)."""
     path = tmp_path_factory.mktemp("faults") / "s.zarr"
-    simulate_store(path, 3, 40, test_size=0, seed=11)
+    simulate_store(path, 3, 60, test_size=0, seed=3, noise_sd=0.5)
     return path
 
 
@@ -334,8 +334,8 @@ def test_a_worker_killed_at_a_random_point(mode, trial, store, reference, nanny_
         assert isinstance(result, ClusterLostError) and "\n" not in str(result)
         _wait_for(nanny_cluster, 1, excluding=(victim,))
         result = FederatedGP.resume(ck, client=client)
-    print(f"{mode} trial {trial}: largest relative deviation from the undisturbed estimate "
-          f"{_deviation(result, reference[mode]):.1e}")
+    print(f"{mode} trial {trial}: {result.n_iter_} iterations ({result.stop_reason_}), largest relative deviation "
+          f"from the undisturbed estimate {_deviation(result, reference[mode]):.1e}")
     _same_estimate(result, reference[mode])
     if killed is not None:
         _wait_for(nanny_cluster, 2, excluding=(victim,))  # the nanny's restarted process is back for the next trial
