@@ -236,7 +236,7 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream
 
     stream = stream or sys.stderr
     live = bool(getattr(stream, "isatty", lambda: False)())
-    return tqdm(total=int(total), desc=desc, unit="pt", unit_scale=True, file=stream, dynamic_ncols=True,
+    return tqdm(total=int(total), desc=desc, unit="pt", unit_scale=total >= 10_000, file=stream, dynamic_ncols=True,
                 mininterval=0.5 if live else 15.0, smoothing=0.1)
 
 

@@ -87,7 +87,7 @@ def test_streamed_file_equals_in_memory_prediction_with_progress(fitted, capsys)
     out = d / "stream" / "pred.csv"
     done = pr.predict_to_file(fit, store, out, runtime="simulated", batch=4, progress=True)
     err = capsys.readouterr().err
-    assert "predict" in err and "30/30" in err.replace(".0", "")
+    assert "predict" in err and "30/30" in err
     assert done["n"] == 30 and done["batch"] == 4 and done["outside"] == 0
     got = pd.read_csv(out)
     assert list(got.columns) == list(frame.columns)
