@@ -51,6 +51,11 @@ full residual J = 100: δ 1.84 → 5.0 → 11.4 → 15.7 → 18.1 → 18.90 → 
 iterations with δ = 18.95, σ² = 9.98, β = 82.5 km (GPBoost: nugget 0.0525 ⇔ δ = 19.06, σ² = 10.19, range 84.0 km):
 on this simulated field the nugget is interior, not on its boundary. φ₀'s δ₀ = 1.84 is the variogram rule's clip
 τ² = 0.05·s² in every full-field run (the WLS fit puts the nugget at ≈ 0).
+
+Memory since (issue 14): the 6.4 GB per worker process and 7,861 MB peaks above came from every site keeping 7.5
+n_j × n_j arrays between requests. A site now keeps O(n_j(m + p)) numbers; the full residual at J = 50 peaks at
+1,176 MB (block scheme) and 1,124 MB (preset stats) in all processes together: benchmarks/bench_memory.py and
+docs/results.md, "Large data: memory and 10⁶ points".
 """
 
 from __future__ import annotations
