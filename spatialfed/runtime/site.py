@@ -12,7 +12,8 @@ The Dask runtime runs these inside tasks pinned to the Dask worker holding the p
 in-process prediction run them here. Nothing else reads a partition.
 
 Memory: a registered LocalModel keeps its partition and, between requests, only the latest θ's whitened data
-(O(n_j (m + p)) numbers; model/local.py), plus one factorisation of R_j once prediction asks for it; so a process
+(O(n_j (m + p)) numbers; model/local.py; for mpp/pp not even those: `answer` drops them, as they cost less to
+rebuild than to keep), plus one factorisation of R_j once prediction asks for it; so a process
 holding many sites needs their data plus the transient arrays of the one request it runs (`kept_bytes` reports
 what the registry holds).
 """
@@ -89,6 +90,10 @@ def answer(spec: SiteSpec, p: Augmented, slowdown: float = 1.0, delay_s: float =
     lm = local_model(spec)
     tic = time.thread_time()  # CPU seconds of this task: unlike wall time, not inflated by other processes' load
     q = evaluate(lm, p, spec.worker)
+    if lm.residual != "full":
+        # mpp/pp: the whitened data cost O(n_j m²) to rebuild, less than keeping them for every site (0.86 GB at
+        # 10⁶ points over 100 sites); the full residual keeps them (a rebuild is a factorisation of R_j)
+        lm.clear_cache()
     wait = extra_wait(time.thread_time() - tic, slowdown) + delay_s
     if wait > 0:
         time.sleep(wait)

@@ -29,6 +29,7 @@ def test_registry_keeps_no_n_by_n_array_between_requests(store, residual):
             k = lm.m + lm.p + 1
             assert kept[spec.key] <= 8 * lm.n * (3 + lm.p + k)  # data + the whitened [B, X, z]
             assert all(a.size < lm.n * lm.n for a in lm.cached_arrays())
+            assert (lm.cached_nbytes() > 0) == (residual == "full")  # mpp/pp: answer drops the whitened data
         site.call(specs[0], "residual_kriging", (np.array([[0.5, 0.5]]), par))
         lm = site.local_model(specs[0])
         assert sum(a.size >= lm.n * lm.n for a in lm.cached_arrays()) == (1 if residual == "full" else 0)
