@@ -63,6 +63,16 @@ def sum_statistics(stats: list[dict], scale: float = 1.0) -> dict:
     return out
 
 
+def combine_statistics(a: dict, b: dict, coef: float) -> dict:
+    """a + coef·b of two statistics taken at the same u (every summed entry, "n" included; a's u, m, p and c)."""
+    if not np.array_equal(np.asarray(a["u"], dtype=float), np.asarray(b["u"], dtype=float)):
+        raise ValueError("statistics computed at different u cannot be combined: evaluate their Taylor models first")
+    out = dict(a)
+    for key in SUMMED:
+        out[key] = np.asarray(a[key], dtype=float) + coef * np.asarray(b[key], dtype=float)
+    return out
+
+
 def taylor_statistics(stats: dict, u) -> dict:
     """The second-order Taylor model of a site's statistics around the u_j they were computed at, evaluated at u
     (Δ = u − u_j), with the model's own first and second derivatives at u; exact at u = u_j.

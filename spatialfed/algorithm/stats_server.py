@@ -11,16 +11,22 @@ trust-region Newton step is published. Stop: the step from an exact point is bel
 its predicted increase below `loglik_tol` (with γ̂ moving less than `tol` relative); the reported estimate and ℓ are
 exact at the last accepted u.
 
-Loop, mode "async": every site is re-asked at the newest u as soon as it answers. Once `agg_threshold` new answers
-have arrived, the server builds the surrogate Σ_j T_j(u): each site's second-order Taylor model around the u_j its
-statistics were computed at (exact for fresh sites, taylor_statistics); a site with no statistics yet, or whose u_j
-is farther than `taylor_radius` (∞-norm) from u, is stood in for by the used sites' models scaled by N / Σ n_j used
-(no step before the used sites hold MIN_COVERAGE of the observations). It maximises the surrogate by safeguarded
-Newton steps (each kept only if the surrogate's ℓ does not decrease) within taylor_radius − stalest ‖u − u_j‖∞, so no
-Taylor model is used farther than taylor_radius from its u_j. When every site answered at the current u
-the step is the synchronous one (same acceptance rule), so equal sites reproduce the synchronous run exactly. Stop:
-the surrogate step is below tol and every site's u_j is within `stale_tol` of u → a final exact pass at u (all
-sites), whose exact step decides: converged (report the exact ℓ) or continue.
+Loop, mode "async": a site is re-asked at the newest u as soon as it answers, except a slow one (below). Once
+`agg_threshold` new answers have arrived, the server builds the surrogate Σ_j T_j(u) (stale.site_models): each
+site's model around the u_j its statistics were computed at — the second-order Taylor model (exact when fresh), or
+for a stale site the control variate ρ Σ_F T_k(u) + Taylor[S_j − ρ Σ_F S_k] through the sites F that answered at u_j
+too — and a site with no statistics yet, or whose u_j is farther than `taylor_radius` (∞-norm) from u, is stood in
+for by the used sites' models scaled by N / Σ n_j used (no step before the used sites hold MIN_COVERAGE of the
+observations). It maximises the surrogate by safeguarded Newton steps (each kept only if the surrogate's ℓ does not
+decrease) within min(trust radius, taylor_radius − stalest ‖u − u_j‖∞). The trust radius follows, as in sync mode,
+the ratio of the ℓ a step promised to the ℓ that newer answers give at the published u (_check_promise). When every
+site answered at the current u the step is the synchronous one, so equal sites reproduce the synchronous run
+exactly. Stop: the surrogate step is below tol and every site's u_j is within `stale_tol` of u → a final exact pass
+at u (all sites), whose exact step decides: converged (report the exact ℓ) or continue.
+
+Pacing (async): a site whose last round trip took more than hold_ratio × the median (stale.slow_sites: the
+initialisation's round trips first, then the statistics') is held back after each answer until the others' surrogate
+settles (a step ≤ HOLD_TOL), so a straggler computes near the optimum instead of at a point the fit is leaving.
 
 Bounds: u stays in a box (profile.default_bounds); a nugget or range that runs to the boundary stops there and is
 listed in `boundary`.
@@ -34,7 +40,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import init, stale
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.profile import (
     U_NAMES,
@@ -54,9 +60,17 @@ from spatialfed.model.params import Params
 RADIUS_GROWTH = 3.0
 #: share of the observations whose statistics must be usable before an asynchronous step (the rest stood in for)
 MIN_COVERAGE = 0.5
+#: asynchronous mode: a site whose last round trip took more than this multiple of the median is slow: after each
+#: answer it is held back until the others' surrogate has settled, so it always computes near the optimum
+HOLD_RATIO = 3.0
+#: the others' surrogate has settled when its step is below this (∞-norm in u) ...
+HOLD_TOL = 1e-2
+#: ... or when they have answered this many times on average
+HOLD_ROUNDS = 8
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
-          "_stats", "_new", "_u",
+          "control_variates", "hold_ratio", "_slow", "_held", "_hold_answers", "_sent_at", "_durations", "_promise",
+          "_after_surrogate", "_stats", "_rounds", "_new", "_u",
           "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
           "_user_bounds")
 
@@ -74,7 +88,8 @@ class StatsServer(FederatedServer):
 
     def __init__(self, n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None,
                  *, taylor_radius: float = 0.5, stale_tol: float | None = None, loglik_tol: float = 1e-6,
-                 bounds: tuple | None = None, inner_steps: int = 10):
+                 bounds: tuple | None = None, inner_steps: int = 10, control_variates: bool = True,
+                 hold_ratio: float | None = HOLD_RATIO):
         if config is not None and config.privacy is not None:
             raise ValueError("the statistics server does not add privacy noise (its messages are second-order "
                              "statistics): use FederatedServer for a fit with privacy")
@@ -89,12 +104,22 @@ class StatsServer(FederatedServer):
                                                                                        10 * self.config.tol))
         self.loglik_tol = float(loglik_tol)
         self.inner_steps = int(inner_steps)
+        self.control_variates = bool(control_variates)
+        self.hold_ratio = None if hold_ratio is None else float(hold_ratio)
+        self._slow: list[int] = []  # sites classed slow by their round-trip times (async, _classify)
+        self._held: list[int] = []  # slow sites waiting for the others' surrogate to settle
+        self._hold_answers = 0  # answers of the other sites when the hold began
+        self._sent_at: dict[int, float] = {}  # site -> time its task in flight was handed out
+        self._durations: dict[str, dict[int, float]] = {}  # step -> site -> duration of its last round trip
+        self._after_surrogate = False  # the last aggregation stepped on a surrogate (async)
+        self._promise: list | None = None  # [u, surrogate ℓ at the base, at the published u, move]
         self._user_bounds = None if bounds is None else tuple(np.asarray(b, dtype=float) for b in bounds)
         self.bounds: tuple[np.ndarray, np.ndarray] | None = None
         self.boundary: tuple[str, ...] = ()
         self.answers = [0] * self.n_workers
         self.accepted: list[tuple[int, float]] = []  # (iteration, exact ℓ) of every accepted exact point
         self._stats: dict[int, dict] = {}  # site -> its latest statistics (with "t" of its request)
+        self._rounds: dict[str, dict] = {}  # u (hex of its bytes) -> {"sum": exact statistics summed, "sites": [j]} at that u
         self._new = 0  # answers since the last aggregation
         self._u: np.ndarray | None = None  # the published u
         self._anchor: tuple[Profile, dict] | None = None  # last accepted exact point: (profile, summed statistics)
@@ -120,6 +145,9 @@ class StatsServer(FederatedServer):
     # --- runtime side ---------------------------------------------------------------------------------
     def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
         """Statistics (or φ₀ summaries) that arrived at `now`; a batch enters before the server aggregates."""
+        for q in [qs] if isinstance(qs, Quantity) else qs:
+            if q.worker in self._sent_at:
+                self._durations.setdefault(q.step, {})[q.worker] = float(now) - self._sent_at.pop(q.worker)
         if self.phase in ("moments", "variogram"):
             return super().receive(qs, now)
         self._last_now = float(now)
@@ -134,9 +162,16 @@ class StatsServer(FederatedServer):
                 self._obsolete.discard(j)
                 continue
             self._stats[j] = {**q.xi, "t": int(q.t)}
+            self._remember(j)
+            if j in self._slow and self.phase == "loop":
+                self._hold_back([j])
             self.answers[j] += 1
             self._new += 1
         self._progress(now)
+
+    def _remember(self, j: int) -> None:
+        live = [p.params.u for p in self._in_flight.values() if p.step == STATS_STEP]
+        stale.remember(self._rounds, self._stats, j, live)
 
     def next_task(self, j: int) -> Augmented | None:
         """The front of ℙ_j, except that a site is not asked again at the u it last answered (it would send the
@@ -146,7 +181,40 @@ class StatsServer(FederatedServer):
             if self.phase == "final":  # its answer at this u is already in: it counts for the final pass
                 self._P[j].pop(0)
             return None
-        return super().next_task(j)
+        if j in self._held and self.phase == "loop" and not self._release_held():
+            return None
+        p = super().next_task(j)
+        if p is not None:
+            self._sent_at[j] = float(getattr(self, "_last_now", 0.0) or 0.0)
+        return p
+
+    def _classify(self) -> None:
+        """Asynchronous mode: which sites are slow (stale.slow_sites, by their latest round-trip times)."""
+        self._slow = [] if self.mode != "async" or self.hold_ratio is None else stale.slow_sites(
+            self._durations, self.active, self._n_j, self.hold_ratio, MIN_COVERAGE, STATS_STEP)
+
+    def _hold_back(self, sites) -> None:
+        """Hold slow sites back until the others' surrogate settles. A slow site asked at a point the fit is still
+        leaving would answer at a u long left behind (its model then misleads the surrogate); asked where the others
+        settled, its answer is near the optimum, where its model errs by ~1e-4 in u."""
+        self._held = sorted(set(self._held) | set(sites))
+        self._hold_answers = sum(self.answers[k] for k in self.active if k not in self._held)
+
+    def _release_held(self) -> bool:
+        """Release the held sites when the others' surrogate settled (_aggregate), when the others answered
+        HOLD_ROUNDS times each since the hold began, or when nothing else is pending (every other site idle at the
+        current u); slow sites are then re-classified by their latest round-trip times."""
+        others = [k for k in self.active if k not in self._held]
+        waiting = all(not self.busy(k) and k in self._stats and np.array_equal(self._stats[k]["u"], self._u)
+                      for k in others)
+        answered = sum(self.answers[k] for k in others) - self._hold_answers
+        if waiting or answered >= HOLD_ROUNDS * len(others):
+            self._release()
+        return not self._held
+
+    def _release(self) -> None:
+        self._held = []
+        self._classify()
 
     def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
         """Continue without site j: its statistics leave the sums, N and the thresholds."""
@@ -192,6 +260,8 @@ class StatsServer(FederatedServer):
         self.params = params.with_u(u)
         self._record("init", now, 0)
         self.phase = "loop"
+        self._classify()  # by the initialisation round trips
+        self._hold_back(self._slow)
         self._publish_u()
 
     def _publish_u(self) -> None:
@@ -223,22 +293,18 @@ class StatsServer(FederatedServer):
         """(function u ↦ summed statistics, largest move allowed, staleness in iterations), or None while the sites
         that can be used hold less than MIN_COVERAGE of the observations.
 
-        Sites whose u_j lie within taylor_radius of u_at (∞-norm) enter through their Taylor models; the others
-        (no statistics yet, or an answer from a u the fit has since left) are stood in for by the used ones scaled
-        by N / Σ n_j used. The move is limited so that no used model is evaluated farther than taylor_radius from
-        its u_j: the trust radius shrinks with the stalest Δu (a used site never drops out before it answers)."""
-        have = [(float(np.max(np.abs(u_at - st["u"]))), st) for j, st in self._stats.items() if j in self.active]
-        used = [(du, st) for du, st in have if du <= self.taylor_radius]
-        if sum(int(st["n"]) for _, st in used) < MIN_COVERAGE * self.n_obs:
+        Sites whose u_j lie within taylor_radius of u_at (∞-norm) enter through their models (stale.site_models); the
+        others (no statistics yet, or an answer from a u the fit has since left) are stood in for by the used ones
+        scaled by N / Σ n_j used. The move is limited so that no used model is evaluated farther than taylor_radius
+        from its u_j: the trust radius shrinks with the stalest Δu (a used site never drops out before it answers)."""
+        have = {j: float(np.max(np.abs(u_at - st["u"]))) for j, st in self._stats.items() if j in self.active}
+        used = sorted(j for j, du in have.items() if du <= self.taylor_radius)
+        n_used = sum(int(self._stats[j]["n"]) for j in used)
+        if n_used < MIN_COVERAGE * self.n_obs:
             return None
-        stalest = max(du for du, _ in used)
-        stale_t = self.t + 1 if len(used) < len(self.active) else max(self.t - st["t"] for _, st in used)
-        models = [st for _, st in used]
-        scale = self.n_obs / sum(int(st["n"]) for st in models)
-
-        def at(u):
-            return sum_statistics([taylor_statistics(st, u) for st in models], scale=scale)
-
+        stalest = max(have[j] for j in used)
+        stale_t = self.t + 1 if len(used) < len(self.active) else max(self.t - self._stats[j]["t"] for j in used)
+        at = stale.site_models(self._stats, self._rounds, used, self.n_obs / n_used, self.control_variates)
         return at, min(self._radius, self.taylor_radius - stalest), stale_t
 
     def _aggregate(self, now: float) -> None:
@@ -259,22 +325,28 @@ class StatsServer(FederatedServer):
             else:
                 if consecutive and self._last_pred > self.loglik_tol:  # below: ratio is rounding noise
                     self._update_radius((here.loglik - self._anchor[0].loglik) / self._last_pred)
+                elif here is not None:
+                    self._check_promise(here.loglik)
                 if here is None:
                     raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
                 self._anchor, self._anchor_t = (here, total), self.t
                 self.accepted.append((self.t, here.loglik))
             base, base_stats = self._anchor
             at = lambda u: taylor_statistics(base_stats, u)  # noqa: E731
-            radius = self._radius
+            # async after surrogate steps: the step is checked by no exact answer before it is published
+            radius = min(self._radius, self.taylor_radius) if self._after_surrogate else self._radius
+            self._after_surrogate = False
         else:
             surrogate = self._surrogate(self._u)
             if surrogate is None:  # too few observations heard from yet: wait for more answers
                 return
             at, radius, staleness = surrogate
+            self._after_surrogate = True
             try:
                 base = profile_loglik(at(self._u), self.knots, self.kernel)
             except NotPositiveDefinite:  # the models disagree here: wait for fresher answers at this u
                 return
+            self._check_promise(base.loglik)
 
         if exact:  # one Newton step, verified by the sites' exact answers at the next round
             step = trust_region_step(base.u, base.grad, base.hess, radius, lower, upper, floor=self.config.eig_floor)
@@ -285,6 +357,11 @@ class StatsServer(FederatedServer):
             new, step = self._maximise(at, base, radius)
             if float(np.max(np.abs(new.u - base.u))) <= self.config.tol:
                 new = base  # no move: the sites already answered here stay idle (next_task)
+            move = float(np.max(np.abs(new.u - base.u)))
+            if self._held and move <= HOLD_TOL:
+                self._release()  # the others' surrogate settled: ask the held sites at the next u
+            self._promise = [new.u.tolist(), base.loglik, new.loglik, float(np.linalg.norm(new.u - base.u))] \
+                if move > 0 else None
         self.boundary = step.at_bound
         change = float(np.max(np.abs(step.p if exact else new.u - base.u)))
         dgamma = float(np.max(np.abs(new.gamma - base.gamma)) / max(np.max(np.abs(base.gamma)), 1e-300)) \
@@ -337,6 +414,17 @@ class StatsServer(FederatedServer):
         if cur is base:  # no step kept: stay
             last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
         return cur, last
+
+    def _check_promise(self, loglik: float) -> None:
+        """Asynchronous trust region: the last surrogate step promised ℓ(u_new) − ℓ(u_old); once newer answers
+        (fresh at u_new) give ℓ at the published u, the ratio of the two sets the radius as in the synchronous case.
+        A surrogate that exploits its own model error (a stale model extrapolated too far) is reined in."""
+        promise, self._promise = self._promise, None
+        if (promise is None or not np.allclose(promise[0], self._u, rtol=0.0, atol=1e-9)
+                or not promise[2] - promise[1] > self.loglik_tol):  # published u = log(exp(u)): equal to rounding
+            return
+        self._last_step = promise[3]
+        self._update_radius((loglik - promise[1]) / (promise[2] - promise[1]))
 
     def _update_radius(self, ratio: float) -> None:
         """Trust-region radius from actual / predicted increase of ℓ: shrink below 0.25, grow (up to

@@ -146,3 +146,54 @@ def test_privacy_is_refused(problem):
     models, knots, kernel, _ = problem
     with pytest.raises(ValueError, match="privacy"):
         StatsServer(4, knots, kernel, FitConfig(mode="sync", privacy={"noise_multiplier": 1.0, "clip": 1.0}))
+
+
+class Recording(StatsServer):
+    """A StatsServer that records every statistics request it hands out: (site, u)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.requests = []
+
+    def next_task(self, j):
+        p = super().next_task(j)
+        if p is not None and p.step == STATS_STEP:
+            self.requests.append((j, p.params.u.copy()))
+        return p
+
+
+def fit_recorded(problem, slowdowns, **options):
+    models, knots, kernel, _ = problem
+    server = Recording(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), **options)
+    return run_virtual(models, knots, kernel, server=server, slowdowns=slowdowns)
+
+
+def test_a_straggler_is_first_asked_where_the_others_settled(problem, sync):
+    held = fit_recorded(problem, SLOW)
+    straggler = len(SLOW) - 1
+    first = next(u for j, u in held.requests if j == straggler)
+    u0 = held.requests[0][1]  # φ₀: every other site's first request
+    assert held._durations and not held._held  # it was held, then released
+    # nearer the optimum than φ₀ (here the others hold 3/4 of the data and settle 0.43 from it in log δ)
+    assert not np.array_equal(first, u0)
+    assert np.max(np.abs(first - sync.params.u)) < 0.6 * np.max(np.abs(u0 - sync.params.u))
+    assert held.converged and held.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    eager = fit_recorded(problem, SLOW, hold_ratio=None)  # without holding it is asked at φ₀ with the others
+    assert np.array_equal(next(u for j, u in eager.requests if j == straggler), u0)
+    assert held.answers[straggler] <= eager.answers[straggler]
+
+
+def test_equal_sites_are_never_held(problem):
+    same = fit_recorded(problem, "balanced")
+    firsts = {}
+    for j, u in same.requests:
+        firsts.setdefault(j, u)
+    assert all(np.array_equal(u, firsts[0]) for u in firsts.values())
+
+
+@pytest.mark.parametrize("control_variates", [True, False])
+def test_control_variates_keep_the_optimum(problem, sync, control_variates):
+    """The stale-site model (plain Taylor or control variate) changes the path, never the exact optimum."""
+    fit_ = fit_recorded(problem, [1.0, 2.0, 4.0, 8.0], control_variates=control_variates)
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    np.testing.assert_allclose(fit_.params.u, sync.params.u, atol=1e-4)
