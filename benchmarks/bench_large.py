@@ -61,7 +61,6 @@ docs/results.md, "Large data: memory and 10⁶ points".
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -70,6 +69,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jsonrows import emitter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "heaton-simulated"
@@ -268,12 +270,7 @@ def main(argv=None) -> None:
     say(f"read {len(train)} training and {len(test)} held-out cells from {args.data} in "
         f"{time.perf_counter() - tic:.1f} s")
 
-    def emit(row: dict) -> None:
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.out is not None:
-            with open(args.out, "a") as fh:
-                fh.write(line + "\n")
+    emit = emitter(args.out)
 
     if not args.only_gpboost:
         handle = None

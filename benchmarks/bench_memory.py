@@ -28,7 +28,6 @@ processes): see docs/results.md, "Large data: memory and 10⁶ points".
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_large import DATA, LONLAT, PeakRSS, load, say  # noqa: E402
+from jsonrows import emitter  # noqa: E402
 
 
 def per_site(n: int, m: int, residual: str, seed: int) -> list[dict]:
@@ -146,12 +146,7 @@ def main(argv=None) -> None:
     if set(residuals) - {"full", "mpp", "pp"} or set(schemes) - {"block", "stats"}:
         ap.error("--residual takes full, mpp, pp; --scheme takes block, stats")
 
-    def emit(row: dict) -> None:
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.out is not None:
-            with open(args.out, "a") as fh:
-                fh.write(line + "\n")
+    emit = emitter(args.out)
 
     if args.per_site:
         for residual in residuals:

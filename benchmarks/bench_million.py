@@ -27,17 +27,16 @@ docs/results.md, "Large data: memory and 10⁶ points".
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_large import PeakRSS, say  # noqa: E402
+from jsonrows import emitter  # noqa: E402
 
 
 def make_store(path: Path, n: int, J: int, seed: int) -> dict:
@@ -107,12 +106,7 @@ def main(argv=None) -> None:
     residuals = [r for r in args.residual.split(",") if r]
     presets = [p for p in args.preset.split(",") if p]
 
-    def emit(row: dict) -> None:
-        line = json.dumps(row)
-        print(line, flush=True)
-        if args.out is not None:
-            with open(args.out, "a") as fh:
-                fh.write(line + "\n")
+    emit = emitter(args.out)
 
     tmp = None
     if args.store is None:

@@ -100,3 +100,16 @@ def assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat):
     assert server.loglik == pytest.approx(ll_hat, abs=1e-3)
     assert np.max(np.abs(fitted / theta_hat - 1)) < 1e-2
     assert np.max(np.abs(phi.gamma - gamma_hat)) < 1e-2 * np.max(np.abs(gamma_hat))
+
+
+def simulated_fit(d, seed: int, max_iter: int):
+    """`spatialfed simulate` (3 workers × 40, 5 covariates, 30 test points) into d/sim.zarr and a quick in-process
+    synchronous full-residual fit (16 knots) into d/fit; returns (d, store, fit)."""
+    from spatialfed.cli import main
+
+    store, fit = d / "sim.zarr", d / "fit"
+    assert main(["simulate", str(store), "--workers", "3", "--n-per-worker", "40", "--test-size", "30",
+                 "--seed", str(seed), "--quiet"]) == 0
+    assert main(["fit", str(store), "--out", str(fit), "--runtime", "simulated", "--knots", "16", "--mode", "sync",
+                 "--max-iter", str(max_iter), "--quiet"]) == 0
+    return d, store, fit

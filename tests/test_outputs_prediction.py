@@ -6,6 +6,7 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 import pytest
+from support import simulated_fit
 
 from spatialfed.cli import main
 from spatialfed.data.store import load_test, load_worker, open_store
@@ -17,13 +18,7 @@ from spatialfed.outputs import prediction as pr
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """A simulated store (3 workers, 5 covariates, 30 test points) and a quick in-process fit of it."""
-    d = tmp_path_factory.mktemp("pred")
-    store, fit = d / "sim.zarr", d / "fit"
-    assert main(["simulate", str(store), "--workers", "3", "--n-per-worker", "40", "--test-size", "30",
-                 "--seed", "0", "--quiet"]) == 0
-    assert main(["fit", str(store), "--out", str(fit), "--runtime", "simulated", "--knots", "16", "--mode", "sync",
-                 "--max-iter", "10", "--quiet"]) == 0
-    return d, store, fit
+    return simulated_fit(tmp_path_factory.mktemp("pred"), seed=0, max_iter=10)
 
 
 def test_predict_cli_at_test_group_writes_table_and_metrics(fitted, capsys):

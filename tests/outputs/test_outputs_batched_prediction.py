@@ -8,6 +8,7 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 import pytest
+from support import simulated_fit
 
 from spatialfed.cli import main
 from spatialfed.data.store import load_test, open_store
@@ -20,13 +21,7 @@ KEYS = ("mean", "sd", "sd_latent")
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """A simulated store (3 workers × 40, 5 covariates, 30 test points) and a quick in-process full-residual fit."""
-    d = tmp_path_factory.mktemp("batched")
-    store, fit = d / "sim.zarr", d / "fit"
-    assert main(["simulate", str(store), "--workers", "3", "--n-per-worker", "40", "--test-size", "30",
-                 "--seed", "3", "--quiet"]) == 0
-    assert main(["fit", str(store), "--out", str(fit), "--runtime", "simulated", "--knots", "16", "--mode", "sync",
-                 "--max-iter", "8", "--quiet"]) == 0
-    return d, store, fit
+    return simulated_fit(tmp_path_factory.mktemp("batched"), seed=3, max_iter=8)
 
 
 class Spy:
