@@ -112,7 +112,7 @@ class StatsServer(FederatedServer):
         self._sent_at: dict[int, float] = {}  # site -> time its task in flight was handed out
         self._durations: dict[str, dict[int, float]] = {}  # step -> site -> duration of its last round trip
         self._after_surrogate = False  # the last aggregation stepped on a surrogate (async)
-        self._promise: list | None = None  # [u, surrogate ℓ at the base, at the published u, move]
+        self._promise: list | None = None  # [published u, the u it stepped from, the increase of ℓ it promised]
         self._user_bounds = None if bounds is None else tuple(np.asarray(b, dtype=float) for b in bounds)
         self.bounds: tuple[np.ndarray, np.ndarray] | None = None
         self.boundary: tuple[str, ...] = ()
@@ -326,7 +326,7 @@ class StatsServer(FederatedServer):
                 if consecutive and self._last_pred > self.loglik_tol:  # below: ratio is rounding noise
                     self._update_radius((here.loglik - self._anchor[0].loglik) / self._last_pred)
                 elif here is not None:
-                    self._check_promise(here.loglik)
+                    self._check_promise(lambda u: taylor_statistics(total, u), here.loglik)
                 if here is None:
                     raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
                 self._anchor, self._anchor_t = (here, total), self.t
@@ -346,7 +346,7 @@ class StatsServer(FederatedServer):
                 base = profile_loglik(at(self._u), self.knots, self.kernel)
             except NotPositiveDefinite:  # the models disagree here: wait for fresher answers at this u
                 return
-            self._check_promise(base.loglik)
+            self._check_promise(at, base.loglik)
 
         if exact:  # one Newton step, verified by the sites' exact answers at the next round
             step = trust_region_step(base.u, base.grad, base.hess, radius, lower, upper, floor=self.config.eig_floor)
@@ -360,8 +360,7 @@ class StatsServer(FederatedServer):
             move = float(np.max(np.abs(new.u - base.u)))
             if self._held and move <= HOLD_TOL:
                 self._release()  # the others' surrogate settled: ask the held sites at the next u
-            self._promise = [new.u.tolist(), base.loglik, new.loglik, float(np.linalg.norm(new.u - base.u))] \
-                if move > 0 else None
+            self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik] if move > 0 else None
         self.boundary = step.at_bound
         change = float(np.max(np.abs(step.p if exact else new.u - base.u)))
         dgamma = float(np.max(np.abs(new.gamma - base.gamma)) / max(np.max(np.abs(base.gamma)), 1e-300)) \
@@ -415,16 +414,23 @@ class StatsServer(FederatedServer):
             last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
         return cur, last
 
-    def _check_promise(self, loglik: float) -> None:
-        """Asynchronous trust region: the last surrogate step promised ℓ(u_new) − ℓ(u_old); once newer answers
-        (fresh at u_new) give ℓ at the published u, the ratio of the two sets the radius as in the synchronous case.
-        A surrogate that exploits its own model error (a stale model extrapolated too far) is reined in."""
+    def _check_promise(self, at, loglik: float) -> None:
+        """Asynchronous trust region: the last surrogate step promised an increase ℓ(u_new) − ℓ(u_old). Once newer
+        answers give a newer model `at` (with ℓ = `loglik` at the published u_new), the increase it sees between the
+        same two points, over the promised one, sets the radius as in the synchronous case. Both ends are evaluated
+        on the newer model: its level moves as sites enter or leave the stand-in, its slope is what is checked. A
+        surrogate that exploits its own model error (a stale model extrapolated too far) is reined in."""
         promise, self._promise = self._promise, None
         if (promise is None or not np.allclose(promise[0], self._u, rtol=0.0, atol=1e-9)
-                or not promise[2] - promise[1] > self.loglik_tol):  # published u = log(exp(u)): equal to rounding
+                or not promise[2] > self.loglik_tol):  # published u = log(exp(u)): equal to rounding
             return
-        self._last_step = promise[3]
-        self._update_radius((loglik - promise[1]) / (promise[2] - promise[1]))
+        step = float(np.max(np.abs(self._u - np.asarray(promise[1]))))
+        old = self._evaluate(at, np.asarray(promise[1])) if step > HOLD_TOL else None
+        if old is None:  # a step this short cannot exploit model error: new answers only moved the optimum
+            return
+        self._last_step = float(np.linalg.norm(self._u - np.asarray(promise[1])))
+        self._update_radius((loglik - old.loglik) / promise[2])
+        self._radius = max(self._radius, HOLD_TOL)
 
     def _update_radius(self, ratio: float) -> None:
         """Trust-region radius from actual / predicted increase of ℓ: shrink below 0.25, grow (up to
