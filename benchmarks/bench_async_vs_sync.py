@@ -19,18 +19,14 @@ async_aggregations). Progress goes to stderr.
 clock (FlopCost: deterministic), through the same store → runtime.site → runtime.driver path as the estimator; its
 reference is the synchronous StatsServer run to tol 1e-10 (the same ℓ_LR maximiser as the block algorithm's).
 
---preset stats (StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-23, commit 89bbd44; each row:
-sync_s / async_s (ratio), sync round trips; async answers per site. Every run settled; async ℓ within 2e-10 of sync.
-- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 9.57 (1.00); graded 9.57 / 7.38 (0.77).
-- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 41.3 (0.70); graded 59.1 / 78.8 (1.33).
-- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 309.9 (0.60); graded 516.5 / 1150.0 (2.23).
-- mpp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 18.8 (1.00); graded 18.8 / 150.8 (8.0: the surrogate
-  crawls, 204 answers per site).
-- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 14.1 (0.75); graded 18.8 / 14.1 (0.75).
-Balanced async reproduces the synchronous run exactly; the straggler's stale statistics (second-order Taylor model)
-are accurate to ~1e-3 only once it answers near the optimum, so async needs 2–3 straggler round trips where sync
-needs 4–6; under graded, mid-speed sites' stale models make the asynchronous surrogate crawl (issue 13's ≤ 0.5 is
-not met; until that is fixed, run StatsServer synchronously: 4–6 round trips).
+--preset stats (StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-23, commit 36c7c93 (control-variate stale
+models, slow sites held until the others settle, asynchronous trust region; docs/algorithm.md); sync_s / async_s
+(ratio), sync round trips. Every run settled; async ℓ within 4e-10 of sync.
+- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.96 (0.41); graded 9.57 / 6.81 (0.71).
+- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 25.4 (0.43); graded 59.1 / 61.8 (1.04).
+Before (commit 89bbd44, plain Taylor models, no pacing): n = 200 straggler 1.00, graded 0.77; n = 500 straggler 0.70,
+graded 1.33; n = 1000 straggler 0.60, graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75. Under graded
+compute the unheld mid-speed sites' stale models still cap the surrogate's steps (issue 13 open).
 
 Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
 - simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,
