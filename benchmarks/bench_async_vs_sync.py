@@ -24,6 +24,7 @@ models, slow sites held until the others settle, asynchronous trust region; docs
 (ratio), sync round trips. Every run settled; async ℓ within 4e-10 of sync.
 - full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.96 (0.41); graded 9.57 / 6.81 (0.71).
 - full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 25.4 (0.43); graded 59.1 / 61.8 (1.04).
+- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 5.61 (0.30); graded 18.8 / 5.83 (0.31).
 Before (commit 89bbd44, plain Taylor models, no pacing): n = 200 straggler 1.00, graded 0.77; n = 500 straggler 0.70,
 graded 1.33; n = 1000 straggler 0.60, graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75. Under graded
 compute the unheld mid-speed sites' stale models still cap the surrogate's steps (issue 13 open).
