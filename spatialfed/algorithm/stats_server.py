@@ -185,7 +185,7 @@ class StatsServer(FederatedServer):
             return None
         p = super().next_task(j)
         if p is not None:
-            self._sent_at[j] = float(getattr(self, "_last_now", 0.0) or 0.0)
+            self._sent_at[j] = self._last_now
         return p
 
     def _classify(self) -> None:
