@@ -71,7 +71,8 @@ def register(subparsers) -> None:
                    help="emulated compute heterogeneity: balanced, straggler (last worker 62/3× slower) or graded")
     p.add_argument("--slowdown", type=float_list, default=None, metavar="s1,..,sJ",
                    help="explicit slowdown factor ≥ 1 per worker (overrides --profile)")
-    add_dask(p, RUNTIMES, "dask (default; partitions stay on Dask workers) or simulated (virtual clock, in-process)")
+    add_dask(p, RUNTIMES, "auto (default: in this process when observations × knots ≤ 500,000 and no option needs "
+             "Dask, else Dask), dask (partitions stay on Dask workers) or simulated (virtual clock, in-process)")
     add_jobqueue(p)
     add_tls(p)
     ck = p.add_argument_group("checkpoint and resume (docs/recovery.md)")
