@@ -165,14 +165,14 @@ def check_crs_given(points: Points) -> None:
 def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, seed=0):
     """(store path, TemporaryStore or None): `X` itself when it is a store path, else a temporary store written by
     ingest_frame from the table or arrays (see the module docstring)."""
-    from spatialfed.data.ingest import ingest_frame
-
     if is_store_path(X):
         given = [name for name, v in (("y", y), ("coords", coords), ("groups", groups)) if v is not None]
         if given:
             raise DataError(f"X is a store path ({X}); {', '.join(given)}= apply to in-memory data only: the store "
                             "already holds the values, locations and partition")
         return X, None
+    from spatialfed.data.ingest import ingest_frame  # in-memory data only: a store path needs none of it
+
     group_col = groups if isinstance(groups, str) else None
     y_col = y if isinstance(y, str) else None
     points = read_points(X, coords, crs, drop=(group_col, y_col))

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import geopandas as gpd
 import numpy as np
 import shapely
-from affine import Affine
 from pyproj import CRS
 from scipy.spatial import cKDTree
 
@@ -314,6 +313,8 @@ class PredictionGrid:
     @property
     def transform(self) -> Affine:
         """Affine transform of the raster (upper-left corner origin), as rasterio expects."""
+        from affine import Affine  # with attrs, 20-100 ms to import: only for rasters
+
         half = self.resolution / 2
         return Affine.translation(self.x[0] - half, self.y[0] + half) @ Affine.scale(self.resolution, -self.resolution)
 

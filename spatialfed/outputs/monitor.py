@@ -11,10 +11,6 @@ import socket
 import threading
 from pathlib import Path
 
-from bokeh.layouts import column, gridplot
-from bokeh.models import ColumnDataSource, HoverTool
-from bokeh.plotting import figure
-
 from spatialfed.atomic import write_text
 
 TRACE_FIELDS = ("time_s", "iter", "delta", "sigma2", "beta", "loglik")
@@ -40,6 +36,10 @@ def trace_columns(rows) -> dict:
 
 def build_layout(trace: ColumnDataSource, arrivals: ColumnDataSource, n_workers: int):
     """The monitoring plots, drawn from two sources: parameters/log-likelihood and arrivals."""
+    from bokeh.layouts import column, gridplot  # Bokeh (about 1 s to import) only when a page is drawn
+    from bokeh.models import HoverTool
+    from bokeh.plotting import figure
+
     tools = "pan,wheel_zoom,box_zoom,reset,save"
     params = []
     for name, label in (("delta", "δ (noise precision)"), ("sigma2", "σ² (field variance)"), ("beta", "β (length scale)")):
@@ -104,6 +104,8 @@ class FitMonitor:
     # --- outputs ------------------------------------------------------------------------------------
     def sources(self) -> tuple[ColumnDataSource, ColumnDataSource]:
         """Fresh data sources holding everything collected so far."""
+        from bokeh.models import ColumnDataSource
+
         arrivals = _empty(ARRIVAL_FIELDS)
         for row in self.arrivals:
             for name in ARRIVAL_FIELDS:
