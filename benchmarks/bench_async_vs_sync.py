@@ -182,6 +182,165 @@ def run_stats(store, n, residual, profiles, max_iter):
     return rows
 
 
+def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-5, time_budget=None):
+    """The estimator itself, ``FederatedGP(preset="stats", runtime="dask", client=...)`` (servers.server_for →
+    StatsServer), on the fit_stats knots (jittered_unit_grid(M, seed=0)) and settings (async: agg_threshold 1, what
+    StatsServer takes when given none); returns (gp, measures: answers per site, median wall of a statistics task,
+    CPU seconds of the Dask worker processes and of this process, which runs the server, the client and the
+    LocalCluster's scheduler)."""
+    from distributed import get_task_stream
+
+    from spatialfed.api import FederatedGP
+    from spatialfed.data.geometry import jittered_unit_grid
+
+    knots = jittered_unit_grid(M, seed=0)
+    gp = FederatedGP(mode=mode, residual=residual, knots=knots, nu=NU, agg_threshold=1 if mode == "async" else None,
+                     max_iter=max_iter, tol=tol, runtime="dask", profile=profile, client=client, seed=0,
+                     time_budget=time_budget, preset="stats", progress=False)
+    cpu0, here = client.run(time.process_time), time.process_time()
+    tic = time.perf_counter()
+    with get_task_stream(client) as ts:
+        gp.fit(str(store))
+    wall = time.perf_counter() - tic
+    cpu1, here = client.run(time.process_time), time.process_time() - here
+    if not np.array_equal(gp.knots_, knots):
+        raise RuntimeError("the estimator laid out other knots than the virtual-clock run's; the references differ")
+    if gp.config_.scheme != "stats":
+        raise RuntimeError(f"preset 'stats' resolved to scheme {gp.config_.scheme!r}")
+    answers, task_wall = [0] * J, []
+    for task in ts.data:
+        key = str(task["key"])
+        if key.startswith("stats-"):
+            answers[int(key.split("-")[1][1:])] += 1
+            task_wall += [ss["stop"] - ss["start"] for ss in task.get("startstops", ()) if ss["action"] == "compute"]
+    worker_cpu = sum(cpu1[a] - cpu0.get(a, cpu1[a]) for a in cpu1)
+    measures = {"answers": answers, "rounds": sum(answers) / J, "n_tasks": int(gp.n_tasks_ or 0),
+                "fit_wall_s": round(wall, 2), "worker_cpu_s": round(worker_cpu, 2),
+                "client_cpu_s": round(here, 2), "cores_busy": round((worker_cpu + here) / wall, 2),
+                "stats_task_wall_median_s": round(float(np.median(task_wall)), 4) if task_wall else None}
+    say(f"  dask      {profile:9s} {mode:5s} {residual}: {gp.n_iter_} iterations ({gp.stop_reason_}), answers "
+        f"{answers}, trace ends at {gp.trace_[-1]['time_s']:.2f} s, took {wall:.1f} s wall, worker CPU "
+        f"{worker_cpu:.1f} s, this process (server, client, scheduler) {here:.1f} s; δ={gp.params_['delta']:.5g} σ²={gp.params_['sigma2']:.5g} β={gp.params_['beta']:.5g} "
+        f"ℓ={gp.loglik_:.6f}")
+    return gp, measures
+
+
+def task_costs(client, store, residual, params, slowdowns, repeats=3):
+    """What one statistics task costs on each Dask worker, measured with the runtime's own site.answer: c = its
+    thread CPU seconds (`time.thread_time` on the worker), w = its wall seconds inside the task with the profile's
+    slowdown s_j (compute, then the (s_j − 1)·c sleep), and the overhead = the client's round trip − w (scheduler,
+    network, serialisation). Each site is timed alone (no contention; its partition loaded first), then with every
+    site at once at s = 1 (the two cores shared by J tasks). Medians over `repeats` nearby u (no cached factor)."""
+    import uuid
+
+    from spatialfed.algorithm.protocol import STATS_STEP, Augmented
+    from spatialfed.data.geometry import jittered_unit_grid
+    from spatialfed.model.matern import Matern
+    from spatialfed.model.params import Params
+    from spatialfed.runtime import site
+    from spatialfed.runtime.cluster import worker_addresses
+    from spatialfed.runtime.dask_runtime import assign_partitions
+
+    def timed(spec, p, s):  # runs on the worker (pickled by value: a local function)
+        import time as _t
+
+        from spatialfed.runtime import site as _site
+
+        tic, cpu = _t.perf_counter(), _t.thread_time()
+        _site.answer(spec, p, s)
+        return _t.thread_time() - cpu, _t.perf_counter() - tic
+
+    knots = jittered_unit_grid(M, seed=0)
+    run_id = f"costs-{uuid.uuid4().hex[:8]}"
+    specs = site.site_specs(run_id, store, J, knots, Matern(NU), residual)
+    where = assign_partitions(J, worker_addresses(client))
+    gamma = np.asarray(params["gamma"], dtype=float)
+
+    def request(k):
+        f = 1.0 + 1e-3 * (k + 1)
+        phi = Params(np.zeros(M), np.eye(M), gamma, params["delta"] * f, params["sigma2"], params["beta"] * f)
+        return Augmented(phi, k, STATS_STEP)
+
+    def one(j, k, s):
+        tic = time.perf_counter()
+        c, w = client.submit(timed, specs[j], request(k), float(s), workers=[where[j]], pure=False).result()
+        return c, w, time.perf_counter() - tic - w
+
+    try:
+        for j in range(J):
+            one(j, -1, 1.0)  # load the partition
+        rows = []
+        for j in range(J):
+            alone = [one(j, k, 1.0) for k in range(repeats)]
+            slowed = [one(j, repeats + k, slowdowns[j]) for k in range(repeats)]
+            c = float(np.median([a[0] for a in alone + slowed]))
+            rows.append({"site": j, "slowdown": round(float(slowdowns[j]), 3), "cpu_s": round(c, 4),
+                         "wall_alone_s": round(float(np.median([a[1] for a in alone])), 4),
+                         "wall_slowed_s": round(float(np.median([a[1] for a in slowed])), 4),
+                         "sleep_expected_s": round((float(slowdowns[j]) - 1) * c, 4),
+                         "overhead_s": round(float(np.median([a[2] for a in alone + slowed])), 4)})
+        together = []
+        for k in range(repeats):
+            tic = time.perf_counter()
+            futs = [client.submit(timed, specs[j], request(2 * repeats + k), 1.0, workers=[where[j]], pure=False)
+                    for j in range(J)]
+            out = client.gather(futs)
+            together.append((time.perf_counter() - tic, [o[0] for o in out], [o[1] for o in out]))
+    finally:
+        client.run(site.release, run_id)
+    summary = {"cpu_s_median": round(float(np.median([r["cpu_s"] for r in rows])), 4),
+               "overhead_s_median": round(float(np.median([r["overhead_s"] for r in rows])), 4),
+               "together_round_s": round(float(np.median([t[0] for t in together])), 4),
+               "together_cpu_s_median": round(float(np.median([np.median(t[1]) for t in together])), 4),
+               "together_task_wall_s_median": round(float(np.median([np.median(t[2]) for t in together])), 4)}
+    return {"sites": rows, **summary}
+
+
+def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers):
+    """Rows of the stats preset on a Dask LocalCluster of `dask_workers` processes, through the estimator, plus what
+    a statistics task costs there (task_costs). Reference: the estimator's synchronous fit to tol 1e-10 on the
+    simulated runtime (the same knots, the same ℓ_LR maximiser as run_stats's); async gets 20× the sync time."""
+    from spatialfed.api import FederatedGP
+    from spatialfed.data.geometry import jittered_unit_grid
+    from spatialfed.runtime.cluster import local_cluster
+    from spatialfed.runtime.heterogeneity import profile_slowdowns
+
+    say("reference: the estimator, synchronous stats fit to tol 1e-10 (simulated runtime)")
+    ref_gp = FederatedGP(mode="sync", residual=residual, knots=jittered_unit_grid(M, seed=0), nu=NU, max_iter=100,
+                         tol=1e-10, runtime="simulated", seed=0, preset="stats", progress=False).fit(str(store))
+    ref = ref_gp.params_
+    say(f"  reference: {ref_gp.n_iter_} iterations, ℓ={ref_gp.loglik_:.6f}")
+    rows = []
+    handle = local_cluster(dask_workers)
+    client = handle.client
+    try:
+        say(f"Dask: {dask_workers} worker processes; dashboard {handle.dashboard_link}")
+        import importlib
+
+        for mod in ("spatialfed.runtime.site", "spatialfed.model.stats", "spatialfed.data.store"):
+            client.run(importlib.import_module, mod)  # imports are not the fit's time
+        for profile in profiles:
+            sync, sync_m = fit_stats_dask(store, client, "sync", profile, residual, max_iter=100)
+            sync_s = time_to_target(sync.trace_, ref)
+            budget = None if sync_s is None else 20 * sync_s
+            asyn, async_m = fit_stats_dask(store, client, "async", profile, residual, max_iter=max_iter,
+                                           time_budget=budget)
+            async_s = time_to_target(asyn.trace_, ref)
+            ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
+            costs = task_costs(client, store, residual, ref, profile_slowdowns(profile, J))
+            rows.append({"profile": profile, "runtime": "dask", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
+                         "n_per_worker": n, "residual": residual, "preset": "stats", "sync_rounds": sync.n_iter_,
+                         "async_rounds": round(async_m["rounds"], 2), "async_aggregations": asyn.n_iter_,
+                         "settled": sync_s is not None and async_s is not None,
+                         "async_loglik_minus_sync": asyn.loglik_ - sync.loglik_,
+                         "async_slowest_answers": int(min(async_m["answers"])), "dask_workers": dask_workers,
+                         "sync_measures": sync_m, "async_measures": async_m, "task_costs": costs})
+            say(f"  -> {json.dumps(rows[-1])}")
+    finally:
+        handle.close()
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runtime", choices=["simulated", "dask", "both"], default="simulated")
@@ -193,8 +352,8 @@ def main(argv=None) -> int:
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preset", default="paper",
-                    help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; "
-                    "simulated only)")
+                    help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; on "
+                    "--runtime dask through FederatedGP(preset='stats'))")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "
@@ -207,8 +366,6 @@ def main(argv=None) -> int:
     profiles = [v for v in args.profiles.split(",") if v]
     if args.store and len(sizes) > 1:
         ap.error("--store holds one dataset: give a single --n-per-worker with it")
-    if args.preset == "stats" and args.runtime != "simulated":
-        ap.error("--preset stats runs on the virtual clock only (--runtime simulated) until the estimator wires it")
     runtimes = ["simulated", "dask"] if args.runtime == "both" else [args.runtime]
     results = []
     for n in sizes:
@@ -218,7 +375,10 @@ def main(argv=None) -> int:
                 say(f"simulating J={J} × n={n} (ν={NU}, β={BETA}) into {store}")
                 simulate_store(store, J, n, nu=NU, beta=BETA, seed=args.seed, test_size=0)
             if args.preset == "stats":
-                results += run_stats(store, n, args.residual, profiles, args.max_iter)
+                if args.runtime in ("simulated", "both"):
+                    results += run_stats(store, n, args.residual, profiles, args.max_iter)
+                if args.runtime in ("dask", "both"):
+                    results += run_stats_dask(store, n, args.residual, profiles, args.max_iter, args.dask_workers)
                 continue
             say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
             ref_gp = fit(store, "simulated", "sync", "balanced", max_iter=100, residual=args.residual)
