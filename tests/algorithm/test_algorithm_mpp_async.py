@@ -25,6 +25,11 @@ PARAM_RTOL = 1e-3
 #: tol, u is re-published unchanged, the fast sites (already answered at u) stay idle, the held slow site answers at
 #: u, and one new answer < A never triggers an aggregation (StatsServer._progress). The estimator always passes
 #: A = ⌈0.2·J⌉ (FitConfig.preset resolves it), so StatsServer's own default A = 1 never applies to FederatedGP.
+#: Ozone 870715 by state with 25 knots: the ℓ_LR surface is nearly flat along log δ (the mpp diagonal term and the
+#: nugget trade off); the asynchronous trust radius never falls below HOLD_TOL = 1e-2 (_check_promise), the stale
+#: sites' models keep moving the surrogate's optimum by ~1e-2, and the fit stops at max_iter, under straggler compute
+#: 0.39 below the synchronous ℓ (δ 2.08 against 0.737, σ² 637 against 319).
+FLAT_RIDGE = ("StatsServer async on a flat ridge: steps stay ~1e-2 (radius floor), max_iter, ℓ 0.39 below sync")
 DEADLOCK = ("StatsServer async deadlock with agg_threshold ≥ 2 (every site idle at the published u, fewer than A "
             "new answers): RuntimeError 'the runtime ran out of work'")
 
@@ -109,3 +114,10 @@ def ozone(tmp_path_factory):
 def test_async_stats_mpp_matches_sync_ozone(ozone, profile):
     path, sync = ozone
     check_matches(sync, fit(path, "async", profile, OZONE_KNOTS))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FLAT_RIDGE)
+def test_async_stats_mpp_matches_sync_ozone_few_knots(ozone):
+    path, _ = ozone
+    check_matches(fit(path, "sync", "balanced", 25), fit(path, "async", "straggler", 25))
