@@ -24,8 +24,8 @@ n, knots, preset, profile, agg_threshold, sync_loglik, async_loglik (of a fit th
 surrogate value), diff (async − sync), ok (|diff| ≤ 1e-3 and both converged), converged_sync, converged_async,
 stop_reason_sync, stop_reason_async, iterations (async aggregations), sync_iterations, sync_params, async_params,
 async_time_s (virtual seconds), wall_s, error (the exception of a fit that raised, else null)}. ``--traces`` appends
-the full async trace (time_s, step, loglik, delta, sigma2, beta, staleness per aggregation) of every row that is not
-ok, with the StatsServer's state when the fit raised.
+the full async trace (iter, time_s, step, loglik, delta, sigma2, beta, γ, max_staleness per row) of every row that is
+not ok, with the StatsServer's state when the fit raised.
 
 Measured (2026-11-23/24, 2-core shared machine; see the report of the run for the table).
 """
@@ -49,7 +49,7 @@ TOL_LOGLIK = 1e-3
 OZONE_KNOTS = 60
 SIM_KNOTS, SIM_J, NU, BETA = 100, 10, 0.5, 0.1
 PROFILES = ("balanced", "straggler", "graded")
-TRACE_KEYS = ("time_s", "step", "t", "loglik", "delta", "sigma2", "beta", "staleness")
+TRACE_KEYS = ("iter", "time_s", "step", "loglik", "delta", "sigma2", "beta", "max_staleness")
 
 
 def say(*args):
@@ -178,6 +178,21 @@ def sim_stores(tmp: Path, sizes, seeds):
             yield path, {"dataset": f"sim:seed{seed}", "partition": "random", "J": SIM_J, "n": SIM_J * n}
 
 
+def table(rows) -> str:
+    """The rows as a Markdown table (diff = async − sync ℓ; conv = converged sync/async; stop = async stop reason)."""
+    lines = ["| dataset | partition | J | n | m | preset | profile | A | sync ℓ | diff | conv | stop | iters |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        diff = "—" if r["diff"] is None else f"{r['diff']:.2g}"
+        stop = "raised" if r["error"] else r["stop_reason_async"]
+        sync = "—" if r["sync_loglik"] is None else f"{r['sync_loglik']:.4f}"
+        lines.append(f"| {r['dataset']} | {r['partition']} | {r['J']} | {r['n']} | {r['knots']} | {r['preset']} | "
+                     f"{r['profile']} | {r['agg_threshold']} | {sync} | {diff} | "
+                     f"{'y' if r['converged_sync'] else 'n'}/{'y' if r['converged_async'] else 'n'} | {stop} | "
+                     f"{r['iterations']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", default="ozone,sim", help="comma-separated: ozone, sim")
@@ -211,6 +226,7 @@ def main(argv=None) -> int:
                                          [int(v) for v in lists["seeds"]]):
                 rows += compare(path, {**meta, "knots": SIM_KNOTS}, lists["presets"], lists["profiles"], SIM_KNOTS,
                                 emit, args.traces, args.agg_threshold, args.max_iter)
+    say(table(rows))
     bad = [r for r in rows if not r["ok"]]
     say(f"{len(rows)} rows, {len(bad)} not within {TOL_LOGLIK} of sync (or not converged, or raised)")
     return 0
