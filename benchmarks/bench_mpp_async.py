@@ -23,9 +23,10 @@ prints one JSON row per (dataset, partition, knots, preset, profile) (benchmarks
 n, knots, preset, profile, agg_threshold, sync_loglik, async_loglik (of a fit that raised: its last trace row's, a
 surrogate value), diff (async − sync), ok (|diff| ≤ 1e-3 and both converged), converged_sync, converged_async,
 stop_reason_sync, stop_reason_async, iterations (async aggregations), sync_iterations, sync_params, async_params,
-async_time_s (virtual seconds), wall_s, error (the exception of a fit that raised, else null)}. ``--traces`` appends
-the full async trace (iter, time_s, step, loglik, delta, sigma2, beta, γ, max_staleness per row) of every row that is
-not ok, with the StatsServer's state when the fit raised.
+sync_boundary and async_boundary (parameters on a bound of the box, stats preset), async_time_s (virtual seconds),
+wall_s, error (the exception of a fit that raised, else null)}. ``--traces`` appends the full async trace (iter,
+time_s, step, loglik, delta, sigma2, beta, γ, max_staleness per row) of every row that is not ok, with the
+StatsServer's state when the fit raised.
 
 Measured (2026-11-23/24, 2-core shared machine; see the report of the run for the table).
 """
@@ -103,12 +104,12 @@ def run_fit(store, *, mode, preset, profile, knots, agg_threshold=None, max_iter
     out = {"error": error, "wall_s": round(wall, 2), "server": server}
     if server is None:
         return {**out, "loglik": None, "converged": False, "stop_reason": None, "iterations": 0, "params": None,
-                "time_s": None, "agg_threshold": None}
+                "time_s": None, "agg_threshold": None, "boundary": []}
     loglik = server.loglik if error is None else (server.trace[-1].get("loglik") if server.trace else None)
     return {**out, "loglik": None if loglik is None else float(loglik), "converged": bool(server.converged),
             "stop_reason": server.stop_reason, "iterations": int(server.iterations), "params": params_of(server),
             "time_s": float(server.trace[-1]["time_s"]) if server.trace else None,
-            "agg_threshold": int(server.config.agg_threshold)}
+            "agg_threshold": int(server.config.agg_threshold), "boundary": list(getattr(server, "boundary", ()))}
 
 
 def compare(store, meta: dict, presets, profiles, knots, emit, traces_out, agg_threshold, max_iter) -> list[dict]:
@@ -130,7 +131,8 @@ def compare(store, meta: dict, presets, profiles, knots, emit, traces_out, agg_t
                    "converged_sync": sync["converged"], "converged_async": asyn["converged"],
                    "stop_reason_sync": sync["stop_reason"], "stop_reason_async": asyn["stop_reason"],
                    "iterations": asyn["iterations"], "sync_iterations": sync["iterations"],
-                   "sync_params": sync["params"], "async_params": asyn["params"], "async_time_s": asyn["time_s"],
+                   "sync_params": sync["params"], "async_params": asyn["params"], "sync_boundary": sync["boundary"],
+                   "async_boundary": asyn["boundary"], "async_time_s": asyn["time_s"],
                    "wall_s": asyn["wall_s"], "error": asyn["error"] or sync["error"]}
             emit(row)
             rows.append(row)
@@ -179,7 +181,7 @@ def sim_stores(tmp: Path, sizes, seeds):
 
 
 def table(rows) -> str:
-    """The rows as a Markdown table (diff = async − sync ℓ; conv = converged sync/async; stop = async stop reason)."""
+    """The rows as a Markdown table (diff = async − sync ℓ; conv = converged sync/async; stop: async's)."""
     lines = ["| dataset | partition | J | n | m | preset | profile | A | sync ℓ | diff | conv | stop | iters |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
