@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
 import sys
 import tempfile
 import time
@@ -182,21 +183,23 @@ def run_stats(store, n, residual, profiles, max_iter):
     return rows
 
 
-def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-5, time_budget=None):
+def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-5, time_budget=None, scale=1.0):
     """The estimator itself, ``FederatedGP(preset="stats", runtime="dask", client=...)`` (servers.server_for →
     StatsServer), on the fit_stats knots (jittered_unit_grid(M, seed=0)) and settings (async: agg_threshold 1, what
     StatsServer takes when given none); returns (gp, measures: answers per site, median wall of a statistics task,
     CPU seconds of the Dask worker processes and of this process, which runs the server, the client and the
-    LocalCluster's scheduler)."""
+    LocalCluster's scheduler). `scale`: every site's slowdown is multiplied by it (slowdown_scale in run_stats_dask)."""
     from distributed import get_task_stream
 
     from spatialfed.api import FederatedGP
     from spatialfed.data.geometry import jittered_unit_grid
+    from spatialfed.runtime.heterogeneity import profile_slowdowns
 
     knots = jittered_unit_grid(M, seed=0)
     gp = FederatedGP(mode=mode, residual=residual, knots=knots, nu=NU, agg_threshold=1 if mode == "async" else None,
                      max_iter=max_iter, tol=tol, runtime="dask", profile=profile, client=client, seed=0,
-                     time_budget=time_budget, preset="stats", progress=False)
+                     slowdown=(scale * profile_slowdowns(profile, J)).tolist(), time_budget=time_budget,
+                     preset="stats", progress=False)
     cpu0, here = client.run(time.process_time), time.process_time()
     tic = time.perf_counter()
     with get_task_stream(client) as ts:
@@ -217,6 +220,7 @@ def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-
     measures = {"answers": answers, "rounds": sum(answers) / J, "n_tasks": int(gp.n_tasks_ or 0),
                 "fit_wall_s": round(wall, 2), "worker_cpu_s": round(worker_cpu, 2),
                 "client_cpu_s": round(here, 2), "cores_busy": round((worker_cpu + here) / wall, 2),
+                "host_load_1min": round(os.getloadavg()[0], 2),
                 "stats_task_wall_median_s": round(float(np.median(task_wall)), 4) if task_wall else None}
     say(f"  dask      {profile:9s} {mode:5s} {residual}: {gp.n_iter_} iterations ({gp.stop_reason_}), answers "
         f"{answers}, trace ends at {gp.trace_[-1]['time_s']:.2f} s, took {wall:.1f} s wall, worker CPU "
@@ -296,10 +300,13 @@ def task_costs(client, store, residual, params, slowdowns, repeats=3):
     return {"sites": rows, **summary}
 
 
-def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers):
+def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers, slowdown_scale=1.0):
     """Rows of the stats preset on a Dask LocalCluster of `dask_workers` processes, through the estimator, plus what
     a statistics task costs there (task_costs). Reference: the estimator's synchronous fit to tol 1e-10 on the
-    simulated runtime (the same knots, the same ℓ_LR maximiser as run_stats's); async gets 20× the sync time."""
+    simulated runtime (the same knots, the same ℓ_LR maximiser as run_stats's); async gets 20× the sync time.
+    `slowdown_scale` K multiplies every site's slowdown (site j sleeps (K·s_j − 1)·c): with K ≥ J / cores the J
+    emulated machines need no more than the host's cores, as when each site has its own machine (the virtual clock's
+    setting); ratios are unchanged by K on the virtual clock, which charges the sites' compute only."""
     from spatialfed.api import FederatedGP
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.runtime.cluster import local_cluster
@@ -320,20 +327,22 @@ def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers):
         for mod in ("spatialfed.runtime.site", "spatialfed.model.stats", "spatialfed.data.store"):
             client.run(importlib.import_module, mod)  # imports are not the fit's time
         for profile in profiles:
-            sync, sync_m = fit_stats_dask(store, client, "sync", profile, residual, max_iter=100)
+            sync, sync_m = fit_stats_dask(store, client, "sync", profile, residual, max_iter=100,
+                                          scale=slowdown_scale)
             sync_s = time_to_target(sync.trace_, ref)
             budget = None if sync_s is None else 20 * sync_s
             asyn, async_m = fit_stats_dask(store, client, "async", profile, residual, max_iter=max_iter,
-                                           time_budget=budget)
+                                           time_budget=budget, scale=slowdown_scale)
             async_s = time_to_target(asyn.trace_, ref)
             ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
-            costs = task_costs(client, store, residual, ref, profile_slowdowns(profile, J))
+            costs = task_costs(client, store, residual, ref, slowdown_scale * profile_slowdowns(profile, J))
             rows.append({"profile": profile, "runtime": "dask", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
                          "n_per_worker": n, "residual": residual, "preset": "stats", "sync_rounds": sync.n_iter_,
                          "async_rounds": round(async_m["rounds"], 2), "async_aggregations": asyn.n_iter_,
                          "settled": sync_s is not None and async_s is not None,
                          "async_loglik_minus_sync": asyn.loglik_ - sync.loglik_,
                          "async_slowest_answers": int(min(async_m["answers"])), "dask_workers": dask_workers,
+                         "slowdown_scale": slowdown_scale,
                          "sync_measures": sync_m, "async_measures": async_m, "task_costs": costs})
             say(f"  -> {json.dumps(rows[-1])}")
     finally:
@@ -350,6 +359,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-iter", type=int, default=300, help="iteration cap of every run (default 300)")
     ap.add_argument("--dask-workers", type=int, default=J,
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
+    ap.add_argument("--dask-slowdown-scale", type=float, default=1.0, metavar="K",
+                    help="--preset stats on Dask: multiply every site's slowdown by K ≥ 1 (default 1); K ≥ J / cores "
+                    "lets J emulated machines share this host's cores without contention")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preset", default="paper",
                     help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; on "
@@ -364,6 +376,10 @@ def main(argv=None) -> int:
 
     sizes = [int(v) for v in str(args.n_per_worker).split(",") if v]
     profiles = [v for v in args.profiles.split(",") if v]
+    if not args.dask_slowdown_scale >= 1:
+        ap.error(f"--dask-slowdown-scale must be ≥ 1 (1 = the profile's slowdowns), got {args.dask_slowdown_scale}")
+    if args.dask_slowdown_scale != 1 and (args.preset != "stats" or args.runtime == "simulated"):
+        ap.error("--dask-slowdown-scale applies to --preset stats with --runtime dask or both")
     if args.store and len(sizes) > 1:
         ap.error("--store holds one dataset: give a single --n-per-worker with it")
     runtimes = ["simulated", "dask"] if args.runtime == "both" else [args.runtime]
@@ -378,7 +394,8 @@ def main(argv=None) -> int:
                 if args.runtime in ("simulated", "both"):
                     results += run_stats(store, n, args.residual, profiles, args.max_iter)
                 if args.runtime in ("dask", "both"):
-                    results += run_stats_dask(store, n, args.residual, profiles, args.max_iter, args.dask_workers)
+                    results += run_stats_dask(store, n, args.residual, profiles, args.max_iter, args.dask_workers,
+                                              args.dask_slowdown_scale)
                 continue
             say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
             ref_gp = fit(store, "simulated", "sync", "balanced", max_iter=100, residual=args.residual)
