@@ -28,7 +28,19 @@ wall_s, error (the exception of a fit that raised, else null)}. ``--traces`` app
 time_s, step, loglik, delta, sigma2, beta, γ, max_staleness per row) of every row that is not ok, with the
 StatsServer's state when the fit raised.
 
-Measured (2026-11-23/24, 2-core shared machine; see the report of the run for the table).
+Measured 2026-11-23 (algorithm files as of commit 756ccb2; max_iter 100 sync, 300 async; ok = converged and
+|diff| ≤ 1e-3):
+- default run (ozone 60 knots, 3 days × {state, area:4, area:8}; sim n_j 200/500 × seeds 0–2), 90 rows:
+  stats 40/45 ok, every finished stats fit within 2.4e-10 of sync; the 5 others (all straggler, A = 2: ozone 870715
+  state and area:8, 870625 state and area:8, sim n_j=200 seed 1) raised "the runtime ran out of work" (StatsServer
+  waits for A = 2 new answers while every site is idle at the published u). tuned 35/45 ok: all 18 simulated fits
+  ok; on ozone 10 stop at max_iter, |diff| 1e-11 … 57 (870625 state graded: σ² fell to 5e-18, β rose to 9e22).
+- ``--presets stats --ozone-knots 25``: 16/27 ok: 5 raised (the same deadlock, also under balanced and graded);
+  6 stop at max_iter, diff −3.4e-4 … −7.2e-3 on 870715 (where the synchronous δ sits on the box's upper bound)
+  and −2.5e-4 on 870801 area:4 graded.
+- ``--presets stats --partitions column:state,area:8 --ozone-knots 60,25 --agg-threshold 1``: no deadlock; 60 knots
+  18/18 ok; 25 knots 10/18 ok, 8 stop at max_iter with diff −2e-4 … −0.30 (870625 state straggler: δ wanders
+  0.018 … 0.77 over 1900 aggregations, staleness up to 413, ends 0.23 below sync).
 """
 
 from __future__ import annotations
