@@ -224,7 +224,8 @@ def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-
                 "stats_task_wall_median_s": round(float(np.median(task_wall)), 4) if task_wall else None}
     say(f"  dask      {profile:9s} {mode:5s} {residual}: {gp.n_iter_} iterations ({gp.stop_reason_}), answers "
         f"{answers}, trace ends at {gp.trace_[-1]['time_s']:.2f} s, took {wall:.1f} s wall, worker CPU "
-        f"{worker_cpu:.1f} s, this process (server, client, scheduler) {here:.1f} s; δ={gp.params_['delta']:.5g} σ²={gp.params_['sigma2']:.5g} β={gp.params_['beta']:.5g} "
+        f"{worker_cpu:.1f} s, this process (server, client, scheduler) {here:.1f} s; δ={gp.params_['delta']:.5g} "
+        f"σ²={gp.params_['sigma2']:.5g} β={gp.params_['beta']:.5g} "
         f"ℓ={gp.loglik_:.6f}")
     return gp, measures
 
@@ -233,8 +234,10 @@ def task_costs(client, store, residual, params, slowdowns, repeats=3):
     """What one statistics task costs on each Dask worker, measured with the runtime's own site.answer: c = its
     thread CPU seconds (`time.thread_time` on the worker), w = its wall seconds inside the task with the profile's
     slowdown s_j (compute, then the (s_j − 1)·c sleep), and the overhead = the client's round trip − w (scheduler,
-    network, serialisation). Each site is timed alone (no contention; its partition loaded first), then with every
-    site at once at s = 1 (the two cores shared by J tasks). Medians over `repeats` nearby u (no cached factor)."""
+    network, serialisation; of the tasks timed alone). At s = 1 each site is timed alone (no contention; its
+    partition loaded first), then every site at once (the host's cores shared by J tasks); with s_j the sites run at
+    once (they mostly sleep; the slowest's wait bounds the time). Medians over `repeats` nearby u (no cached
+    factor)."""
     import uuid
 
     from spatialfed.algorithm.protocol import STATS_STEP, Augmented
@@ -273,16 +276,22 @@ def task_costs(client, store, residual, params, slowdowns, repeats=3):
     try:
         for j in range(J):
             one(j, -1, 1.0)  # load the partition
+        alones = [[one(j, k, 1.0) for k in range(repeats)] for j in range(J)]
+        slows = [[] for _ in range(J)]
+        for k in range(repeats):
+            futs = [client.submit(timed, specs[j], request(repeats + k), float(slowdowns[j]), workers=[where[j]],
+                                  pure=False) for j in range(J)]
+            for j, fut in enumerate(futs):
+                slows[j].append(fut.result())
         rows = []
         for j in range(J):
-            alone = [one(j, k, 1.0) for k in range(repeats)]
-            slowed = [one(j, repeats + k, slowdowns[j]) for k in range(repeats)]
+            alone, slowed = alones[j], slows[j]
             c = float(np.median([a[0] for a in alone + slowed]))
             rows.append({"site": j, "slowdown": round(float(slowdowns[j]), 3), "cpu_s": round(c, 4),
                          "wall_alone_s": round(float(np.median([a[1] for a in alone])), 4),
                          "wall_slowed_s": round(float(np.median([a[1] for a in slowed])), 4),
                          "sleep_expected_s": round((float(slowdowns[j]) - 1) * c, 4),
-                         "overhead_s": round(float(np.median([a[2] for a in alone + slowed])), 4)})
+                         "overhead_s": round(float(np.median([a[2] for a in alone])), 4)})
         together = []
         for k in range(repeats):
             tic = time.perf_counter()
@@ -360,8 +369,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dask-workers", type=int, default=J,
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
     ap.add_argument("--dask-slowdown-scale", type=float, default=1.0, metavar="K",
-                    help="--preset stats on Dask: multiply every site's slowdown by K ≥ 1 (default 1); K ≥ J / cores "
-                    "lets J emulated machines share this host's cores without contention")
+                    help="--preset stats on Dask: multiply every site's slowdown by K ≥ 1 (default 1); "
+                    "K ≥ J / cores lets J emulated machines share this host's cores without contention")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preset", default="paper",
                     help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; on "
