@@ -26,12 +26,12 @@ at u (all sites), whose exact step decides: converged (report the exact ℓ) or 
 
 Pacing (async): a site whose last round trip took more than hold_ratio × the median (stale.slow_sites: the
 initialisation's round trips first, then the statistics') is held back after each answer until the others' surrogate
-settles (its optimum within HOLD_TOL), so a straggler computes near the optimum instead of at a point the fit is
-leaving.
+settles (a step ≤ HOLD_TOL), so a straggler computes near the optimum instead of at a point the fit is leaving.
 
-Fallback (async): a fit that has not settled after STALL_ROUNDS answers per site continues synchronously (exact
-steps, every site at each u), so async never ends worse than sync would from there (a flat ridge of ℓ on few knots
-kept stale models moving the surrogate by ~1e-2 until max_iter).
+Fallback (async): a fit that has not settled after STALL_ROUNDS answers per site, or after SYNC_ROUNDS round trips
+of the slowest site (about what sync needs), continues synchronously (exact steps, every site at each u), so async
+ends where sync would from there (a flat ridge of ℓ on few knots kept stale models moving the surrogate by ~1e-2
+until max_iter; graded mpp sites took 2× the sync time).
 
 Bounds: u stays in a box (profile.default_bounds); a nugget or range that runs to the boundary stops there and is
 listed in `boundary`.
@@ -74,11 +74,14 @@ HOLD_TOL = 1e-2
 HOLD_ROUNDS = 8
 #: asynchronous mode: a fit that has not settled after this many answers per site (stale models keep moving the
 #: surrogate, e.g. along a flat ridge of ℓ) continues synchronously: exact steps that never lower ℓ, as sync mode
-STALL_ROUNDS = 25
+STALL_ROUNDS = 40
+#: ... or once it has run this many round trips of the slowest site (a synchronous fit converges in 4–6): under graded
+#: compute with the mpp residual stale models kept the surrogate moving for 45 answers per site (2.06× the sync time)
+SYNC_ROUNDS = 4
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
           "control_variates", "hold_ratio", "_slow", "_held", "_hold_answers", "_sent_at", "_durations", "_promise",
-          "_after_surrogate", "_fallback", "_stats", "_rounds", "_new", "_u",
+          "_after_surrogate", "_fallback", "_loop_t0", "_stats", "_rounds", "_new", "_u",
           "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
           "_user_bounds")
 
@@ -121,6 +124,7 @@ class StatsServer(FederatedServer):
         self._durations: dict[str, dict[int, float]] = {}  # step -> site -> duration of its last round trip
         self._after_surrogate = False  # the last aggregation stepped on a surrogate (async)
         self._fallback = False  # async that did not settle in STALL_ROUNDS: exact steps from then on
+        self._loop_t0 = 0.0  # time the statistics loop began
         self._promise: list | None = None  # [published u, the u it stepped from, the increase of ℓ it promised]
         self._user_bounds = None if bounds is None else tuple(np.asarray(b, dtype=float) for b in bounds)
         self.bounds: tuple[np.ndarray, np.ndarray] | None = None
@@ -273,6 +277,7 @@ class StatsServer(FederatedServer):
         u = np.clip(params.u, *self.bounds)
         self.params = params.with_u(u)
         self._record("init", now, 0)
+        self._loop_t0 = float(now)
         self.phase = "loop"
         self._classify()  # by the initialisation round trips
         self._hold_back(self._slow)
@@ -372,7 +377,7 @@ class StatsServer(FederatedServer):
             if float(np.max(np.abs(new.u - base.u))) <= self.config.tol:
                 new = base  # no move: the sites already answered here stay idle (next_task)
             move = float(np.max(np.abs(new.u - base.u)))
-            if self._held and self._settled(new):
+            if self._held and move <= HOLD_TOL:
                 self._release()  # the others' surrogate settled: ask the held sites at the next u
             self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik] if move > 0 else None
         self.boundary = step.at_bound
@@ -395,7 +400,7 @@ class StatsServer(FederatedServer):
         if self.rounds >= self.config.max_iter:
             self._stop("max_iter", now)
             return
-        if not self._synchronous and self.rounds >= STALL_ROUNDS:
+        if not self._synchronous and (self.rounds >= STALL_ROUNDS or self._later_than_sync(now)):
             self._fallback = True  # stale models have not settled: finish with exact steps (every site at each u)
             self._release()
         self._next_iteration()
@@ -431,14 +436,15 @@ class StatsServer(FederatedServer):
             last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
         return cur, last
 
-    def _settled(self, pr: Profile) -> bool:
-        """The surrogate's optimum is within HOLD_TOL of pr.u: its Newton step there (the box only, no trust radius)
-        is that short. A move cut short by the trust radius or a stale model's reach is not a settled surrogate (on
-        graded sites, n_j = 200, three seeds, releasing on a short move asked the slowest site 0.5 from the optimum
-        0.4 virtual s into the fit: async/sync 0.71, 0.53, 1.04 before, 0.62, 0.67, 0.89 after)."""
-        lower, upper = self.bounds
-        step = trust_region_step(pr.u, pr.grad, pr.hess, np.inf, lower, upper, floor=self.config.eig_floor)
-        return float(np.max(np.abs(step.p))) <= HOLD_TOL
+    def _later_than_sync(self, now: float) -> bool:
+        """The asynchronous loop has run SYNC_ROUNDS round trips of the slowest site (its last, or the one it is in):
+        about what a synchronous fit needs to converge, so stale models are no longer paying off."""
+        if not all(j in self._stats for j in self.active):  # a held site not asked yet: its round trip is unknown
+            return False
+        slowest = max((self._durations.get(STATS_STEP, {}).get(j, 0.0) if j not in self._sent_at
+                       else max(now - self._sent_at[j], self._durations.get(STATS_STEP, {}).get(j, 0.0)))
+                      for j in self.active)
+        return slowest > 0 and now - self._loop_t0 >= SYNC_ROUNDS * slowest
 
     def _check_promise(self, at, loglik: float) -> None:
         """Asynchronous trust region: the last surrogate step promised an increase ℓ(u_new) − ℓ(u_old). Once newer
