@@ -97,8 +97,8 @@ def sync_fit(cluster, store):
     from distributed import get_task_stream
 
     with get_task_stream(cluster.client) as ts:
-        gp = FederatedGP(mode="sync", knots=M, nu=NU, profile="straggler", client=cluster.client,
-                         progress=False).fit(store)
+        gp = FederatedGP(mode="sync", preset="tuned", knots=M, nu=NU, profile="straggler", client=cluster.client,
+                         progress=False).fit(store)  # the block scheme: its task keys and spans are checked
     gp.task_stream_ = ts.data
     return gp
 
@@ -128,7 +128,7 @@ def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, store, 
 
 
 def test_async_straggler_runs_stale_and_reports_the_loglik_of_its_params(cluster, store, parts, tmp_path):
-    gp = FederatedGP(mode="async", knots=M, nu=NU, agg_threshold=2, profile="straggler", max_iter=12,
+    gp = FederatedGP(mode="async", preset="tuned", knots=M, nu=NU, agg_threshold=2, profile="straggler", max_iter=12,
                      client=cluster.client, progress=False).fit(store)
     assert gp.n_iter_ == 12 and not gp.converged_
     assert max(row["max_staleness"] for row in gp.trace_) > 0  # the straggler is left behind

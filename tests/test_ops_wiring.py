@@ -128,7 +128,7 @@ def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch, capsys):
     with monkeypatch.context() as m:
         _interrupt_at(m, 4)
         assert main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "9", "--max-iter", "10",
-                     "--dask-workers", "2", "--checkpoint-every", "2", "--quiet"]) == 130  # Ctrl-C: no traceback
+                     "--dask-workers", "2", "--checkpoint-every", "2", "--preset", "tuned", "--quiet"]) == 130  # Ctrl-C: no traceback
     assert f"`spatialfed fit --resume {out}`" in capsys.readouterr().err
     assert (out / "checkpoint.pkl").exists() and not (out / "fit.json").exists()
     main(["fit", "--resume", str(out), "--quiet"])

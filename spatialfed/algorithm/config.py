@@ -22,11 +22,18 @@ STRATEGIES = ("correction", "adaptive_weights", "moving_average")
 #: how an iteration reaches the sites: "block" (Algorithms 1–3: μ,Σ → γ → θ sub-steps) or "stats" (one round trip
 #: of sufficient statistics per iteration, SPEC §2b, algorithm/stats_server.py)
 SCHEMES = ("block", "stats")
-#: presets: "tuned" (the default: the fastest that settles in every measured profile, docs/algorithm.md), "paper"
-#: (the paper's strategies and Remark 8's values, for the reproduction pipelines), "stats" (SPEC §2b), then
+#: presets: "stats" (the default: one round trip of sufficient statistics per iteration, SPEC §2b; the fastest that
+#: settles in every measured profile, docs/algorithm.md), "tuned" (the block scheme's fastest; the one with privacy
+#: noise), "paper" (the paper's strategies and Remark 8's values, for the reproduction pipelines), then
 #: FitConfig.<name>() for the block scheme's others
-PRESETS = ("tuned", "paper", "stats", "basic", "section5")
-DEFAULT_PRESET = "tuned"
+PRESETS = ("stats", "tuned", "paper", "basic", "section5")
+DEFAULT_PRESET = "stats"
+#: FitConfig fields only the block scheme uses, with their inert values (preset "stats" refuses any other)
+BLOCK_ONLY = {"alpha": None, "alpha_rule": "fixed", "correction": None, "adaptive_weights": None,
+              "moving_average": None, "dominance": False, "staleness_bound": None, "a": 1.0, "T_c": 3, "omega": 0.7,
+              "t_M": 8, "hessian": "profile", "mean_step": "joint"}
+#: the preset when privacy noise is asked for and no preset is named: the noise is calibrated for the block scheme
+PRIVACY_PRESET = "tuned"
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class FitConfig:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {self.scheme!r}")
         if self.scheme == "stats" and self.privacy is not None:
             raise ValueError("privacy noise is calibrated for the block scheme's messages; use preset 'tuned' or "
-                             "'paper' (scheme='block') with privacy=")
+                             "'paper' (scheme='block') with privacy=, or name no preset (privacy then selects 'tuned')")
         if self.hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
         if self.alpha_rule not in ALPHA_RULES:
@@ -135,15 +142,23 @@ class FitConfig:
         return cls(**{"scheme": "stats", **changes})
 
     @classmethod
-    def preset(cls, name: str = DEFAULT_PRESET, mode: str = "async", **settings) -> "FitConfig":
+    def preset(cls, name: str | None = None, mode: str = "async", **settings) -> "FitConfig":
         """The settings of preset `name` in `mode`, `settings` overriding it (with n_workers=J: resolved for J).
-        In sync mode every quantity is fresh, so the block scheme's asynchronous presets do not apply."""
+        None: DEFAULT_PRESET, or PRIVACY_PRESET when settings carry privacy noise. In sync mode every quantity is
+        fresh, so the block scheme's asynchronous presets do not apply."""
+        if name is None:
+            name = PRIVACY_PRESET if settings.get("privacy") is not None else DEFAULT_PRESET
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
         unknown = sorted(set(settings) - {f.name for f in fields(cls)})
         if unknown:  # the constructor would raise a TypeError
             raise ValueError(f"unknown fit setting(s) {unknown}; valid: {', '.join(f.name for f in fields(cls))}")
         if name == "stats":
+            cls(mode=mode, **settings)  # the values' own errors first (e.g. a negative staleness bound)
+            block = sorted(k for k in BLOCK_ONLY if k in settings and settings[k] != BLOCK_ONLY[k])
+            if block:
+                raise ValueError(f"{', '.join(block)} set(s) the block scheme's strategies, which preset 'stats' does "
+                                 "not use: add preset='tuned' (--preset tuned) or drop them")
             config = cls.stats(mode=mode, **settings)
         elif name == "paper" or mode == "sync":
             config = cls(mode=mode, **settings)
@@ -157,8 +172,8 @@ class FitConfig:
         A = self.agg_threshold
         if self.mode == "sync":
             A = J
-        elif A is None:
-            A = max(1, math.ceil(0.2 * J))
+        elif A is None:  # the statistics scheme aggregates every answer (each is a whole site's statistics)
+            A = 1 if self.scheme == "stats" else max(1, math.ceil(0.2 * J))
         on = self.mode == "async"
         flags = {s: on if getattr(self, s) is None else bool(getattr(self, s)) for s in STRATEGIES}
         alpha = self.alpha if self.alpha is not None else (1.0 if self.mode == "sync" else 0.5 * A / J)

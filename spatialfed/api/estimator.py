@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from spatialfed.algorithm.config import DEFAULT_PRESET, MODES, PRESETS, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.config import DEFAULT_PRESET, MODES, PRESETS, PRIVACY_PRESET, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
 from spatialfed.api import inputs, predicting, resuming, scripts
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
@@ -84,11 +84,13 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
     progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
     scheduler_timeout : seconds to wait for the scheduler at ``scheduler`` before giving up.
-    preset : async settings: "tuned" (the default, ``FitConfig.tuned()``: the fastest preset that settles under
-        balanced, straggler and graded compute, docs/algorithm.md), "paper" (the paper's strategies and Remark 8
-        defaults, for reproducing its experiments: it does not settle to 1e-3 when sites are equal), "stats" (one
-        round trip of sufficient statistics per iteration, SPEC §2b) or "basic" (every strategy off, the ablation
-        baseline); ``strategies`` entries override the preset.
+    preset : how an iteration reaches the sites. None (the default) = "stats": one round trip of sufficient
+        statistics per iteration (SPEC §2b), exact profile-likelihood Newton steps in sync mode, stale sites as
+        second-order models in async mode; with ``privacy`` the default is "tuned". "tuned" (``FitConfig.tuned()``):
+        the block scheme of Algorithms 1–3 with gradient correction, uniform weights and a staleness-scaled step;
+        "paper" (the paper's strategies and Remark 8 defaults, for reproducing its experiments: it does not settle to
+        1e-3 when sites are equal); "basic" (every strategy off, the ablation baseline); "section5". docs/algorithm.md
+        compares them; ``strategies`` entries override the preset.
     live : serve a live Bokeh page (parameters, log-likelihood, arrivals, staleness) on 127.0.0.1 during a Dask fit;
         its address is printed. Every fit keeps the same plots; ``save`` writes them as ``report.html``.
     tls : encrypt and authenticate every Dask connection (``runtime.security.tls_security``): True = a temporary
@@ -138,7 +140,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="auto", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True, scheduler_timeout=5.0, preset=DEFAULT_PRESET, live=False,
+                 strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
                  privacy=None, delays=None, activations=None, crs=None, n_sites=None):
         self.method = method
@@ -199,7 +201,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
                              f"residual={self.residual!r} applies to method='lowrank' only")
         if self.method == "fgpr":
-            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", DEFAULT_PRESET)):
+            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", None)):
                 if not _same(getattr(self, name), default):
                     raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
                                      "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "
@@ -245,6 +247,12 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             extra["privacy"] = self.privacy
         return FitConfig.preset(self.preset, self.mode, agg_threshold=self.agg_threshold, max_iter=self.max_iter,
                                 tol=self.tol, time_budget=self.time_budget, n_workers=J, **extra)
+
+    def _preset_name(self) -> str:
+        """The preset in effect: `preset`, or by default DEFAULT_PRESET ("stats"; "tuned" with privacy noise)."""
+        if self.preset is not None:
+            return self.preset
+        return PRIVACY_PRESET if self.privacy is not None else DEFAULT_PRESET
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
         from spatialfed.runtime.heterogeneity import resolve_slowdowns
@@ -471,7 +479,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
-            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=self.preset)
+            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=self._preset_name())
         return write_results(out_dir, result, extras={"report.html": report})
 
 

@@ -59,11 +59,12 @@ def register(subparsers) -> None:
                    help="async: aggregate once A new quantities of the current step arrived (1..J; default "
                         "ceil(0.2·J))")
     p.add_argument("--preset", choices=PRESETS, default=None,
-                   help="async settings: tuned (default: gradient correction, uniform weights, staleness-scaled "
-                        "step; settles whether sites are equal or not, docs/algorithm.md), paper (the paper's "
-                        "strategies with Remark 8's values, for reproducing it), stats (one round trip of sufficient "
-                        "statistics per iteration), basic (all off) or section5 (all off, the step size of the "
-                        "paper's convergence analysis)")
+                   help="how an iteration reaches the sites: stats (default: one round trip of sufficient "
+                        "statistics per iteration, exact Newton steps; stale sites as second-order models in async "
+                        "mode), tuned (the block scheme: gradient correction, uniform weights, staleness-scaled step; "
+                        "the default with --privacy-noise), paper (the paper's strategies with Remark 8's values, for "
+                        "reproducing it), basic (all off) or section5 (all off, the step size of the paper's "
+                        "convergence analysis); docs/algorithm.md")
     p.add_argument("--max-iter", type=int, default=None, help="maximum iterations (default 50)")
     p.add_argument("--tol", type=float, default=None, help="relative parameter change to stop at (default 1e-5)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="stop after this long")
