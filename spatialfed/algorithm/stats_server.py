@@ -78,6 +78,8 @@ STALL_ROUNDS = 40
 #: ... or once it has run this many round trips of the slowest site (a synchronous fit converges in 4–6): under graded
 #: compute with the mpp residual stale models kept the surrogate moving for 45 answers per site (2.06× the sync time)
 SYNC_ROUNDS = 4
+#: asynchronous mode: an answer due within this fraction of the median round trip is waited for before aggregating
+WAIT = 0.25
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
           "control_variates", "hold_ratio", "_slow", "_held", "_hold_answers", "_sent_at", "_durations", "_promise",
@@ -298,7 +300,8 @@ class StatsServer(FederatedServer):
             if self._synchronous:
                 if self._exact_here():
                     self._aggregate(now)
-            elif self._new >= min(self.config.agg_threshold, len(self.active)) or (self._new and not self._in_flight):
+            elif ((self._new >= min(self.config.agg_threshold, len(self.active)) or (self._new and not self._in_flight))
+                  and not self._imminent(now)):
                 self._aggregate(now)  # or fewer answers than the threshold when no other answer can come
         budget = self.config.time_budget
         if self.phase == "loop" and budget is not None and now >= budget:
@@ -435,6 +438,18 @@ class StatsServer(FederatedServer):
         if cur is base:  # no step kept: stay
             last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
         return cur, last
+
+    def _imminent(self, now: float) -> bool:
+        """A site in flight is due within WAIT × the median round trip of now (by its last one): waiting for it
+        costs little, and sites that answer together enter the step exactly instead of as stale models (graded
+        n_j = 200: 190 aggregations → 33, async/sync 0.71 → 0.56; equal sites with jittered answers 3.26 → 2.99)."""
+        last = self._durations.get(STATS_STEP, {})
+        known = [last[j] for j in self.active if j in last]
+        if not known:
+            return False
+        window = WAIT * float(np.median(known))
+        return any(abs(self._sent_at[j] + last[j] - now) <= window
+                   for j in self._in_flight if j in self._sent_at and j in last)
 
     def _later_than_sync(self, now: float) -> bool:
         """The asynchronous loop has run SYNC_ROUNDS round trips of the slowest site (its last, or the one it is in):
