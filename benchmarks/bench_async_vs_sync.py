@@ -7,7 +7,7 @@ asynchronous algorithm and measures the time each needs until every parameter (�
 the fit started (virtual seconds for the simulated runtime, wall seconds for Dask), so both include the φ₀ pass.
 
     python benchmarks/bench_async_vs_sync.py [--runtime simulated|dask|both] [--n-per-worker 200,500,1000]
-        [--residual full|mpp|pp] [--profiles balanced,straggler,graded] [--preset paper|tuned|basic|stats]
+        [--residual full|mpp|pp] [--profiles balanced,straggler,graded] [--preset stats|tuned|paper|basic]
 
 prints {"results": [{"profile", "runtime", "sync_s", "async_s", "ratio", "n_per_worker", "residual", "preset",
 "sync_rounds", "async_rounds", "settled"}, ...]} (ratio = async_s / sync_s; null when a run never settled within the
@@ -19,20 +19,26 @@ async_aggregations). Progress goes to stderr.
 clock (FlopCost: deterministic), through the same store → runtime.site → runtime.driver path as the estimator; its
 reference is the synchronous StatsServer run to tol 1e-10 (the same ℓ_LR maximiser as the block algorithm's).
 
---preset stats (StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-23, commit 36c7c93 (control-variate stale
-models, slow sites held until the others settle, asynchronous trust region; docs/algorithm.md); sync_s / async_s
-(ratio), sync round trips. Every run settled; async ℓ within 4e-10 of sync.
-- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.96 (0.41); graded 9.57 / 6.81 (0.71).
-- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 25.4 (0.43); graded 59.1 / 61.8 (1.04).
-- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 5.61 (0.30); graded 18.8 / 5.83 (0.31).
-Before (commit 89bbd44, plain Taylor models, no pacing): n = 200 straggler 1.00, graded 0.77; n = 500 straggler 0.70,
-graded 1.33; n = 1000 straggler 0.60, graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75. Under graded
-compute the unheld mid-speed sites' stale models still cap the surrogate's steps (issue 13 open).
+--preset stats (the default; StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-24, commit ee706af
+(control-variate stale models, slow sites held until the others settle, asynchronous trust region, answers due
+together taken together, synchronous fallback; docs/algorithm.md); sync_s / async_s (ratio), sync round trips. Every
+run settled; async ℓ within 4e-10 of sync.
+- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.96 (0.41); graded 9.57 / 5.34 (0.56).
+- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 25.4 (0.43); graded 59.1 / 39.6 (0.67).
+- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 153.3 (0.30); graded 516.5 / 246.0 (0.48).
+- mpp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 6.98 (0.37); graded 18.8 / 8.50 (0.45).
+- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 5.61 (0.30); graded 18.8 / 9.27 (0.49).
+Before the wait rule (commit 756ccb2): graded 0.71, 1.04, mpp 2.06, pp 0.31. Before control variates and pacing
+(commit 89bbd44): n = 200 straggler 1.00, graded 0.77; n = 500 straggler 0.70, graded 1.33; n = 1000 straggler 0.60,
+graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75.
+- dask, stats, n = 500, 10 workers (commit be52270, before the wait rule): graded 30.4 / 128.6 (4.23), balanced
+  14.7 / 98.9 (6.71) at K = 1 (CPU contention of 10 processes on 2 cores); graded 135.6 / 143.5 (1.06) at
+  ``--dask-slowdown-scale 20``, matching the virtual clock's 1.04 of the time.
 
 Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
 - simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,
   staleness-scaled step): balanced 10.8 s / 10.8 s (1.00); graded 223.9 s / 104.4 s (0.47).
-- simulated, n = 1000, ``--preset paper`` (the default: all three strategies, Remark 8 values), since the moving
+- simulated, n = 1000, ``--preset paper`` (all three strategies, Remark 8 values; the default then), since the moving
   average of Eq. (19) averages block updates (docs/algorithm.md): graded 223.9 s / 218.3 s (0.97); balanced never
   settled within 1e-3 (stopped by the 20× time budget after 99 iterations: α = 0.5·A/J = 0.1 moves a tenth of a
   Newton step per aggregation). Before that change neither settled (balanced: 247 iterations; graded: 300
@@ -372,9 +378,9 @@ def main(argv=None) -> int:
                     help="--preset stats on Dask: multiply every site's slowdown by K ≥ 1 (default 1); "
                     "K ≥ J / cores lets J emulated machines share this host's cores without contention")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", default="paper",
-                    help="async preset: paper (default), tuned, basic, or stats (StatsServer, SPEC §2b; on "
-                    "--runtime dask through FederatedGP(preset='stats'))")
+    ap.add_argument("--preset", default="stats",
+                    help="preset: stats (the library's default: StatsServer, SPEC §2b; on --runtime dask through "
+                    "FederatedGP(preset='stats')), tuned, paper or basic (the block scheme)")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "
