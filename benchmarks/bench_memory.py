@@ -3,7 +3,7 @@
 Data: the simulated Heaton et al. (2019) field (105,569 training cells, ../shared/data/heaton-simulated/,
 ``--data``), ingested into J area sites (``--workers``, default 50: 2,111 points per site), or with ``--simulate N``
 a simulated store of N points (``spatialfed.data.simulate``, area partition). Then, for each residual and each
-scheme (``--scheme block``: the default preset, Section 3.1's sub-steps; ``stats``: preset="stats", one round trip
+scheme (``--scheme block``: preset="tuned", Section 3.1's sub-steps; ``stats``: preset="stats", one round trip
 of sufficient statistics per iteration, SPEC §2b), a synchronous fit with m = 100 knots on a Dask LocalCluster of
 ``--dask-workers`` processes (1 thread each; restarted before every fit, so each starts from fresh processes) or on
 the in-process simulated runtime.
@@ -101,9 +101,7 @@ def make_store(args, work: Path) -> tuple[Path, int, list[int]]:
 def fit_row(store: Path, sizes: list[int], residual: str, scheme: str, args, client) -> dict:
     from spatialfed.api import FederatedGP
 
-    settings = {"mode": "sync", "max_iter": args.max_iter}
-    if scheme == "stats":
-        settings["preset"] = "stats"
+    settings = {"mode": "sync", "max_iter": args.max_iter, "preset": "stats" if scheme == "stats" else "tuned"}
     gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
                      client=client, progress=args.progress, **settings)
     tracker = PeakRSS(children=args.runtime == "dask")

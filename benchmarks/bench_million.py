@@ -1,6 +1,7 @@
 """10⁶ simulated points over J = 100 area sites (issue 14): simulate, write the store, fit with mpp and pp residuals
-under the default preset (the block scheme) and preset="stats" (one round trip of sufficient statistics per
-iteration), recording wall time and peak memory.
+under preset="default" (the library's: the block scheme when the rows below were measured, "stats" since
+2026-11-24) and preset="stats" (one round trip of sufficient statistics per iteration), recording wall time and peak
+memory.
 
 Simulation (``spatialfed.data.simulate.simulate``): N points on a jittered grid in [0,1]², SPEC §7's covariates and
 noise (p = 5, γ = (−1, 2, 1, 1, 1), noise sd 2), an exponential Matérn field (σ² = 1, β = 0.1) drawn by circulant
