@@ -9,6 +9,8 @@ the invoked command alone. `main` turns the errors a user can cause into one lin
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 
 from spatialfed.cli import cluster_script, demo, fit, ingest, pilot_clip, predict, simulate
@@ -41,6 +43,7 @@ def main(argv=None) -> int:
     Errors a user can cause (SpatialFedError, ValueError, OSError) and Ctrl-C print one line on stderr, never a
     traceback; anything else is a bug and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    _skip_exit_collection()
     # the command is the first word (the top-level options take no value)
     parser = build_parser(only=next((word for word in argv if not word.startswith("-")), ""))
     args = parser.parse_args(argv)
@@ -56,6 +59,14 @@ def main(argv=None) -> int:
         print(f"spatialfed {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _skip_exit_collection() -> None:
+    """Freeze the garbage collector's objects as the interpreter exits (the last exit handler): its final pass over
+    the ~210,000 objects NumPy, SciPy, pandas, Zarr, scikit-learn and Bokeh create costs ~0.6 CPU s per command
+    (measured on the Meuse ingest and fit), and every file spatialfed writes is closed by then (one atomic writer)."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 def _one_line(exc: BaseException) -> str:
