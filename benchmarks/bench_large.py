@@ -40,6 +40,10 @@ time below is several times what an idle machine gives; compare rows of one run,
 (full field: GPBoost ran 17:33–18:25 in a separate `--only-gpboost` process at load ≈ 20–28, spatialfed J = 100
 18:14–18:47 as the load fell from ≈ 25 to ≈ 5: their times are not comparable; the scores are.)
 
+2026-11-24, commit 2802ffd, every default (preset stats, async), one run, load ≈ 2–3 (a test suite alongside):
+    105,569 / 44,431    spatialfed         100  full        378     11      45       2198   0.834   0.434   0.955
+                        gpboost Vecchia20  —    —           183     17      10       1076   0.841   0.439   0.958
+
 Convergence seen in these runs: at 10,000 cells the nugget is interior (sync δ 1.85 → 18.93, converged on the
 parameter rule in 10 iterations; GPBoost's nugget 0.052 ⇔ δ = 19.2); async with the paper preset (the default
 when measured, now "tuned") moves δ by ≈ 2 % per aggregation (1.85 → 7.64 in 50) and stops at max_iter with the
