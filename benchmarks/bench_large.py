@@ -46,7 +46,7 @@ time below is several times what an idle machine gives; compare rows of one run,
 
 Convergence seen in these runs: at 10,000 cells the nugget is interior (sync δ 1.85 → 18.93, converged on the
 parameter rule in 10 iterations; GPBoost's nugget 0.052 ⇔ δ = 19.2); async with the paper preset (the default
-when measured, now "tuned") moves δ by ≈ 2 % per aggregation (1.85 → 7.64 in 50) and stops at max_iter with the
+when measured; the default is now "stats") moves δ by ≈ 2 % per aggregation (1.85 → 7.64 in 50) and stops at max_iter with the
 same predictions. On the full
 field, full residual J = 50: δ 1.84 (φ₀) → 5.0 → 11.5 → 15.8 in the first three iterations (≈ 270 s each at load
 ≈ 20, 6.4 GB RSS per Dask worker process: stopped for memory); mpp J = 50: ℓ_LR flat to 0.01 from iteration 8
