@@ -28,12 +28,18 @@ SCHEMES = ("block", "stats")
 #: FitConfig.<name>() for the block scheme's others
 PRESETS = ("stats", "tuned", "paper", "basic", "section5")
 DEFAULT_PRESET = "stats"
-#: FitConfig fields only the block scheme uses, with their inert values (preset "stats" refuses any other)
-BLOCK_ONLY = {"alpha": None, "alpha_rule": "fixed", "correction": None, "adaptive_weights": None,
-              "moving_average": None, "dominance": False, "staleness_bound": None, "a": 1.0, "T_c": 3, "omega": 0.7,
-              "t_M": 8, "hessian": "profile", "mean_step": "joint"}
+#: FitConfig fields only the block scheme uses (preset "stats" refuses any value but the field's default)
+BLOCK_ONLY = ("alpha", "alpha_rule", "correction", "adaptive_weights", "moving_average", "dominance",
+              "staleness_bound", "a", "T_c", "omega", "t_M", "hessian", "mean_step")
 #: the preset when privacy noise is asked for and no preset is named: the noise is calibrated for the block scheme
 PRIVACY_PRESET = "tuned"
+
+
+def preset_name(name: str | None, privacy=None) -> str:
+    """The preset in effect: `name`, or when None DEFAULT_PRESET (PRIVACY_PRESET with privacy noise)."""
+    if name is not None:
+        return name
+    return PRIVACY_PRESET if privacy is not None else DEFAULT_PRESET
 
 
 @dataclass(frozen=True)
@@ -146,8 +152,7 @@ class FitConfig:
         """The settings of preset `name` in `mode`, `settings` overriding it (with n_workers=J: resolved for J).
         None: DEFAULT_PRESET, or PRIVACY_PRESET when settings carry privacy noise. In sync mode every quantity is
         fresh, so the block scheme's asynchronous presets do not apply."""
-        if name is None:
-            name = PRIVACY_PRESET if settings.get("privacy") is not None else DEFAULT_PRESET
+        name = preset_name(name, settings.get("privacy"))
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
         unknown = sorted(set(settings) - {f.name for f in fields(cls)})
@@ -155,7 +160,8 @@ class FitConfig:
             raise ValueError(f"unknown fit setting(s) {unknown}; valid: {', '.join(f.name for f in fields(cls))}")
         if name == "stats":
             cls(mode=mode, **settings)  # the values' own errors first (e.g. a negative staleness bound)
-            block = sorted(k for k in BLOCK_ONLY if k in settings and settings[k] != BLOCK_ONLY[k])
+            inert = {f.name: f.default for f in fields(cls)}
+            block = sorted(k for k in BLOCK_ONLY if k in settings and settings[k] != inert[k])
             if block:
                 raise ValueError(f"{', '.join(block)} set(s) the block scheme's strategies, which preset 'stats' does "
                                  "not use: add preset='tuned' (--preset tuned) or drop them")

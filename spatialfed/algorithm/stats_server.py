@@ -456,9 +456,8 @@ class StatsServer(FederatedServer):
         about what a synchronous fit needs to converge, so stale models are no longer paying off."""
         if not all(j in self._stats for j in self.active):  # a held site not asked yet: its round trip is unknown
             return False
-        slowest = max((self._durations.get(STATS_STEP, {}).get(j, 0.0) if j not in self._sent_at
-                       else max(now - self._sent_at[j], self._durations.get(STATS_STEP, {}).get(j, 0.0)))
-                      for j in self.active)
+        last = self._durations.get(STATS_STEP, {})
+        slowest = max(max(last.get(j, 0.0), now - self._sent_at.get(j, now)) for j in self.active)
         return slowest > 0 and now - self._loop_t0 >= SYNC_ROUNDS * slowest
 
     def _check_promise(self, at, loglik: float) -> None:

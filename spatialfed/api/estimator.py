@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from spatialfed.algorithm.config import DEFAULT_PRESET, MODES, PRESETS, PRIVACY_PRESET, FitConfig  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.config import MODES, PRESETS, FitConfig, preset_name  # noqa: F401 (PRESETS: the CLI's choices)
 from spatialfed.api import inputs, predicting, resuming, scripts
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
@@ -247,12 +247,6 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             extra["privacy"] = self.privacy
         return FitConfig.preset(self.preset, self.mode, agg_threshold=self.agg_threshold, max_iter=self.max_iter,
                                 tol=self.tol, time_budget=self.time_budget, n_workers=J, **extra)
-
-    def _preset_name(self) -> str:
-        """The preset in effect: `preset`, or by default DEFAULT_PRESET ("stats"; "tuned" with privacy noise)."""
-        if self.preset is not None:
-            return self.preset
-        return PRIVACY_PRESET if self.privacy is not None else DEFAULT_PRESET
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
         from spatialfed.runtime.heterogeneity import resolve_slowdowns
@@ -479,7 +473,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
-            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=self._preset_name())
+            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))
         return write_results(out_dir, result, extras={"report.html": report})
 
 
