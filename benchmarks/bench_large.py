@@ -394,8 +394,8 @@ def owner_edges(owner: np.ndarray, grid) -> np.ndarray:
     return np.concatenate(segs)
 
 
-def plot_heaton(pred: dict, out: Path, fit: str | None = None, dpi: int = 120) -> Path:
-    """Draw the benchmark figure from load_predictions' dict and write it atomically to `out` (format by suffix).
+def heaton_figure(pred: dict, fit: str | None = None):
+    """The benchmark figure (a matplotlib Figure, Agg canvas) from load_predictions' dict.
 
     Maps (lon/lat, aspect 1/cos(latitude)) of the training data and, on the held-out cells, the truth, the
     spatialfed run `fit` (e.g. "J100-full"; default the first) and GPBoost: predicted means on one colour scale,
@@ -405,8 +405,6 @@ def plot_heaton(pred: dict, out: Path, fit: str | None = None, dpi: int = 120) -
     from matplotlib.collections import LineCollection
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure  # no pyplot: the Agg canvas, no global state
-
-    from spatialfed.atomic import write_atomic
 
     rows = pred["rows"]
     sf_rows = [r for r in rows if r["method"] == "spatialfed"]
@@ -549,8 +547,20 @@ def plot_heaton(pred: dict, out: Path, fit: str | None = None, dpi: int = 120) -
     sub = "" if not meta.get("subsample") else f", subsample {meta['subsample']:,} of the training cells"
     fig.suptitle(f"Simulated Heaton et al. (2019) field: {n_tr:,} training / {n_te:,} held-out cells{sub}; "
                  f"commit {meta.get('commit') or '?'}, {meta.get('date', '')}", fontsize=11)
+    return fig
+
+
+def plot_heaton(pred: dict, out: Path, fit: str | None = None, dpi: int = 120) -> Path:
+    """Draw heaton_figure(pred, fit) and write it atomically (spatialfed.atomic) to `out`, in the format of its suffix
+    (png, pdf, svg, ...)."""
+    from spatialfed.atomic import write_atomic
+
     out = Path(out)
     fmt = out.suffix.lstrip(".").lower() or "png"
+    fig = heaton_figure(pred, fit)
+    if fmt not in fig.canvas.get_supported_filetypes():
+        raise SystemExit(f"cannot draw {out}: matplotlib writes {sorted(fig.canvas.get_supported_filetypes())}; "
+                         "give --figure one of these suffixes")
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:

@@ -68,6 +68,43 @@ def test_figure_written_and_drawn(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png", "p.npz"]
 
 
+def test_the_panels_show_the_predictions():
+    """What is drawn, not only that a file exists: each map panel's image holds its method's values on the held-out
+    cells, the three temperature maps share one colour scale, the owner boundaries are drawn, the scores are the
+    rows'."""
+    train, test, runs = synthetic()
+    pred = {"train_lonlat": train[["Lon", "Lat"]].to_numpy(), "train_z": train["temp"].to_numpy(),
+            "test_lonlat": test[["Lon", "Lat"]].to_numpy(), "test_z": test["temp"].to_numpy(),
+            "rows": [r for r, _ in runs], "meta": META,
+            "methods": {bl.method_key(r): kept for r, kept in runs}}
+    fig = bl.heaton_figure(pred)
+    axes = {a.get_title().split("\n")[0]: a for a in fig.axes if a.get_title()}
+    grid = bl.regular_grid(np.vstack([pred["train_lonlat"], pred["test_lonlat"]]))
+    at = tuple(np.round((pred["test_lonlat"][:, k] - grid[k]) / grid[2 + k]).astype(int) for k in (1, 0))
+
+    def shown(title):
+        image = axes[title].get_images()[-1]
+        return np.ma.filled(image.get_array().astype(float), np.nan), image.get_clim()
+
+    sf, gp = runs[0][1]["mean"], runs[1][1]["mean"]
+    z = pred["test_z"]
+    for title, want in [("held-out truth (240 cells; grey: training)", z),
+                        ("spatialfed J=4 full: predicted mean", sf), ("GPBoost Vecchia-20: predicted mean", gp),
+                        ("spatialfed J=4 full: predictive sd (new obs.)", runs[0][1]["sd"]),
+                        ("spatialfed J=4 full: mean − truth", sf - z),
+                        ("spatialfed J=4 full − GPBoost: means", sf - gp)]:
+        values, _ = shown(title)
+        np.testing.assert_allclose(values[at], want, rtol=1e-12, atol=1e-12, err_msg=title)
+        assert np.isnan(values).sum() == values.size - len(z)  # nothing drawn off the held-out cells
+    clims = {shown(t)[1] for t in ("held-out truth (240 cells; grey: training)", "spatialfed J=4 full: predicted mean",
+                                   "GPBoost Vecchia-20: predicted mean")}
+    assert len(clims) == 1  # one colour scale for the truth and both means
+    lines = axes["spatialfed J=4 full: predictive sd (new obs.)"].collections[-1]
+    assert len(lines.get_segments()) > 0
+    rmse_dots = axes["RMSE (°C) on the held-out cells, lower is better"].collections[-1].get_offsets()
+    np.testing.assert_allclose(np.asarray(rmse_dots)[:, 0], [0.30, 0.32], rtol=0, atol=1e-12)
+
+
 def test_replot_from_the_command_line(tmp_path, capsys):
     train, test, runs = synthetic()
     npz = bl.save_predictions(tmp_path / "p.npz", train, test, runs, META)
@@ -112,9 +149,11 @@ def test_errors_are_one_line(tmp_path):
     (tmp_path / "junk.npz").write_text("not a zip")
     with pytest.raises(SystemExit, match="cannot read predictions"):
         bl.load_predictions(tmp_path / "junk.npz")
+    with pytest.raises(SystemExit, match="give --figure one of these suffixes"):
+        bl.plot_heaton(bl.load_predictions(npz), tmp_path / "x.docx")
     with pytest.raises(SystemExit, match="inside the repository"):
         bl.check_outside_repo(REPO / "docs" / "x.npz", "--predictions")
     with pytest.raises(SystemExit):  # --replot without --figure: argparse's one-line usage error
         bl.main(["--replot", str(npz)])
-    assert not (tmp_path / "x.png").exists()
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.docx").exists()
     assert json.loads(str(np.load(npz)["rows"]))[0]["J"] == 4
