@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from spatialfed.algorithm.config import DEFAULT_PRESET
+from spatialfed.model.names import Step
 
 HERE = Path(__file__).resolve().parent
 SIGMA2, NOISE_SD = 1.0, 2.0          # SPEC §7: σ² = 1, δ = 1/noise_sd² = 0.25
@@ -35,7 +37,9 @@ GAMMA = (-1.0, 2.0, 1.0, 1.0, 1.0)
 MAX_CORES = 62                        # the paper's cores per worker: slowdown = 62 / cores
 KL_NUGGET = 1e-3                      # added to both covariances of the KL (conditioning; the paper's case is 0)
 PARTITIONS = ("random", "area", "neighbor")
-PRESETS = ("tuned", "paper", "basic")
+PRESETS = tuple(dict.fromkeys((DEFAULT_PRESET, "stats", "tuned", "paper", "basic")))   # the library's default first
+#: server trace steps that set a new θ: the block scheme's theta aggregation, the statistics scheme's Newton step
+THETA_STEPS = ("init", "theta", Step.STATS.value, "final")
 RUNTIMES = ("virtual", "dask")
 
 
@@ -154,9 +158,11 @@ def base_parser(description: str, quick: str, full: str, replicates: bool = True
         ap.add_argument("--runtime", choices=RUNTIMES, default="virtual",
                         help="virtual: reproducible virtual clock with flop costs and slowdowns (default); "
                              "dask: real fits on an embedded Dask cluster with emulated slowdowns (wall seconds)")
-        ap.add_argument("--preset", choices=PRESETS, default="tuned",
-                        help="asynchronous settings: tuned (FitConfig.tuned, default), paper (SPEC §4 defaults, "
-                             "all three strategies) or basic (none)")
+        ap.add_argument("--preset", choices=PRESETS, default=DEFAULT_PRESET,
+                        help=f"settings of both modes: {DEFAULT_PRESET} (the library's default), stats (one round "
+                             "trip of sufficient statistics per iteration, SPEC §2b), tuned (FitConfig.tuned), paper "
+                             "(SPEC §4 defaults, all three strategies) or basic (none); the last three run the "
+                             "block scheme")
     ap.add_argument("--publish", type=Path, default=None, help="also copy the figures into this directory "
                                                                "(e.g. docs/figures)")
     return ap
@@ -321,11 +327,31 @@ def kl_replicate(*, ms: list[int], nu: float, beta: float, J: int, n: int, seed:
 # Section 6.2: asynchronous against synchronous
 # ----------------------------------------------------------------------------------------------------------------
 
-def async_config(preset: str, agg_threshold: int, max_iter: int, tol: float, **changes):
-    """The asynchronous FitConfig of a preset (tuned | paper | basic), or an explicit ablation arm."""
+def sync_config(preset: str, max_iter: int, tol: float):
+    """The synchronous FitConfig of a preset: the statistics scheme for stats, else the block scheme (Algorithm 1)."""
+    from spatialfed.algorithm.config import FitConfig
+
+    if preset == "stats":
+        return FitConfig.preset("stats", mode="sync", max_iter=max_iter, tol=tol)
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {PRESETS}")
+    return FitConfig(mode="sync", max_iter=max_iter, tol=tol)
+
+
+def async_config(preset: str, agg_threshold: int | None, max_iter: int, tol: float, **changes):
+    """The asynchronous FitConfig of a preset (stats | tuned | paper | basic), or an explicit ablation arm.
+    agg_threshold None: the preset's own (stats: 1, the block scheme: ceil(0.2 J))."""
     from spatialfed.algorithm.config import FitConfig
 
     common = {"agg_threshold": agg_threshold, "max_iter": max_iter, "tol": tol, **changes}
+    if preset == "stats":
+        if changes.get("staleness_bound") is not None:
+            raise ConfigError("a staleness bound D is a block-scheme setting; preset 'stats' refuses it")
+        common.pop("staleness_bound", None)
+        try:
+            return FitConfig.preset("stats", mode="async", **common)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if preset == "tuned":
         return FitConfig.tuned(**common)
     if preset == "paper":
@@ -373,7 +399,7 @@ def run_with_snapshots(models, knots, kernel, config, slowdowns, on_theta=None, 
 
     def on_event(server, now):
         fresh = server.trace[seen[0]:]
-        if on_theta is not None and server.phase == "loop" and any(r["step"] == "theta" for r in fresh):
+        if on_theta is not None and server.phase == "loop" and any(r["step"] in THETA_STEPS[1:3] for r in fresh):
             on_theta(server, now)
         seen[0] = len(server.trace)
 
@@ -382,7 +408,7 @@ def run_with_snapshots(models, knots, kernel, config, slowdowns, on_theta=None, 
 
 def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int | None = None,
                     sizes=None, nu: float = 0.5, beta: float = 0.1, m: int = 100, cores=None,
-                    partition: str = "random", modes=("sync", "async"), preset: str = "tuned",
+                    partition: str = "random", modes=("sync", "async"), preset: str = DEFAULT_PRESET,
                     staleness_bound: int | None = None,
                     agg_threshold: int | None = None, arms: dict | None = None, alpha: float | None = None,
                     max_iter: int = 200, tol: float = 1e-7, rtol: float = 1e-3, seed: int = 0,
@@ -392,7 +418,9 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
     Returns trace rows {kind: "trace", experiment, panel, mode, time_s, iter, error[, rmse]} (one per theta
     aggregation; error = max relative parameter error against the reference, a synchronous fit to tol 1e-10) and
     one {kind: "summary", ..., settle_s, iterations, final_error} row per mode (settle_s: virtual time from which
-    the error stays ≤ rtol)."""
+    the error stays ≤ rtol). `preset` selects both modes' settings (sync_config, async_config; stats: the statistics
+    scheme, whose Agg_threshold defaults to 1); the ablation `arms` are block-scheme runs (rows say preset "paper").
+    The reference is the same for every preset (both schemes maximise the same profile likelihood)."""
     from spatialfed.algorithm.config import FitConfig
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.simulate import simulate
@@ -413,20 +441,24 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
     rp = ref_server.params
     ref = {"gamma": rp.gamma, "delta": rp.delta, "sigma2": rp.sigma2, "beta": rp.beta}
     slowdowns = slowdowns_from_cores(cores if cores is not None else np.full(J, float(MAX_CORES)))
-    A = agg_threshold or max(1, math.ceil(0.2 * J))
     runs = {}
     if arms is not None:
+        A = agg_threshold or max(1, math.ceil(0.2 * J))
+        preset = "paper"   # the paper's strategies, each arm on or off
         for name, flags in arms.items():
             runs[name] = FitConfig.basic(agg_threshold=A, alpha=alpha, max_iter=max_iter, tol=tol, **flags)
     else:
+        A = agg_threshold or (None if preset == "stats" else max(1, math.ceil(0.2 * J)))
         for mode in modes:
             if mode == "sync":
-                runs[mode] = FitConfig(mode="sync", max_iter=max_iter, tol=tol)
+                runs[mode] = sync_config(preset, max_iter, tol)
             elif mode == BOUNDED:
                 runs[mode] = async_config(preset, A, max_iter, tol, staleness_bound=staleness_bound)
             else:
                 runs[mode] = async_config(preset, A, max_iter, tol)
-    base = {"experiment": experiment, "panel": panel, "J": J, "m": m, "nu": nu, "beta_true": beta,
+        first_async = next((mode for mode in modes if mode != "sync"), None)
+        A = J if first_async is None else runs[first_async].resolved(J).agg_threshold
+    base = {"experiment": experiment, "panel": panel, "preset": preset, "J": J, "m": m, "nu": nu, "beta_true": beta,
             "partition": partition, "agg_threshold": A, "seed": seed}
     rows = []
     t_locs, t_z, t_X = sim.test if test_size else (None, None, None)
@@ -442,7 +474,7 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
         tic = time.perf_counter()
         server = run_with_snapshots(models, knots, kernel, cfg, slowdowns, on_theta)
         wall = time.perf_counter() - tic
-        theta_rows = [r for r in server.trace if r["step"] in ("init", "theta", "final")]
+        theta_rows = [r for r in server.trace if r["step"] in THETA_STEPS]
         times = np.array([r["time_s"] for r in theta_rows])
         errors = np.array([max_rel_error(r, ref) for r in theta_rows])
         for r, e in zip(theta_rows, errors):
@@ -451,7 +483,8 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
         for now, rmse in snaps:
             rows.append({**base, "kind": "rmse", "mode": mode, "time_s": now, "rmse": rmse})
         rows.append({**base, "kind": "summary", "mode": mode, "settle_s": settle(times, errors, rtol),
-                     "iterations": server.iterations, "final_error": float(errors[-1]),
+                     "iterations": server.iterations, "rounds": float(getattr(server, "rounds", np.nan)),
+                     "final_error": float(errors[-1]),
                      "max_error_late": float(errors[len(errors) // 2:].max()), "end_s": float(times[-1]),
                      "stop_reason": server.stop_reason, "wall_s": wall,
                      "slowdowns": " ".join(f"{v:.3g}" for v in slowdowns),
@@ -526,9 +559,14 @@ def boxplot_figure(df, groups: list, group_label: str, title: str, truth: dict):
 
 def convergence_figure(trace, summary, panels: list, title: str, labels: dict | None = None,
                        panel_cores: dict | None = None, value: str = "error", modes=None, ylabel=None,
-                       colors: dict | None = None):
+                       colors: dict | None = None, styles: dict | None = None, notes: dict | None = None,
+                       mode_column: str = "mode"):
     """One column per panel: (optional) bar chart of cores per worker on top, the convergence curves below
-    (y log scale: max relative parameter error against the reference, or the prediction RMSE)."""
+    (y log scale: max relative parameter error against the reference, or the prediction RMSE).
+
+    The curves are the values of trace[mode_column] (`modes`, in that order). styles: {curve: {"color",
+    "linestyle"}} (then one legend for the figure, above the panels); notes: {panel: text} in the panel's top right
+    corner."""
     from matplotlib.figure import Figure
 
     n = len(panels)
@@ -538,8 +576,10 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
     fig = Figure(figsize=(3.8 * ncols + 0.6, 6.2 if top else (7.2 if wrap else 4.0)))
     grid = fig.subplots(2 if top or wrap else 1, ncols, squeeze=False,
                         gridspec_kw={"height_ratios": [1, 2.4]} if top else None)
-    modes = modes or list(dict.fromkeys(trace["mode"]))
-    cmap = colors or {}
+    modes = modes or list(dict.fromkeys(trace[mode_column]))
+    cmap = dict(colors or {})
+    cmap.update({k: v["color"] for k, v in (styles or {}).items()})
+    dash = {k: v.get("linestyle", "-") for k, v in (styles or {}).items()}
     palette = ["#444444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
     for c, panel in enumerate(panels):
         if top:
@@ -556,13 +596,13 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax = grid[c // ncols, c % ncols] if wrap else grid[-1, c]
         for k, mode in enumerate(modes):
-            d = trace[(trace.panel == panel) & (trace["mode"] == mode)].sort_values("time_s")
+            d = trace[(trace.panel == panel) & (trace[mode_column] == mode)].sort_values("time_s")
             if d.empty:
                 continue
             y = np.maximum(d[value].to_numpy(), 1e-8) if value == "error" else d[value].to_numpy()
             ax.plot(d["time_s"], y, label=mode, color=cmap.get(mode, COLORS.get(mode, palette[k % len(palette)])),
-                    linewidth=1.4, drawstyle="steps-post")
-            s = summary[(summary.panel == panel) & (summary["mode"] == mode)]
+                    linewidth=1.4, drawstyle="steps-post", linestyle=dash.get(mode, "-"))
+            s = summary[(summary.panel == panel) & (summary[mode_column] == mode)]
             if value == "error" and len(s) and s["settle_s"].notna().all():
                 ax.axvline(float(s["settle_s"].iloc[0]), color=cmap.get(mode, COLORS.get(mode, palette[k])),
                            linestyle=":", linewidth=1)
@@ -575,8 +615,22 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
         if not top:
             ax.set_title((labels or {}).get(panel, panel), fontsize=10)
         ax.grid(alpha=0.3)
-        if c == 0:
+        if notes and notes.get(panel):
+            ax.text(0.98, 0.98, notes[panel], transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                    bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#bbbbbb"})
+        if c == 0 and not styles:
             ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
+    if styles:
+        found = {}
+        for ax in grid.ravel():
+            for h, name in zip(*ax.get_legend_handles_labels()):
+                found.setdefault(name, h)
+        names = [m for m in modes if m in found]
+        below = 0.85 if top or wrap else 0.78
+        fig.tight_layout(rect=(0, 0, 1, below))
+        fig.legend([found[m] for m in names], names, loc="lower center", ncol=min(len(names), 4), fontsize=8,
+                   bbox_to_anchor=(0.5, below), frameon=False)
+    else:
+        fig.tight_layout()
     return fig

@@ -27,6 +27,8 @@ import lowrank_vs_independent
     (lambda a: async_vs_sync.main(a, figure=8), ["--profile", "graded:0"], "minimum cores"),
     (lambda a: async_vs_sync.main(a, figure=5), ["--alpha", "3"], "--alpha must be in (0, 1]"),
     (lambda a: async_vs_sync.main(a, figure=6), ["--workers", "0"], "--workers must be a positive integer"),
+    (lambda a: async_vs_sync.main(a, figure=6), ["--preset", "fast"], "invalid choice: 'fast'"),
+    (lambda a: async_vs_sync.main(a, figure=7), ["--beside", "fast"], "invalid choice: 'fast'"),
 ])
 def test_nonsense_configurations_fail_with_a_clear_message(main, argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
@@ -67,14 +69,103 @@ def test_fit_pair_fits_both_models():
         assert r["converged"] and r["sigma2"] > 0 and r["beta"] > 0 and np.isfinite(r["loglik"])
 
 
-def test_convergence_run_rows():
-    rows = ex.convergence_run(experiment="t", panel="p", J=3, n=40, m=16, cores=[62, 31, 3], max_iter=15,
-                              tol=1e-5, test_size=10)
-    kinds = {r["kind"] for r in rows}
-    assert kinds == {"trace", "summary", "rmse"}
+def test_convergence_run_rows_default_preset_is_the_statistics_scheme():
+    """Without a preset, convergence_run fits with the library's default (stats: one round trip of statistics per
+    iteration, SPEC §2b): trace rows are its Newton steps, both modes settle on the block scheme's reference."""
+    from spatialfed.algorithm.config import DEFAULT_PRESET
+
+    rows = ex.convergence_run(experiment="t", panel="p", J=3, n=60, m=16, cores=[62, 31, 3], max_iter=60,
+                              tol=1e-6, test_size=10, seed=2)   # seeds 0, 1: δ̂ → ∞ (flat), no reference
+    assert {r["kind"] for r in rows} == {"trace", "summary", "rmse"}
+    assert {r["preset"] for r in rows} == {DEFAULT_PRESET} == {"stats"}
     summary = [r for r in rows if r["kind"] == "summary"]
     assert [r["mode"] for r in summary] == ["sync", "async"]
-    assert summary[0]["final_error"] < 1e-3            # sync reaches the reference estimate
+    steps = {r["step"] for r in rows if r["kind"] == "trace"}
+    assert "stats" in steps and "theta" not in steps, steps
+    assert summary[1]["agg_threshold"] == 1                # the statistics scheme's own Agg_threshold
+    for r in summary:                                     # both modes reach the reference estimate and settle
+        assert r["final_error"] < 1e-5 and r["settle_s"] is not None, r
+        assert r["rounds"] < r["iterations"] or r["mode"] == "sync"   # async: answers per site < aggregations
+    assert len([r for r in rows if r["kind"] == "rmse" and r["mode"] == "sync"]) >= 3
+
+
+def test_stats_preset_refuses_the_block_schemes_settings():
+    with pytest.raises(ex.ConfigError, match="staleness bound"):
+        ex.async_config("stats", None, 10, 1e-6, staleness_bound=10)
+    with pytest.raises(ex.ConfigError, match="preset='tuned'"):
+        ex.async_config("stats", None, 10, 1e-6, correction=True)
+    assert ex.sync_config("stats", 10, 1e-6).scheme == "stats" and ex.sync_config("paper", 10, 1e-6).scheme == "block"
+
+
+def test_parser_default_preset_is_the_librarys():
+    from spatialfed.algorithm.config import DEFAULT_PRESET
+
+    args = ex.base_parser("x", "q", "f", replicates=False, runtime=True).parse_args([])
+    assert args.preset == DEFAULT_PRESET and ex.PRESETS[0] == DEFAULT_PRESET
+
+
+def test_panels_show_the_default_beside_the_paper_preset():
+    """Figures 6–8: one task per panel, preset and mode, default preset first; Figure 7's staleness bound only for the
+    block scheme; Figure 5: the paper's arms per panel plus the default's sync and async reference arms once."""
+    presets = async_vs_sync.presets_of(async_vs_sync.DEFAULT_PRESET)
+    assert presets == ["stats", "paper"]
+    assert async_vs_sync.presets_of("paper") == ["paper"] and async_vs_sync.presets_of("stats", "none") == ["stats"]
+    for figure, n_panels in ((6, 4), (8, 3)):
+        tasks = [t for _, _, t in async_vs_sync.panels_for(figure, async_vs_sync.QUICK, presets, 1.0, 0)]
+        assert len(tasks) == n_panels * 4
+        assert {(t["preset"], t["modes"]) for t in tasks} == {(p, (m,)) for p in presets for m in ("sync", "async")}
+    tasks = [t for _, _, t in async_vs_sync.panels_for(7, async_vs_sync.QUICK, presets, 1.0, 0)]
+    bounded = [t for t in tasks if t["modes"] == (ex.BOUNDED,)]
+    assert len(tasks) == 3 * 5 and {t["preset"] for t in bounded} == {"paper"}
+    assert all(t["staleness_bound"] == 10 for t in bounded)
+    assert all(t["staleness_bound"] is None for t in tasks if t["modes"] != (ex.BOUNDED,))
+    panels = async_vs_sync.panels_for(5, async_vs_sync.QUICK, presets, 1.0, 0)
+    refs = [t for p, _, t in panels if p == async_vs_sync.REFERENCE]
+    assert [(t["preset"], t["modes"]) for t in refs] == [("stats", ("sync",)), ("stats", ("async",))]
+    arms = [t for p, _, t in panels if p != async_vs_sync.REFERENCE]
+    assert len(arms) == 3 * len(ex.ABLATION_ARMS) and {t["preset"] for t in arms} == {"paper"}
+
+
+def test_settle_ratio_per_preset():
+    import pandas as pd
+
+    summary = pd.DataFrame([
+        {"panel": "a", "preset": "stats", "mode": "sync", "settle_s": 2.0},
+        {"panel": "a", "preset": "stats", "mode": "async", "settle_s": 1.0},
+        {"panel": "a", "preset": "paper", "mode": "sync", "settle_s": 1.0},
+        {"panel": "a", "preset": "paper", "mode": "async", "settle_s": None},
+        {"panel": "a", "preset": "paper", "mode": ex.BOUNDED, "settle_s": 3.0},
+        {"panel": "a", "preset": "paper", "mode": "none", "settle_s": 3.0}])
+    got = async_vs_sync.with_ratios(summary)["ratio_vs_sync"].tolist()
+    assert got[1] == pytest.approx(0.5) and got[4] == pytest.approx(3.0)
+    assert all(np.isnan(got[i]) for i in (0, 2, 3, 5))
+    assert async_vs_sync.ratio_note(async_vs_sync.with_ratios(summary), "a", ["stats", "paper"]) == \
+        "async/sync settle\nstats 0.50\npaper async n.s."
+
+
+TINY = {**async_vs_sync.QUICK, "J": 3, "n": 60, "m": 16, "max_iter": 60, "max_iter_ablation": 20,
+        "imbalance": (3,), "agg": (2,)}
+
+
+@pytest.mark.parametrize("figure", [6, 5])
+def test_figure_with_the_default_beside_the_paper_preset(figure, tmp_path):
+    """End to end on tiny data (J = 3, n_j = 60): summary.csv has every preset's curves per panel and the stats
+    preset's async/sync settle ratio; Figure 5 carries the stats reference arms in its panel; the PNG is written
+    and --replot redraws it from the CSV files."""
+    trace, summary = async_vs_sync.run(figure, TINY, tmp_path, 1)
+    panel = "min3" if figure == 6 else "A=2"
+    s = summary[summary.panel == panel].set_index("series")
+    want = ({"stats sync", "stats async", "paper sync", "paper async"} if figure == 6 else
+            set(ex.ABLATION_ARMS) | {"stats sync", "stats async"})
+    assert set(s.index) == want and set(trace.series) == want
+    assert s.at["stats async", "ratio_vs_sync"] == pytest.approx(
+        s.at["stats async", "settle_s"] / s.at["stats sync", "settle_s"])
+    assert s.at["stats sync", "final_error"] < 1e-5 and s.at["stats async", "final_error"] < 1e-5
+    png = tmp_path / f"{async_vs_sync.NAMES[figure]}.png"
+    assert png.stat().st_size > 10_000
+    png.unlink()
+    async_vs_sync.run(figure, TINY, tmp_path, 1, replot=True)
+    assert png.is_file()
 
 
 # ---------------------------------------------------------------- findings (Figure 4: Proposition 4)
