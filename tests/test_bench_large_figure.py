@@ -157,3 +157,13 @@ def test_errors_are_one_line(tmp_path):
         bl.main(["--replot", str(npz)])
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.docx").exists()
     assert json.loads(str(np.load(npz)["rows"]))[0]["J"] == 4
+
+
+def test_subsample_keeps_every_held_out_cell_with_all_test(tmp_path):
+    train, test, _ = synthetic()
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    tr, te = bl.load(tmp_path, 300, seed=0)
+    assert len(tr) == 300 and len(te) == round(300 * len(test) / len(train))
+    tr2, te2 = bl.load(tmp_path, 300, seed=0, keep_test=True)
+    assert tr2.equals(tr) and te2.equals(test)
