@@ -565,7 +565,7 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
     (y log scale: max relative parameter error against the reference, or the prediction RMSE).
 
     The curves are the values of trace[mode_column] (`modes`, in that order). styles: {curve: {"color",
-    "linestyle"}} (then one legend for the figure, above the panels); notes: {panel: text} in the panel's top right
+    "linestyle"}} (then one legend for the figure, below the panels); notes: {panel: text} in the panel's top right
     corner."""
     from matplotlib.figure import Figure
 
@@ -627,10 +627,10 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
             for h, name in zip(*ax.get_legend_handles_labels()):
                 found.setdefault(name, h)
         names = [m for m in modes if m in found]
-        below = 0.85 if top or wrap else 0.78
-        fig.tight_layout(rect=(0, 0, 1, below))
-        fig.legend([found[m] for m in names], names, loc="lower center", ncol=min(len(names), 4), fontsize=8,
-                   bbox_to_anchor=(0.5, below), frameon=False)
+        rows = math.ceil(len(names) / 4)
+        fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / fig.get_figheight(), 1, 1))
+        fig.legend([found[m] for m in names], names, loc="lower center", ncol=min(len(names), 4), fontsize=9,
+                   bbox_to_anchor=(0.5, 0.0), frameon=False)
     else:
         fig.tight_layout()
     return fig
