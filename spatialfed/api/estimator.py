@@ -318,7 +318,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                                            jobqueue=self.jobqueue)
         say.starting(("an embedded Dask LocalCluster" if cluster else f"the {self.runtime_used_} runtime")
                      + (f" ({self.runtime_reason_})" if self.runtime_reason_ else ""))
-        with scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, say, closing(monitor):
+        with say, scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
             say.started(self, runtime, server, monitor.url)
@@ -326,7 +326,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                                     self.residual)
             run_tic = time.perf_counter()
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
-                  on_result=monitor.on_result, on_worker_error=self.on_worker_error, checkpointer=ckpt,
+                  on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
+                  on_worker_error=self.on_worker_error, checkpointer=ckpt,
                   **self._delay_models(info.n_workers))
             self._fitted(info, server, runtime, knots, domain, time.perf_counter() - run_tic)
         self.monitor_, self.resumed_from_ = monitor, resumed

@@ -11,6 +11,7 @@ import uuid
 
 import numpy as np
 
+from spatialfed.api import progress
 from spatialfed.data import geometry
 from spatialfed.errors import DataError, WorkerTaskError
 from spatialfed.model.matern import Matern
@@ -72,7 +73,9 @@ def given_domain(domain, info):
 
 
 def site_bounds(info, runtime) -> np.ndarray:
-    """Each site's bounding box (4 numbers), computed where the data live (a short run of `runtime`)."""
+    """Each site's bounding box (4 numbers), computed where the data live (a short run of `runtime`: it loads every
+    partition, so it is shown as a phase of the fit)."""
+    progress.phase(f"default domain: the bounding boxes of {info.n_workers} sites")
     specs = site.site_specs(f"bounds-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, np.empty((0, 2)),
                             Matern(0.5), "pp")  # no model is needed to read a bounding box
     try:
