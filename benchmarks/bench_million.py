@@ -14,8 +14,9 @@ processes (1 thread each, BLAS single-threaded; restarted before every fit after
 progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
 ``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
 sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during
-simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready), loglik,
-params, truth.
+simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready),
+first_output_s and longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the
+longest stretch without one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth.
 
     nice -n 10 python benchmarks/bench_million.py --n 100000 --max-iter 5 --residual mpp --preset default  # quick
     nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, mpp and pp, both presets
@@ -36,6 +37,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_first_output import Gaps  # noqa: E402
 from bench_large import PeakRSS, say  # noqa: E402
 from jsonrows import emitter  # noqa: E402
 
@@ -67,17 +69,24 @@ def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, ob
         settings["preset"] = preset
     gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
                      client=client, progress=True, **settings)
-    with PeakRSS(children=args.runtime == "dask") as mem:
-        tic = time.perf_counter()
-        gp.fit(str(store))
-        fit_s = time.perf_counter() - tic
+    gaps = Gaps(sys.stderr)  # the progress display's stream: when its lines came (docs/user-guide.md, Progress)
+    sys.stderr = gaps
+    try:
+        with PeakRSS(children=args.runtime == "dask") as mem:
+            tic = time.perf_counter()
+            gaps.start()
+            gp.fit(str(store))
+            fit_s = time.perf_counter() - tic
+            shown = gaps.stop()
+    finally:
+        sys.stderr = gaps.stream
     p = gp.params_
     init_s = float(gp.trace_[0]["time_s"]) if gp.trace_ and gp.trace_[0].get("step") == "init" else None
     say(f"[{residual}/{preset}] fit {fit_s:.1f} s, {gp.n_iter_} iterations, converged={gp.converged_} "
         f"({gp.stop_reason_}), peak {mem.mb:.0f} MB")
     return {"residual": residual, "preset": preset, "fit_s": round(fit_s, 2), "iterations": int(gp.n_iter_),
             "converged": bool(gp.converged_), "peak_rss_mb": round(mem.mb, 1), "mode": gp.config_.mode,
-            "stop_reason": gp.stop_reason_, "init_s": init_s,
+            "stop_reason": gp.stop_reason_, "init_s": init_s, **shown,
             "loglik": None if gp.loglik_ is None else float(gp.loglik_),
             "params": {"delta": p["delta"], "sigma2": p["sigma2"], "beta": p["beta"],
                        "gamma": [round(float(g), 4) for g in p["gamma"]]}}, gp
