@@ -267,7 +267,11 @@ class Progress:
         if where in ("moments", "variogram"):
             self.phase(f"initial values: {where}", J, announce=True, kind=where)
         elif where == "loop":
-            if self.sampled:
+            if self.sampled and self.kind == "answers":  # async aggregates often: one phase, renamed, counting on
+                self.label = f"iter {s.t}"
+                if self.pbar is not None:
+                    self.pbar.set_description_str(self.label, refresh=False)
+            elif self.sampled:
                 self.phase(f"iter {s.t}", counting=True, kind="answers")
             else:
                 self.phase(f"iter {s.t}: round trip", J, kind="round trip")
