@@ -2,7 +2,8 @@
 part, the fit's results and trace, and `dispatch` over the server's own `busy`/`next_task`.
 
 Sans-IO (the h11/h2 pattern): a server takes "quantities arrived" events (`receive(qs, now)`) and answers with
-"send p to site j" decisions (`next_task(j)`); it never waits, sleeps or talks to a network. Runtimes drive it
+"send p to site j" decisions (`next_task(j)`); it never waits, sleeps or talks to a network. A server that wants to
+act at a time without an answer names it in `alarm`, and the runtime calls `tick(now)` then. Runtimes drive it
 (runtime/driver.py).
 """
 
@@ -55,6 +56,15 @@ class ServerState:
         self.active.remove(j)
         self.dropped.append({"worker": int(j), "step": str(step), "cause": str(cause), "iter": int(self.t),
                              "time_s": float(now)})
+
+    @property
+    def alarm(self) -> float | None:
+        """The clock time at which the server wants `tick` called if no answer arrives before (None: no wish). A
+        sans-IO timer, as aioquic's get_timer/handle_timer: the runtime keeps the clock, the server decides."""
+        return None
+
+    def tick(self, now: float) -> None:
+        """The alarm went off at `now` with no answer since (runtime/driver.py)."""
 
     @property
     def time_s(self) -> float:

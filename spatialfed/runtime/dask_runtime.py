@@ -55,13 +55,15 @@ from spatialfed.runtime import site
 from spatialfed.runtime.driver import ClusterLostError
 from spatialfed.runtime.cluster import ClusterHandle, quiet_reconnect_logs, worker_addresses
 from spatialfed.runtime.heterogeneity import resolve_slowdowns
-from spatialfed.runtime.interface import ACTIVATION, Event, Runtime
+from spatialfed.runtime.interface import ACTIVATION, ALARM, ALARM_SITE, Event, Runtime
 
 SPAN_NAME = "spatialfed-fit"
 #: cancellation reasons: the task's Dask worker left (the site moves) / the scheduler stopped answering
 LOST, SCHEDULER_LOST = "spatialfed-worker-lost", "spatialfed-scheduler-lost"
 #: default deadlines (seconds): for a live worker once every worker left; for the scheduler to answer
 WORKER_WAIT_S, SCHEDULER_WAIT_S = 10.0, 10.0
+#: while the server's alarm is set, completed() looks for answers this often (as_completed has no per-item timeout)
+ALARM_POLL_S = 0.002
 log = logging.getLogger("spatialfed.runtime.dask")
 
 
@@ -129,6 +131,7 @@ class DaskRuntime(Runtime):
         self._subscribed = False
         self._context = contextlib.ExitStack()
         self._ac = None
+        self._alarm: float | None = None
         self._t0 = time.perf_counter()
         self._clock_start = 0.0
 
@@ -146,6 +149,7 @@ class DaskRuntime(Runtime):
         self.sizes = [0] * J
         self._context.enter_context(span(SPAN_NAME))
         self._ac = as_completed()
+        self._alarm = None
         try:
             self.client.subscribe_topic("all", self._on_scheduler_event)  # the scheduler's remove-worker events
             self._subscribed = True
@@ -174,10 +178,24 @@ class DaskRuntime(Runtime):
     def wake(self, j: int, at: float) -> None:
         self._submit(j, ACTIVATION, site.wake, (max(at - self.now(), 0.0),), task_key("activate", j))
 
+    def alarm(self, at: float | None) -> None:
+        self._alarm = None if at is None else float(at)
+
     def completed(self):
-        for batch in self._ac.batches():
-            events = [event for event in map(self._take, batch) if event is not None]
-            yield events
+        ac = self._ac
+        while True:
+            if self._alarm is not None and not ac.has_ready() and not ac.is_empty():
+                while not ac.has_ready() and self.now() < self._alarm:  # an answer or the alarm, whichever first
+                    time.sleep(ALARM_POLL_S)
+                if not ac.has_ready():
+                    self._alarm = None
+                    yield [Event(ALARM_SITE, ALARM)]
+                    continue
+            try:
+                batch = ac.next_batch(block=True)
+            except StopIteration:  # nothing outstanding
+                return
+            yield [event for event in map(self._take, batch) if event is not None]
 
     def now(self) -> float:
         return self._clock_start + time.perf_counter() - self._t0

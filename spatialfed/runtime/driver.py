@@ -2,7 +2,9 @@
 
     start the sites → hand every idle site its next request → for each batch of completed events:
         activations hand the site its newest request; a lost request is sent again (the runtime moved the site);
-        a failed site stops the fit or is dropped (`on_worker_error`); results reach `server.receive` together
+        a failed site stops the fit or is dropped (`on_worker_error`); results reach `server.receive` together;
+        the server's alarm, when it rang with no answer, reaches `server.tick`; the runtime's timer is set to the
+        server's `alarm` again
     → until `server.done`.
 
 With Poisson activations (docs/delays.md) an idle site is first woken at its next activation, and only then takes
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from spatialfed.errors import SpatialFedError, WorkerTaskError
-from spatialfed.runtime.interface import ACTIVATION, Runtime
+from spatialfed.runtime.interface import ACTIVATION, ALARM, Runtime
 
 log = logging.getLogger("spatialfed.runtime")
 ON_WORKER_ERROR = ("stop", "drop")
@@ -154,10 +156,12 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
                 on_result(event.site, None, event.result)
         hand_out()
         for batch in runtime.completed():
-            arrived = []
+            arrived, rang = [], False
             for ev in batch:
                 j = ev.site
-                if ev.request == ACTIVATION:
+                if ev.request == ALARM:
+                    rang = True
+                elif ev.request == ACTIVATION:
                     waiting.discard(j)
                     if not ev.lost and not server.busy(j) and j in server.active:
                         take(j)
@@ -172,10 +176,13 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
                     arrived.append(ev.result)
             if server.done:
                 break
-            if arrived:
+            if arrived or rang:
                 now = runtime.now()
                 receiving = True
-                server.receive(arrived, now)
+                if arrived:
+                    server.receive(arrived, now)
+                else:
+                    server.tick(now)
                 receiving = False
                 if checkpointer is not None:
                     checkpointer.on_event(server)
@@ -184,6 +191,7 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
                 if server.done:
                     break
             hand_out()
+            runtime.alarm(server.alarm)
         if not server.done:
             raise RuntimeError("the runtime ran out of work before the fit finished (no site has a task)")
     except (KeyboardInterrupt, SystemExit, SpatialFedError, OSError, TimeoutError, RuntimeError) as exc:

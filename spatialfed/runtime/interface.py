@@ -4,6 +4,7 @@ A `Runtime` does four things and knows nothing of the algorithm:
 
 - `start(specs)`: every site loads its partition where it lives (`runtime.site`), once;
 - `submit(j, p, delay_s)` / `wake(j, at)`: ask site j for L_j(p), or wake it at its next activation;
+- `alarm(at)`: call the server back at `at` if no answer comes first (the server's `alarm`/`tick`);
 - `completed()`: yield the answers in batches as they complete (Dask's ``as_completed(...).batches()`` idiom),
   each an `Event` — a result, a failure of the site's computation, or the loss of the machine it ran on;
 - `now()`: the fit's clock (wall seconds on Dask, virtual seconds on the virtual clock).
@@ -24,6 +25,8 @@ from spatialfed.runtime.site import SiteSpec
 
 #: the request of a wake-up event (a Poisson activation, docs/delays.md)
 ACTIVATION = "activation"
+#: the request of the server's timer event (`Runtime.alarm`; its site is ALARM_SITE)
+ALARM, ALARM_SITE = "alarm", -1
 
 
 @dataclass
@@ -57,6 +60,11 @@ class Runtime(ABC):
     @abstractmethod
     def wake(self, j: int, at: float) -> None:
         """Complete an ACTIVATION event of site j at clock time `at`."""
+
+    @abstractmethod
+    def alarm(self, at: float | None) -> None:
+        """Set the server's timer: an ALARM event completes at clock time `at` unless an answer comes first, or the
+        timer is set again (None: no timer). It never keeps `completed` going when nothing else is outstanding."""
 
     @abstractmethod
     def completed(self) -> Iterator[list[Event]]:

@@ -32,7 +32,7 @@ from spatialfed.runtime import site
 from spatialfed.runtime.delays import Delay, PoissonActivations
 from spatialfed.runtime.driver import drive
 from spatialfed.runtime.heterogeneity import NetworkDelay, resolve_slowdowns
-from spatialfed.runtime.interface import ACTIVATION, Event, Runtime
+from spatialfed.runtime.interface import ACTIVATION, ALARM, ALARM_SITE, Event, Runtime
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class VirtualRuntime(Runtime):
         self._events: list[tuple[float, int, Event]] = []
         self._order = itertools.count()
         self._now = 0.0
+        self._alarm: float | None = None
         self._run_id = None
 
     def start(self, specs=None, clock_start: float = 0.0) -> list[Event]:
@@ -120,13 +121,24 @@ class VirtualRuntime(Runtime):
     def wake(self, j: int, at: float) -> None:
         heapq.heappush(self._events, (float(at), next(self._order), Event(j, ACTIVATION)))
 
+    def alarm(self, at: float | None) -> None:
+        if at != self._alarm:
+            self._alarm = None if at is None else float(at)
+            if at is not None:
+                heapq.heappush(self._events, (max(float(at), self._now), next(self._order), Event(ALARM_SITE, ALARM)))
+
     def completed(self):
         events = self._events
         while events:
-            self._now, _, event = heapq.heappop(events)
+            at, _, event = heapq.heappop(events)
+            if event.request == ALARM:
+                if at != self._alarm or all(e.request == ALARM for _, _, e in events):
+                    continue  # replaced, cancelled, or nothing else outstanding
+                self._alarm = None
+            self._now = at
             batch = [event]
-            if event.request != ACTIVATION:  # simultaneous arrivals come together (all enter ℚ before Num.step)
-                while events and events[0][0] == self._now and events[0][2].request != ACTIVATION:
+            if event.request not in (ACTIVATION, ALARM):  # simultaneous arrivals come together (all enter ℚ first)
+                while events and events[0][0] == self._now and events[0][2].request not in (ACTIVATION, ALARM):
                     batch.append(heapq.heappop(events)[2])
             yield batch
 
@@ -138,6 +150,7 @@ class VirtualRuntime(Runtime):
 
     def stop(self) -> None:
         self._events.clear()
+        self._alarm = None
         if self._run_id is not None:  # loaded from the store at start: release them (a later start reloads)
             site.release(self._run_id)
             self.models, self._run_id = None, None

@@ -85,6 +85,16 @@ def test_slow_sites_use_statistics_times_once_every_site_has_one():
     assert stale.slow_sites(durations, [0, 1, 2], {0: 5, 1: 5, 2: 5}, 3.0, 0.5, "stats") == [2]
 
 
+def test_before_statistics_a_slow_site_is_slow_in_every_initialisation_round_trip():
+    """The initialisation's tasks are tiny: one late answer is as likely a network delay as a slow site."""
+    durations = {"moments": {0: 1.0, 1: 1.0, 2: 1.0, 3: 9.0}, "variogram": {0: 8.0, 1: 1.0, 2: 1.0, 3: 1.2}}
+    assert stale.slow_sites(durations, [0, 1, 2, 3], dict.fromkeys(range(4), 5), 3.0, 0.5, "stats") == []
+    durations["variogram"].update({0: 1.0, 3: 9.5})
+    assert stale.slow_sites(durations, [0, 1, 2, 3], dict.fromkeys(range(4), 5), 3.0, 0.5, "stats") == [3]
+    durations["moments"] = dict.fromkeys(range(4), 0.0)  # too fast to be timed: no evidence either way
+    assert stale.slow_sites(durations, [0, 1, 2, 3], dict.fromkeys(range(4), 5), 3.0, 0.5, "stats") == [3]
+
+
 def test_no_site_is_slow_when_the_others_hold_too_little_data():
     durations = {"variogram": {0: 1.0, 1: 1.0, 2: 10.0}}
     assert stale.slow_sites(durations, [0, 1, 2], {0: 10, 1: 10, 2: 100}, 3.0, 0.5, "stats") == []

@@ -197,3 +197,43 @@ def test_control_variates_keep_the_optimum(problem, sync, control_variates):
     fit_ = fit_recorded(problem, [1.0, 2.0, 4.0, 8.0], control_variates=control_variates)
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
     np.testing.assert_allclose(fit_.params.u, sync.params.u, atol=1e-4)
+
+
+def test_async_with_equal_sites_and_jittered_answers_keeps_the_synchronous_pace(problem, sync):
+    """Equal sites whose answers come a little apart (network delays ~5 % of a round trip) are waited for
+    (StatsServer._worth_waiting): async takes sync's round trips instead of stepping on stale models in between."""
+    from spatialfed.runtime.delays import ExponentialDelay
+
+    models, knots, kernel, _ = problem
+    round_trip = sync.trace[-1]["time_s"] / sync.answers[0]
+    jitter = ExponentialDelay(0.05 * round_trip)
+    runs = {mode: run_virtual(models, knots, kernel, server=StatsServer(len(models), knots, kernel,
+                                                                        FitConfig(mode=mode, max_iter=300, tol=1e-8)),
+                              delays=jitter, seed=1)
+            for mode in ("sync", "async")}
+    assert runs["async"].converged and runs["async"].loglik == pytest.approx(sync.loglik, abs=1e-6)
+    assert runs["async"].answers == runs["sync"].answers
+    assert runs["async"].trace[-1]["time_s"] <= 1.05 * runs["sync"].trace[-1]["time_s"]
+
+
+def test_async_waits_for_a_late_answer_no_longer_than_its_alarm(problem):
+    """A site with no round trip of statistics yet is waited for until HOLD_RATIO × the median round trip since its
+    request (`alarm`); if it has not answered then, `tick` aggregates the answers in without it."""
+    from spatialfed.algorithm.stats_server import HOLD_RATIO
+
+    models, knots, kernel, _ = problem
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
+    now = 0.0
+    while server.phase != "loop":  # the initialisation: every site answers together
+        now += 0.01
+        server.receive([evaluate(models[j], p, j) for j, p in server.dispatch()], now)
+    tasks = dict(server.dispatch())
+    assert sorted(tasks) == list(range(len(models))) and server.t == 0
+    late = len(models) - 1
+    now += 1.0
+    server.receive([evaluate(models[j], p, j) for j, p in tasks.items() if j != late], now)
+    assert server.t == 0 and server.alarm == pytest.approx(now - 1.0 + HOLD_RATIO * 1.0)
+    server.tick(server.alarm - 0.5)  # a tick before the alarm changes nothing ...
+    assert server.t == 0
+    server.tick(server.alarm)
+    assert server.t == 1 and server.alarm is None and server.busy(late)  # ... the alarm's tick steps without it

@@ -8,7 +8,7 @@ from support import TRUTH, LowRankReference, simulate, single_blas_thread  # noq
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented
 from spatialfed.runtime.heterogeneity import NetworkDelay, extra_wait, profile_slowdowns, resolve_slowdowns
-from spatialfed.runtime.virtual import FlopCost, MeasuredCost, run_virtual, settle_time
+from spatialfed.runtime.virtual import FlopCost, MeasuredCost, VirtualRuntime, run_virtual, settle_time
 
 
 def test_profiles():
@@ -153,3 +153,25 @@ def test_staleness_bound_wins_where_plain_async_plateaus_with_inverse_sizes():
                       for D in (None, 10))
     assert settle_time(plain.trace, reference) is None
     assert settle_time(bounded.trace, reference) < 0.8 * sync
+
+
+def test_the_alarm_rings_at_its_time_unless_replaced_and_never_outlives_the_work(data):
+    """Runtime.alarm, the server's timer: one ALARM event at the newest time set, none once cancelled, and none
+    when nothing else is outstanding (the loop ends instead)."""
+    from spatialfed.runtime.interface import ACTIVATION, ALARM, ALARM_SITE
+
+    models, _, _ = data
+    rt = VirtualRuntime(models)
+    rt.start()
+    rt.wake(0, 5.0)
+    rt.alarm(2.0)
+    rt.alarm(3.0)  # replaces 2.0
+    seen = []
+    for batch in rt.completed():
+        seen += [(rt.now(), ev.site, ev.request) for ev in batch]
+        if len(seen) == 2:
+            rt.wake(1, 9.0)
+            rt.alarm(8.0)
+            rt.alarm(None)  # cancelled
+            rt.alarm(12.0)  # later than every other event: never rings
+    assert seen == [(3.0, ALARM_SITE, ALARM), (5.0, 0, ACTIVATION), (9.0, 1, ACTIVATION)]
