@@ -153,3 +153,31 @@ def test_a_failing_fit_stops_the_heartbeat(store, monkeypatch):
         FederatedGP(**{**FIT, "knots": 1}).fit(store)
     assert wait_for(lambda: not heartbeats()), "the heartbeat thread outlived the failed fit"
     assert progress._ACTIVE.get() is None
+
+
+def test_an_asynchronous_loop_is_one_phase_counting_every_answer(store, monkeypatch):
+    """Async aggregates after every answer: the loop is one phase, renamed at each iteration and counting on (a new
+    bar per answer would flicker), never with a total of sites it does not wait for."""
+    seen, begun = [], []
+    result, phase = Progress.result, Progress.phase
+
+    def spy_result(self, j, p):
+        result(self, j, p)
+        if p is not None and p.step == "stats":
+            seen.append((self.label, self.count, self.phase_total))
+
+    def spy_phase(self, label, *args, **kwargs):
+        begun.append(label)
+        phase(self, label, *args, **kwargs)
+
+    monkeypatch.setattr(Progress, "result", spy_result)
+    monkeypatch.setattr(Progress, "phase", spy_phase)
+    monkeypatch.setattr(progress.sys, "stderr", Terminal())
+    FederatedGP(**{**FIT, "mode": "async", "max_iter": 6}).fit(store)
+    loop = [label for label in begun if label.startswith("iter")]
+    assert len(loop) == 1, begun  # one phase for the whole loop (the final pass would be another)
+    counts = [count for _, count, _ in seen]
+    assert counts == list(range(1, len(seen) + 1)) and len(seen) >= 6, seen
+    assert {total for *_, total in seen} == {None}
+    labels = [label for label, *_ in seen]
+    assert labels[0] == "iter 0" and len(set(labels)) >= 3, labels  # renamed as the iterations go
