@@ -308,7 +308,8 @@ def run(figure: int, c: dict, out: Path, workers: int, preset: str = DEFAULT_PRE
     notes = {p: ratio_note(summary, p, refs if figure == 5 else presets) for p in ids}
     plot = {"modes": shown, "styles": styles, "notes": notes, "mode_column": "series"}
     if figure == 5:
-        ref = f"; {' and '.join(refs)} default (sync dashed, async solid) as reference" if refs else ""
+        ref = (f";\n{' and '.join(refs)} preset (sync dashed, async solid, its own Agg_threshold: the same runs in "
+               "every panel) as reference" if refs else "")
         title = (f"{TITLES[figure]} — {clock} clock\nthe paper's strategies (block scheme), every arm α = {alpha:g}"
                  f"{ref}")
         fig = ex.convergence_figure(trace, summary, ids, title, labels, None, **plot)

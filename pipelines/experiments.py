@@ -507,11 +507,13 @@ PARAM_LABELS = {"sigma2": "σ² (marginal variance)", "beta": "β (length scale)
 def save(fig, path: Path, publish: Path | None = None, name: str | None = None) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     say(f"wrote {path}")
-    if publish is not None:
-        from common import small_png
+    if publish is not None:   # a 256-colour palette copy (a third of the size), as common.small_png makes; not
+        from PIL import Image  # imported from common, which pulls in the map pipelines' Dask and API imports
 
         publish.mkdir(parents=True, exist_ok=True)
-        small_png(path, publish / (name or path.name))
+        with Image.open(path) as im:
+            im.convert("RGB").quantize(256, dither=Image.Dither.NONE).save(publish / (name or path.name),
+                                                                          optimize=True)
     return path
 
 
@@ -609,6 +611,8 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
         if value == "error":
             ax.set_yscale("log")
             ax.axhline(1e-3, color="grey", linewidth=0.8, linestyle="--")
+            if ax.get_ylim()[1] > 1e4:   # a diverging arm leaves through the top instead of squashing the rest
+                ax.set_ylim(top=1e4)
         ax.set_xlabel("virtual time (s)" if "wall" not in title else "wall time (s)")
         if c % ncols == 0:
             ax.set_ylabel(ylabel or "max relative parameter error\nvs converged estimate")
@@ -627,9 +631,10 @@ def convergence_figure(trace, summary, panels: list, title: str, labels: dict | 
             for h, name in zip(*ax.get_legend_handles_labels()):
                 found.setdefault(name, h)
         names = [m for m in modes if m in found]
-        rows = math.ceil(len(names) / 4)
+        ncol = len(names) if len(names) <= 5 else math.ceil(len(names) / 2)
+        rows = math.ceil(len(names) / max(ncol, 1))
         fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / fig.get_figheight(), 1, 1))
-        fig.legend([found[m] for m in names], names, loc="lower center", ncol=min(len(names), 4), fontsize=9,
+        fig.legend([found[m] for m in names], names, loc="lower center", ncol=max(ncol, 1), fontsize=9,
                    bbox_to_anchor=(0.5, 0.0), frameon=False)
     else:
         fig.tight_layout()

@@ -152,7 +152,7 @@ def test_figure_with_the_default_beside_the_paper_preset(figure, tmp_path):
     """End to end on tiny data (J = 3, n_j = 60): summary.csv has every preset's curves per panel and the stats
     preset's async/sync settle ratio; Figure 5 carries the stats reference arms in its panel; the PNG is written
     and --replot redraws it from the CSV files."""
-    trace, summary = async_vs_sync.run(figure, TINY, tmp_path, 1)
+    trace, summary = async_vs_sync.run(figure, TINY, tmp_path, 1, publish=tmp_path / "docs")
     panel = "min3" if figure == 6 else "A=2"
     s = summary[summary.panel == panel].set_index("series")
     want = ({"stats sync", "stats async", "paper sync", "paper async"} if figure == 6 else
@@ -162,7 +162,7 @@ def test_figure_with_the_default_beside_the_paper_preset(figure, tmp_path):
         s.at["stats async", "settle_s"] / s.at["stats sync", "settle_s"])
     assert s.at["stats sync", "final_error"] < 1e-5 and s.at["stats async", "final_error"] < 1e-5
     png = tmp_path / f"{async_vs_sync.NAMES[figure]}.png"
-    assert png.stat().st_size > 10_000
+    assert png.stat().st_size > 10_000 and (tmp_path / "docs" / png.name).stat().st_size > 5_000
     png.unlink()
     async_vs_sync.run(figure, TINY, tmp_path, 1, replot=True)
     assert png.is_file()
