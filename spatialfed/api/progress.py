@@ -165,7 +165,8 @@ class Progress:
         return text + ("" if left is None else f", eta ≈ {left:.0f}s") + ")"
 
     def left(self, elapsed: float) -> float | None:
-        """Seconds the phase still needs: from its answers' rate, or before the first from the last phase of its kind."""
+        """Seconds the phase still needs: from its answers' rate, or before the first answer from the last phase of
+        its kind (None: unknown)."""
         if self.phase_total and self.count:
             return elapsed / self.count * max(self.phase_total - self.count, 0)
         before = self.took.get(self.kind)
