@@ -207,7 +207,7 @@ def run_dask(tasks, workers):
     from spatialfed.runtime.cluster import make_cluster
     from spatialfed.runtime.virtual import run_virtual
 
-    rows = []
+    rows, refs = [], {}
     with tempfile.TemporaryDirectory() as tmp, make_cluster(None, n_workers=workers) as handle:
         for task in tasks:
             if task.get("modes") != ("sync",):
@@ -219,16 +219,19 @@ def run_dask(tasks, workers):
             kw = {"nu": task.get("nu", 0.5), "beta": task.get("beta", 0.1),
                   "partition": task.get("partition", "random"),
                       "seed": task["seed"]}
-            if task.get("sizes") is not None:
-                info = simulate_store(store, sizes=task["sizes"], **kw)
-            else:
-                info = simulate_store(store, task["J"], task["n"], **kw)
-            J, kernel = info.n_workers, Matern(kw["nu"])
+            kernel = Matern(kw["nu"])
             knots = jittered_unit_grid(task["m"], seed=task["seed"] + 10_000)
-            parts = [load_worker(info.path, j) for j in range(J)]
-            ref = run_virtual(ex._parts_models(parts, knots, kernel), knots, kernel,
-                              FitConfig(mode="sync", max_iter=100, tol=1e-10)).params
-            ref = {"gamma": ref.gamma, "delta": ref.delta, "sigma2": ref.sigma2, "beta": ref.beta}
+            if task["panel"] not in refs:   # one store and reference per panel, shared by its presets
+                if task.get("sizes") is not None:
+                    info = simulate_store(store, sizes=task["sizes"], **kw)
+                else:
+                    info = simulate_store(store, task["J"], task["n"], **kw)
+                parts = [load_worker(info.path, j) for j in range(info.n_workers)]
+                ref = run_virtual(ex._parts_models(parts, knots, kernel), knots, kernel,
+                                  FitConfig(mode="sync", max_iter=100, tol=1e-10)).params
+                refs[task["panel"]] = (info.n_workers, {"gamma": ref.gamma, "delta": ref.delta,
+                                                        "sigma2": ref.sigma2, "beta": ref.beta})
+            J, ref = refs[task["panel"]]
             slow = ex.slowdowns_from_cores(task["cores"]).tolist()
             preset = task["preset"]
             base = {"experiment": task["experiment"], "panel": task["panel"], "preset": preset, "J": J,
