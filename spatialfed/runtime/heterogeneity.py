@@ -44,9 +44,13 @@ def resolve_slowdowns(profile_or_list, n_workers: int) -> np.ndarray:
     return s
 
 
-def extra_wait(compute_s: float, slowdown: float) -> float:
-    """(s_j − 1)·c: how long a worker with slowdown s_j waits after computing for c seconds."""
-    return (slowdown - 1.0) * compute_s
+def extra_wait(compute_s: float, slowdown: float, elapsed_s: float | None = None) -> float:
+    """How long a worker with slowdown s_j waits after computing for c = `compute_s` CPU seconds in `elapsed_s` wall
+    seconds (default c): until its task has taken s_j·c, as on a machine s_j times slower — (s_j − 1)·c on an idle
+    host. On a busy host the compute's own wall time counts towards it, so the sites' round trips keep the ratios
+    s_j of the profile (the virtual clock's) instead of each adding the contention to (s_j − 1)·c."""
+    elapsed = compute_s if elapsed_s is None else elapsed_s
+    return max(slowdown * compute_s - elapsed, 0.0)
 
 
 @dataclass(frozen=True)

@@ -84,17 +84,19 @@ def load(spec: SiteSpec) -> dict:
 def answer(spec: SiteSpec, p: Augmented, slowdown: float = 1.0, delay_s: float = 0.0) -> Quantity:
     """L_j(p) (protocol.evaluate) on the partition held in this process, then the emulated slowdown wait.
 
-    The wait is (s_j − 1)·c with c the task's CPU time (`time.thread_time`; BLAS is single-threaded on the workers),
-    slept, not spun, so a slowed site emulates a machine s_j times slower without burning a core even when the
-    host's cores are shared and busy; `delay_s` (a drawn random delay, docs/delays.md) is slept after it."""
+    The task then takes s_j·c of wall time, c its CPU time (`time.thread_time`; BLAS is single-threaded on the
+    workers): the wait (s_j − 1)·c, less what the host's load already added to the compute's wall time, is slept,
+    not spun, so a slowed site emulates a machine s_j times slower without burning a core even when the host's
+    cores are shared and busy (heterogeneity.extra_wait); `delay_s` (a drawn random delay, docs/delays.md) is slept
+    after it."""
     lm = local_model(spec)
-    tic = time.thread_time()  # CPU seconds of this task: unlike wall time, not inflated by other processes' load
+    tic, wall = time.thread_time(), time.perf_counter()  # CPU seconds of this task are not inflated by the load
     q = evaluate(lm, p, spec.worker)
     if lm.residual != "full":
         # mpp/pp: the whitened data cost O(n_j m²) to rebuild, less than keeping them for every site (0.86 GB at
         # 10⁶ points over 100 sites); the full residual keeps them (a rebuild is a factorisation of R_j)
         lm.clear_cache()
-    wait = extra_wait(time.thread_time() - tic, slowdown) + delay_s
+    wait = extra_wait(time.thread_time() - tic, slowdown, time.perf_counter() - wall) + delay_s
     if wait > 0:
         time.sleep(wait)
     return q

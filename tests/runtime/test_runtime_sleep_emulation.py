@@ -1,6 +1,6 @@
 """Emulated slowness on real Dask sleeps (issue 13): a site with slowdown s that computed a task for c CPU seconds
-(its thread's CPU time) waits (s − 1)·c more without burning a core (runtime/site.answer, heterogeneity.extra_wait),
-so a task of a site with slowdown 5 spends about 1/5 of its wall time on the CPU.
+(its thread's CPU time) waits until the task took s·c without burning a core (runtime/site.answer,
+heterogeneity.extra_wait), so a task of a site with slowdown 5 spends about 1/5 of its wall time on the CPU.
 
 A LocalCluster of 2 worker processes (plain TCP), 2 sites × 400 points, full residual, m = 49; the requests are the
 statistics of SPEC §2b (tens of ms of CPU each), each at a new u so that every task factorises R_j afresh.

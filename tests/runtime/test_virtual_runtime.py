@@ -18,6 +18,8 @@ def test_profiles():
     np.testing.assert_array_equal(profile_slowdowns("graded", 1), [1])
     np.testing.assert_array_equal(resolve_slowdowns([1, 2.5], 2), [1, 2.5])
     assert extra_wait(2.0, 3.0) == 4.0
+    assert extra_wait(2.0, 3.0, elapsed_s=5.0) == 1.0  # a busy host's contention counts towards s·c
+    assert extra_wait(2.0, 3.0, elapsed_s=7.0) == 0.0
     assert NetworkDelay(0.1, 1e3).seconds(500) == pytest.approx(0.6)
 
 
