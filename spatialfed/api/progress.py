@@ -238,7 +238,7 @@ class Progress:
                 self.bar = tqdm(total=self.total, desc="init", unit="iter", file=self.stream, dynamic_ncols=True,
                                 leave=True)
         self.tic = time.perf_counter()
-        self.phase(f"loading the partitions of {J} sites", announce=True, kind="load")
+        self.phase(f"loading the partitions of {J} sites", J, announce=True, kind="load")
 
     def result(self, j: int, p) -> None:
         """Site j answered request `p` (None: its partition is loaded); counts it in the phase running."""
@@ -247,6 +247,9 @@ class Progress:
         with self.lock:
             if p is None:
                 self.loaded += 1
+                self.count += 1
+                if self.pbar is not None:
+                    self.pbar.update(1)
                 if self.n_sites and self.loaded == self.n_sites:
                     self._next_phase()
                 return

@@ -136,7 +136,7 @@ class DaskRuntime(Runtime):
         self._clock_start = 0.0
 
     # --- the Runtime interface -----------------------------------------------------------------------------
-    def start(self, specs, clock_start: float = 0.0) -> list[Event]:
+    def start(self, specs, clock_start: float = 0.0, on_loaded=None) -> list[Event]:
         from distributed import as_completed, span
 
         self.specs = list(specs)
@@ -170,6 +170,8 @@ class DaskRuntime(Runtime):
                     loaded[event.site] = event
                     if event.result is not None:
                         self.sizes[event.site] = int(event.result["n"])
+                    if on_loaded is not None:
+                        on_loaded(event)
         return [loaded[j] for j in range(J)]
 
     def submit(self, j: int, p, delay_s: float = 0.0) -> None:

@@ -149,11 +149,13 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
     try:
         if server.done:  # a finished checkpoint needs no site
             return server
-        for event in runtime.start(specs, clock_start=float(server.time_s)):
+        def loaded(event) -> None:  # as each partition lands (progress)
+            if event.error is None and on_result is not None:
+                on_result(event.site, None, event.result)
+
+        for event in runtime.start(specs, clock_start=float(server.time_s), on_loaded=loaded):
             if event.error is not None:
                 failed(event.site, "load", event.error)
-            elif on_result is not None:
-                on_result(event.site, None, event.result)
         hand_out()
         for batch in runtime.completed():
             arrived, rang = [], False

@@ -49,9 +49,10 @@ class Runtime(ABC):
     name: str = ""
 
     @abstractmethod
-    def start(self, specs: Sequence[SiteSpec], clock_start: float = 0.0) -> list[Event]:
-        """Load every site's partition; one Event per site (result: {"n", "p", ...}, or error). The clock
-        starts at `clock_start` (a resumed fit carries on its clock)."""
+    def start(self, specs: Sequence[SiteSpec], clock_start: float = 0.0, on_loaded=None) -> list[Event]:
+        """Load every site's partition; one Event per site (result: {"n", "p", ...}, or error), each also passed to
+        `on_loaded(event)` as it lands (progress). The clock starts at `clock_start` (a resumed fit carries on
+        its clock)."""
 
     @abstractmethod
     def submit(self, j: int, p: Augmented, delay_s: float = 0.0) -> None:

@@ -99,13 +99,24 @@ class VirtualRuntime(Runtime):
         self._alarm: float | None = None
         self._run_id = None
 
-    def start(self, specs=None, clock_start: float = 0.0) -> list[Event]:
+    def start(self, specs=None, clock_start: float = 0.0, on_loaded=None) -> list[Event]:
         if self.models is None:
             self._run_id = specs[0].run_id
-            self.models = [site.local_model(spec) for spec in specs]
+            self.models = []
+            for j, spec in enumerate(specs):
+                self.models.append(site.local_model(spec))
+                if on_loaded is not None:
+                    on_loaded(self._loaded(j))
+        elif on_loaded is not None:
+            for j in range(len(self.models)):
+                on_loaded(self._loaded(j))
         self._s = resolve_slowdowns(self.slowdowns, len(self.models))
         self._now = float(clock_start)
-        return [Event(j, None, {"worker": j, "n": int(lm.n), "p": int(lm.p)}) for j, lm in enumerate(self.models)]
+        return [self._loaded(j) for j in range(len(self.models))]
+
+    def _loaded(self, j: int) -> Event:
+        lm = self.models[j]
+        return Event(j, None, {"worker": j, "n": int(lm.n), "p": int(lm.p)})
 
     def submit(self, j: int, p: Augmented, delay_s: float = 0.0) -> None:
         """Site j computes p from now; its quantity arrives after the network, s_j·cost and the drawn delay."""

@@ -59,7 +59,7 @@ def test_a_terminal_names_every_phase_in_order(store, monkeypatch):
     FederatedGP(**FIT).fit(store)
     shown = screen.getvalue()
     phases = ["spatialfed fit: starting the simulated runtime", "starting the simulated runtime …",
-              "init:   0%", "loading the partitions of 3 sites …", "initial values: moments: 0/3 sites",
+              "init:   0%", "loading the partitions of 3 sites: ", "initial values: moments: 0/3 sites",
               "initial values: variogram: 0/3 sites", "iter 0: round trip: 0/3 sites",
               "iter 1: round trip: 0/3 sites", "stopped (max_iter) after 2 iterations"]
     assert -1 not in in_order(shown, phases), shown
@@ -78,7 +78,7 @@ def test_the_default_domain_is_a_phase_of_its_own(monkeypatch):
     FederatedGP(**FIT).fit(None, y, coords=coords, groups=np.repeat([0, 1, 2], 30))
     shown = screen.getvalue()
     assert -1 not in in_order(shown, ["starting the simulated runtime …", "default domain: the bounding boxes of 3 "
-                                      "sites …", "loading the partitions of 3 sites …"]), shown
+                                      "sites …", "loading the partitions of 3 sites: "]), shown
 
 
 def test_a_log_gets_a_status_line_with_the_answers_and_an_eta():
@@ -137,7 +137,7 @@ def test_the_cli_shows_the_phases_and_quiet_prints_nothing(store, tmp_path, monk
     assert main(["fit", str(store), "--out", str(tmp_path / "quiet"), *flags, "--quiet"]) == 0
     assert screen.getvalue() == ""
     assert main(["fit", str(store), "--out", str(tmp_path / "shown"), *flags]) == 0
-    assert -1 not in in_order(screen.getvalue(), ["loading the partitions of 3 sites …",
+    assert -1 not in in_order(screen.getvalue(), ["loading the partitions of 3 sites: ",
                                                   "initial values: variogram: 0/3 sites", "iter 1: round trip"])
 
 
