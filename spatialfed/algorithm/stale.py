@@ -75,19 +75,19 @@ def slow_sites(durations: Mapping[str, Mapping[int, float]], active: Sequence[in
                ratio: float, min_coverage: float, stats_step: str) -> list[int]:
     """The sites whose last round trip took more than `ratio` × the median, provided the others hold `min_coverage`
     of the observations (none otherwise, and none with fewer than 3 sites). Round trips of one kind are compared:
-    statistics once every site answered one; before, the initialisation's, where a site must be slow in every kind
-    (their tasks are tiny, so one late answer is as likely a delay in the network as a slow site)."""
+    statistics once every site answered one; before, the initialisation's costliest (largest median), where a slow
+    site must also be slower than the median in every other timed kind — their tasks are tiny, so one late answer is
+    as likely a network delay as a slow site (equal sites with jittered answers had two held back)."""
     if len(active) < 3:
         return []
     timed = durations.get(stats_step, {})
     kinds = [timed] if all(j in timed for j in active) else [v for v in durations.values()]
-    kinds = [kind for kind in kinds if all(kind.get(j, 0.0) > 0 for j in active)]
+    kinds = [[kind[j] for j in active] for kind in kinds if all(kind.get(j, 0.0) > 0 for j in active)]
     if not kinds:
         return []
-    slow = set(active)
-    for kind in kinds:
-        cut = ratio * float(np.median([kind[j] for j in active]))
-        slow &= {j for j in active if kind[j] > cut}
-    slow = sorted(slow)
+    medians = [float(np.median(kind)) for kind in kinds]
+    main = int(np.argmax(medians))
+    slow = [j for i, j in enumerate(active) if kinds[main][i] > ratio * medians[main]
+            and all(kind[i] > med for kind, med in zip(kinds, medians))]
     n_obs = sum(n_j[k] for k in active)
     return slow if slow and sum(n_j[k] for k in active if k not in slow) >= min_coverage * n_obs else []

@@ -66,6 +66,11 @@ class ServerState:
     def tick(self, now: float) -> None:
         """The alarm went off at `now` with no answer since (runtime/driver.py)."""
 
+    def clock(self, now: float) -> None:
+        """The runtime's clock when it hands out tasks outside a receive (the first ones after its start, at an
+        activation, after a tick): the time `next_task` takes as their sending time."""
+        self._last_now = float(now)
+
     @property
     def time_s(self) -> float:
         """The runtime's clock at the last receive (a resumed fit's clock carries on from it)."""

@@ -480,6 +480,7 @@ class StatsServer(FederatedServer):
         """The wait ran out with no answer: aggregate the answers in (and check the time budget). A tick with no
         alarm set, or before it, changes nothing."""
         if self.phase == "loop" and self._wait_until is not None and now >= self._wait_until:
+            self.clock(now)
             self._progress(now, wait=False)
 
     def _later_than_sync(self, now: float) -> bool:

@@ -156,6 +156,7 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
         for event in runtime.start(specs, clock_start=float(server.time_s), on_loaded=loaded):
             if event.error is not None:
                 failed(event.site, "load", event.error)
+        server.clock(runtime.now())  # the first requests leave now, after the partitions loaded
         hand_out()
         for batch in runtime.completed():
             arrived, rang = [], False
@@ -166,6 +167,7 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
                 elif ev.request == ACTIVATION:
                     waiting.discard(j)
                     if not ev.lost and not server.busy(j) and j in server.active:
+                        server.clock(runtime.now())
                         take(j)
                 elif ev.lost:
                     runtime.submit(j, ev.request, 0.0 if delays is None else delays.sample(j, rng))

@@ -85,14 +85,19 @@ def test_slow_sites_use_statistics_times_once_every_site_has_one():
     assert stale.slow_sites(durations, [0, 1, 2], {0: 5, 1: 5, 2: 5}, 3.0, 0.5, "stats") == [2]
 
 
-def test_before_statistics_a_slow_site_is_slow_in_every_initialisation_round_trip():
+def test_before_statistics_a_slow_site_is_slow_in_the_costliest_kind_and_late_in_every_other():
     """The initialisation's tasks are tiny: one late answer is as likely a network delay as a slow site."""
-    durations = {"moments": {0: 1.0, 1: 1.0, 2: 1.0, 3: 9.0}, "variogram": {0: 8.0, 1: 1.0, 2: 1.0, 3: 1.2}}
-    assert stale.slow_sites(durations, [0, 1, 2, 3], dict.fromkeys(range(4), 5), 3.0, 0.5, "stats") == []
-    durations["variogram"].update({0: 1.0, 3: 9.5})
-    assert stale.slow_sites(durations, [0, 1, 2, 3], dict.fromkeys(range(4), 5), 3.0, 0.5, "stats") == [3]
+    n_j = dict.fromkeys(range(4), 5)
+    durations = {"moments": {0: 1.0, 1: 1.1, 2: 1.0, 3: 0.9}, "variogram": {0: 8.0, 1: 2.0, 2: 2.0, 3: 2.2}}
+    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == []  # 0 was early in moments
+    durations["moments"][0] = 1.2
+    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == [0]
+    durations["moments"] = {0: 30.0, 1: 1.0, 2: 1.0, 3: 1.0}  # the costlier kind decides: 0 is not slow there
+    durations["variogram"] = {0: 2.5, 1: 2.0, 2: 2.0, 3: 2.2}
+    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == []
     durations["moments"] = dict.fromkeys(range(4), 0.0)  # too fast to be timed: no evidence either way
-    assert stale.slow_sites(durations, [0, 1, 2, 3], dict.fromkeys(range(4), 5), 3.0, 0.5, "stats") == [3]
+    durations["variogram"][0] = 9.0
+    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == [0]
 
 
 def test_no_site_is_slow_when_the_others_hold_too_little_data():
