@@ -83,7 +83,7 @@ WAIT = 0.25
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
           "control_variates", "hold_ratio", "_slow", "_held", "_hold_answers", "_sent_at", "_durations", "_promise",
-          "_after_surrogate", "_fallback", "_loop_t0", "_stats", "_rounds", "_new", "_first_new", "_wait_until", "_u",
+          "_after_surrogate", "_fallback", "_loop_t0", "_stats", "_rounds", "_new", "_wait_until", "_u",
           "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
           "_user_bounds")
 
@@ -136,7 +136,6 @@ class StatsServer(FederatedServer):
         self._stats: dict[int, dict] = {}  # site -> its latest statistics (with "t" of its request)
         self._rounds: dict[str, dict] = {}  # u (hex of its bytes) -> {"sum": exact statistics summed, "sites": [j]} at that u
         self._new = 0  # answers since the last aggregation
-        self._first_new = 0.0  # when the first of them arrived
         self._wait_until: float | None = None  # waiting for answers due soon: aggregate at this time without them
         self._u: np.ndarray | None = None  # the published u
         self._anchor: tuple[Profile, dict] | None = None  # last accepted exact point: (profile, summed statistics)
@@ -188,8 +187,6 @@ class StatsServer(FederatedServer):
             if j in self._slow and self.phase == "loop":
                 self._hold_back([j])
             self.answers[j] += 1
-            if not self._new:
-                self._first_new = float(now)
             self._new += 1
         self._progress(now)
 
@@ -450,7 +447,7 @@ class StatsServer(FederatedServer):
         that come together enter the step exactly instead of as stale models. A site whose answer is due (its
         request's time plus its last round trip) within WAIT × the median round trip is waited for that long; one
         with no round trip of statistics yet was not classed slow, so it is waited for until HOLD_RATIO × the
-        median has passed since its request (graded n_j = 200: 190 aggregations → 17; equal sites with jittered
+        median has passed since its request (graded n_j = 200: 190 aggregations → ~30; equal sites with jittered
         answers: docs/algorithm.md). An answer that does not come by then is not waited for."""
         last = self._durations.get(STATS_STEP, {})
         known = [last[j] for j in self.active if j in last]
