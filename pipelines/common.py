@@ -11,6 +11,7 @@ server and workers with no knots.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -21,13 +22,19 @@ from spatialfed.model.matern import Matern
 from spatialfed.api import FederatedGP
 from spatialfed.outputs import metrics
 from spatialfed.outputs.maps import heldout_figure, make_map
-from spatialfed.outputs.prediction import predict, write_json, write_prediction
+from spatialfed.atomic import write_text
+from spatialfed.outputs.prediction import predict, write_prediction
 from spatialfed.runtime.cluster import default_n_workers, make_cluster
 
 #: held-out comparison: label -> (fit directory name, predictor)
 COMPARED = {"low-rank (federated)": ("fit_lowrank", "lowrank"),
             "independence model": ("fit_independent", "independent"),
             "pooled OLS": ("fit_lowrank", "ols")}
+
+
+def write_json(path, doc) -> Path:
+    """`doc` as indented JSON, written atomically (spatialfed.atomic)."""
+    return write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
 def small_png(source, target) -> None:

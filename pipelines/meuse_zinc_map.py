@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import COMPARED, cluster, fit_and_score, fit_line, publish_figures, run_pipeline
+from common import COMPARED, cluster, fit_and_score, fit_line, publish_figures, run_pipeline, write_json
 from spatialfed.data import datasets
 from spatialfed.data.store import load_worker, open_store, write_store
 from spatialfed.outputs import metrics
 from spatialfed.outputs.maps import heldout_figure
-from spatialfed.outputs.prediction import write_json
 
 UNITS = "log(zinc, mg/kg)"
 
