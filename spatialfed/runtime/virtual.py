@@ -100,15 +100,13 @@ class VirtualRuntime(Runtime):
         self._run_id = None
 
     def start(self, specs=None, clock_start: float = 0.0, on_loaded=None) -> list[Event]:
-        if self.models is None:
-            self._run_id = specs[0].run_id
-            self.models = []
-            for j, spec in enumerate(specs):
-                self.models.append(site.local_model(spec))
-                if on_loaded is not None:
-                    on_loaded(self._loaded(j))
-        elif on_loaded is not None:
-            for j in range(len(self.models)):
+        loading = self.models is None  # from the store, one site after the other
+        if loading:
+            self._run_id, self.models = specs[0].run_id, []
+        for j in range(len(specs) if loading else len(self.models)):
+            if loading:
+                self.models.append(site.local_model(specs[j]))
+            if on_loaded is not None:
                 on_loaded(self._loaded(j))
         self._s = resolve_slowdowns(self.slowdowns, len(self.models))
         self._now = float(clock_start)
@@ -133,10 +131,11 @@ class VirtualRuntime(Runtime):
         heapq.heappush(self._events, (float(at), next(self._order), Event(j, ACTIVATION)))
 
     def alarm(self, at: float | None) -> None:
+        at = None if at is None else max(float(at), self._now)  # one already past rings at once
         if at != self._alarm:
-            self._alarm = None if at is None else float(at)
+            self._alarm = at
             if at is not None:
-                heapq.heappush(self._events, (max(float(at), self._now), next(self._order), Event(ALARM_SITE, ALARM)))
+                heapq.heappush(self._events, (at, next(self._order), Event(ALARM_SITE, ALARM)))
 
     def completed(self):
         events = self._events

@@ -177,3 +177,19 @@ def test_the_alarm_rings_at_its_time_unless_replaced_and_never_outlives_the_work
             rt.alarm(None)  # cancelled
             rt.alarm(12.0)  # later than every other event: never rings
     assert seen == [(3.0, ALARM_SITE, ALARM), (5.0, 0, ACTIVATION), (9.0, 1, ACTIVATION)]
+
+
+def test_an_alarm_set_in_the_past_rings_at_once(data):
+    from spatialfed.runtime.interface import ALARM
+
+    models, _, _ = data
+    rt = VirtualRuntime(models)
+    rt.start()
+    rt.wake(0, 5.0)
+    rings = []
+    for batch in rt.completed():
+        rings += [(rt.now(), ev.request) for ev in batch]
+        if len(rings) == 1:
+            rt.wake(1, 9.0)
+            rt.alarm(2.0)  # before now (5.0): due now, not lost
+    assert rings[1] == (5.0, ALARM) and len(rings) == 3
