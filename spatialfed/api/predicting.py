@@ -69,7 +69,7 @@ def predict(gp, locs, X0) -> dict:
     with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
                                            n_dask_workers=gp.n_dask_workers) as workers:
         return predict_at(workers, model, locs, X0, default_predictor(model),
-                          batch_size(info.sizes, len(model.knots)))
+                          batch_size(len(model.knots)))
 
 
 def log_predictive_density(y, mean, sd) -> np.ndarray:

@@ -37,8 +37,8 @@ def register(subparsers) -> None:
 def add_batch(p) -> None:
     """--batch N: prediction locations per round of site calls (predict and map)."""
     p.add_argument("--batch", type=int, default=None, metavar="N",
-                   help="prediction locations per batch (default: about 4 million matrix entries over the largest "
-                        "site's n_j, 256..65536); memory per site call grows with N × n_j")
+                   help="prediction locations per batch (default: about 4 million matrix entries over the number "
+                        "of knots m, 256..65536); the server's memory grows with N × m, a site's stays ≈ 32 MB")
 
 
 def run(args) -> None:

@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 from scipy import linalg
 from scipy.linalg import lapack
+from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from spatialfed.errors import check_finite
@@ -133,11 +134,14 @@ def _rowsum2(U: np.ndarray, V: np.ndarray) -> np.ndarray:
 
 #: bytes of one column block of an n_j × n_j computation (the blocks' temporaries stay near a few times this)
 BLOCK_BYTES = 4 * 2**20
+#: prediction: a worker kriges its locations in row blocks whose n₀ × n_j cross-covariance stays within this
+KRIGING_BYTES = 32 * 2**20
 
 
-def column_blocks(n: int, block_bytes: int | None = None):
-    """Slices [c0, c1) covering 0..n, each of about block_bytes (default BLOCK_BYTES) / (8 n) columns (≥ 16)."""
-    width = max(16, int(BLOCK_BYTES if block_bytes is None else block_bytes) // (8 * max(n, 1)))
+def column_blocks(n: int, block_bytes: int | None = None, height: int | None = None):
+    """Slices [c0, c1) covering 0..n, each of about block_bytes (default BLOCK_BYTES) / (8 · height) columns (≥ 16;
+    height defaults to n: blocks of an n × n array)."""
+    width = max(16, int(BLOCK_BYTES if block_bytes is None else block_bytes) // (8 * max(n if height is None else height, 1)))
     for c0 in range(0, n, width):
         yield slice(c0, min(c0 + width, n))
 
@@ -226,6 +230,7 @@ class LocalModel:
         self.d_K = cdist(self.knots, self.knots)
         self._white: _Whitened | None = None  # the latest (δ, θ)'s whitened data: what the fit keeps between requests
         self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
+        self._tree: cKDTree | None = None  # k-d tree of locs (owner assignment), O(n_j), built on first use
 
     @property
     def n(self) -> int:
@@ -522,8 +527,11 @@ class LocalModel:
 
     # --- prediction (federated kriging): the residual part, computed where the data live -------------
     def nearest_distance(self, locs0) -> np.ndarray:
-        """Distance from each prediction location to this worker's nearest observation (owner assignment)."""
-        return cdist(check_points(locs0, "prediction locations"), self.locs).min(axis=1)
+        """Distance from each prediction location to this worker's nearest observation (owner assignment): a k-d
+        tree query, O(n₀ log n_j) time and O(n₀) memory (a dense n₀ × n_j distance matrix cost 40× more)."""
+        if self._tree is None:
+            self._tree = cKDTree(self.locs)
+        return self._tree.query(check_points(locs0, "prediction locations"), k=1)[0]
 
     def _residual_cross(self, locs0: np.ndarray, kb: KnotBasis, sigma2: float) -> np.ndarray:
         """cov(w̃(s₀), w̃_j) (n₀ × n_j) of Remark 3; zero off coincident points for mpp, zero for pp."""
@@ -552,9 +560,12 @@ class LocalModel:
         self._check_params(params)
         locs0 = check_points(locs0, "prediction locations")
         fz = self._kriging_factor(params)
-        kh = fz.factor.whiten(self._residual_cross(locs0, fz.kb, params.sigma2).T)
         rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
-        return {"mean": kh.T @ rh, "BRk": kh.T @ fz.Bh, "kRk": np.einsum("ij,ij->j", kh, kh)}
+        out = {"mean": np.empty(len(locs0)), "BRk": np.empty((len(locs0), self.m)), "kRk": np.empty(len(locs0))}
+        for rows in column_blocks(len(locs0), KRIGING_BYTES, height=self.n):  # memory O(KRIGING_BYTES), any n₀
+            kh = fz.factor.whiten(self._residual_cross(locs0[rows], fz.kb, params.sigma2).T)
+            out["mean"][rows], out["BRk"][rows], out["kRk"][rows] = kh.T @ rh, kh.T @ fz.Bh, np.einsum("ij,ij->j", kh, kh)
+        return out
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:
         """Kriging from this worker's data alone under the independence model (Eq. 3) with global (γ, δ, θ).
@@ -568,9 +579,13 @@ class LocalModel:
         M = params.sigma2 * self.kernel.correlation(cdist(self.locs, self.locs), params.beta)
         M[np.diag_indices_from(M)] += 1.0 / params.delta
         factor = DenseFactor(M, f"C_jj + δ⁻¹I of worker data (n={self.n})")
-        k0 = factor.whiten(params.sigma2 * self.kernel.correlation(cdist(self.locs, locs0), params.beta))
         eh = factor.whiten(self.z - self.X @ params.gamma)
-        return {"mean": X0 @ params.gamma + k0.T @ eh, "var": params.sigma2 - np.einsum("ij,ij->j", k0, k0)}
+        mean, var = X0 @ params.gamma, np.full(len(locs0), params.sigma2)
+        for rows in column_blocks(len(locs0), KRIGING_BYTES, height=self.n):  # memory O(KRIGING_BYTES), any n₀
+            k0 = factor.whiten(params.sigma2 * self.kernel.correlation(cdist(self.locs, locs0[rows]), params.beta))
+            mean[rows] += k0.T @ eh
+            var[rows] -= np.einsum("ij,ij->j", k0, k0)
+        return {"mean": mean, "var": var}
 
 
 def binned_semivariogram(locs: np.ndarray, e: np.ndarray, edges: np.ndarray,

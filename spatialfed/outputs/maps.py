@@ -271,7 +271,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
             grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
             X0 = map_design(grid, info, covariates)
             pred = _predict_grid(workers, model, grid, X0, predictor, worker,
-                                 batch_size(info.sizes, len(model.knots), batch), tmp / GRID_GPKG, progress)
+                                 batch_size(len(model.knots), batch), tmp / GRID_GPKG, progress)
             locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
                 if sites else None
         paths = _write_map_files(tmp, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units, title)

@@ -54,8 +54,8 @@ from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of pr
 
 PREDICTORS = ("lowrank", "independent", "personal", "ols")
 INTERCEPT = "intercept"
-CHUNK = 2048   # prediction locations per round of worker tasks when no batch size is given
-#: entries of the largest per-batch matrix (batch × max(n_j, m)): 4·2²⁰ float64 = 32 MB
+CHUNK = 2048   # prediction locations per round of worker tasks when predict_at is given no batch size
+#: entries of the server's largest per-batch matrix (batch × m): 4·2²⁰ float64 = 32 MB
 BATCH_BUDGET = 4 * 2**20
 BATCH_RANGE = (256, 65_536)
 
@@ -187,15 +187,15 @@ def check_predictor(predictor: str, worker: int | None, n_workers: int) -> None:
                          f"got {worker!r}")
 
 
-def batch_size(sizes, m: int, batch: int | None = None) -> int:
-    """Prediction locations per batch: `batch` when given (a positive integer), else BATCH_BUDGET entries over the
-    largest of the sites' n_j and m, clipped to BATCH_RANGE (a site's batch × n_j cross-covariance stays ≈ 32 MB)."""
+def batch_size(m: int, batch: int | None = None) -> int:
+    """Prediction locations per batch: `batch` when given (a positive integer), else BATCH_BUDGET entries over m
+    (the batch × m knot basis the server combines ≈ 32 MB), clipped to BATCH_RANGE. A site kriges its share of a
+    batch in row blocks of ≈ 32 MB (`LocalModel.residual_kriging`), so its memory never grows with the batch."""
     if batch is not None:
         if isinstance(batch, bool) or int(batch) != batch or batch < 1:
             raise ValueError(f"the batch size (--batch) must be a positive integer, got {batch!r}")
         return int(batch)
-    widest = max([int(n) for n in sizes] + [int(m), 1])
-    return int(np.clip(BATCH_BUDGET // widest, *BATCH_RANGE))
+    return int(np.clip(BATCH_BUDGET // max(int(m), 1), *BATCH_RANGE))
 
 
 def _check_targets(model: FittedModel, locs0, X0) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +215,7 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "lo
     residual parts), so memory per call is O(batch · max(n_j, m)); `ols` is one pooled moment call, then batches."""
     check_predictor(predictor, worker, workers.n_workers)
     locs0, X0 = _check_targets(model, locs0, X0)
-    batch = batch_size((), 0, batch)
+    batch = batch_size(0, batch)
     if predictor == "ols":
         mom = workers.call("moments", {j: () for j in range(workers.n_workers)})
         for i in range(0, len(locs0), batch):
@@ -394,7 +394,7 @@ def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, work
         dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
         outside = outside_domain(targets.locs, dom)
         pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker,
-                          batch_size(info.sizes, len(model.knots), batch), progress=progress)
+                          batch_size(len(model.knots), batch), progress=progress)
     frame = prediction_frame(targets, pred, outside)
     frame.attrs["crs"] = info.crs  # the store's: where x, y are (write_prediction georeferences .gpkg/.parquet)
     scores = None
@@ -415,7 +415,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, domain=None, predict
     tables.check_writer(out)  # an output format we cannot write is refused before any site starts
     model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker)
     n = len(targets.locs)
-    size = batch_size(info.sizes, len(model.knots), batch)
+    size = batch_size(len(model.knots), batch)
     scoring = targets.observed is not None
     mean, sd = (np.empty(n), np.empty(n)) if scoring else (None, None)
     n_outside = 0

@@ -93,3 +93,31 @@ def test_prediction_input_errors(data):
         federated_predict(lms, locs0, X0[:, :1], par, knots, kernel, "full")
     with pytest.raises(ValueError, match="non-finite"):
         federated_predict(lms, locs0, np.full_like(X0, np.nan), par, knots, kernel, "full")
+
+
+@pytest.mark.parametrize("residual", ["full", "mpp"])
+def test_kriging_in_row_blocks_equals_one_block(data, residual, monkeypatch):
+    """A worker kriges n₀ locations in row blocks of ≈ KRIGING_BYTES (memory bounded for any n₀): blocks of 16 rows
+    (the smallest) give the one-block answers of residual_kriging and independent_kriging."""
+    from spatialfed.model import local
+
+    parts, locs0, X0 = data
+    knots, kernel = grid_knots(4), Matern(1.5)
+    lms, par = fitted_state(parts, knots, kernel, residual)
+    lm = lms[1]
+    whole = lm.residual_kriging(locs0, par), lm.independent_kriging(locs0, X0, par)
+    monkeypatch.setattr(local, "KRIGING_BYTES", 1)  # 16 rows per block: 33 locations → 3 blocks
+    lm.clear_cache()
+    blocked = lm.residual_kriging(locs0, par), lm.independent_kriging(locs0, X0, par)
+    for one, many in zip(whole, blocked):
+        for key in one:
+            np.testing.assert_allclose(many[key], one[key], rtol=1e-12, atol=1e-12, err_msg=key)
+
+
+def test_nearest_distance_is_the_brute_force_minimum(data):
+    from scipy.spatial.distance import cdist
+
+    parts, locs0, _ = data
+    lm = LocalModel(*parts[0], grid_knots(3), Matern(1.5), "full")
+    np.testing.assert_allclose(lm.nearest_distance(locs0), cdist(locs0, parts[0][0]).min(axis=1), rtol=1e-12)
+    assert lm.nearest_distance(parts[0][0][:5]).max() == 0.0  # an observed site is its own nearest observation

@@ -63,14 +63,14 @@ def test_batched_equals_unbatched(fitted, residual, predictor):
             np.testing.assert_allclose(whole[key], ref[key], rtol=1e-10, err_msg=key)
 
 
-def test_batch_size_bounds_the_largest_matrix():
-    assert pr.batch_size([40, 40], 16) == pr.BATCH_RANGE[1]              # small sites: the largest batch
-    assert pr.batch_size([500, 2000], 100) == pr.BATCH_BUDGET // 2000   # batch × n_j ≈ 4·2²⁰ entries
-    assert pr.batch_size([10**6], 100) == pr.BATCH_RANGE[0]              # never below 256
-    assert pr.batch_size([10**6], 100, batch=50) == 50
+def test_batch_size_bounds_the_servers_largest_matrix():
+    assert pr.batch_size(16) == pr.BATCH_RANGE[1]                # few knots: the largest batch
+    assert pr.batch_size(100) == pr.BATCH_BUDGET // 100          # batch × m ≈ 4·2²⁰ entries
+    assert pr.batch_size(10**5) == pr.BATCH_RANGE[0]             # never below 256
+    assert pr.batch_size(100, batch=50) == 50
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="positive integer"):
-            pr.batch_size([40], 16, batch=bad)
+            pr.batch_size(16, batch=bad)
 
 
 def test_streamed_file_equals_in_memory_prediction_with_progress(fitted, capsys):
