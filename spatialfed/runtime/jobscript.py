@@ -6,7 +6,7 @@ script text. It is built by the dask-jobqueue ``Job`` class of the batch system 
 ``SLURMCluster``/``PBSCluster``/``SGECluster`` builds for its own ``cluster.job_script()`` (its "dummy job") — from
 the keyword arguments that ``jobqueue_kwargs`` assembles with the conventions of ``cluster.jobqueue_cluster``:
 one Dask worker process per job by default, ``cores`` threads, BLAS/OpenMP held to one thread
-(``cluster.SINGLE_THREAD_ENV`` exported in the prologue), ``account`` charged as ``-A`` (SLURM, PBS) or as the
+(``cluster.JOB_ENV``, one BLAS thread and the malloc settings, exported in the prologue), ``account`` charged as ``-A`` (SLURM, PBS) or as the
 project ``-P`` (SGE). Since no scheduler runs, the worker command names the placeholder address
 ``tcp://<insert-scheduler-address-here>:8786`` unless ``scheduler_address`` is given; `spatialfed fit` fills in the
 real address of the scheduler it starts.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spatialfed.runtime.cluster import JOBQUEUE_KINDS, SINGLE_THREAD_ENV
+from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS
 
 PLACEHOLDER_ADDRESS = "tcp://<insert-scheduler-address-here>:8786"
 
@@ -115,12 +115,12 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
                     processes=1, interface=None, job_extra_directives=None, job_script_prologue=None,
                     **job_kwargs) -> dict:
     """Keyword arguments of the dask-jobqueue cluster / job class for `kind`, spatialfed's conventions
-    (those of ``cluster.jobqueue_cluster``): BLAS single-threaded in the prologue, account → ``-A`` / SGE ``-P``."""
+    (those of ``cluster.jobqueue_cluster``): BLAS single-threaded and glibc's malloc settings in the prologue, account → ``-A`` / SGE ``-P``."""
     kind = check_kind(kind)
     cores, processes = int(cores), int(processes)
     if cores < 1 or processes < 1 or processes > cores:
         raise ValueError(f"need cores >= processes >= 1, got cores={cores}, processes={processes}")
-    prologue = [f"export {k}={v}" for k, v in SINGLE_THREAD_ENV.items()] + list(job_script_prologue or [])
+    prologue = [f"export {k}={v}" for k, v in JOB_ENV.items()] + list(job_script_prologue or [])
     kw = dict(cores=cores, processes=processes, memory=str(memory), walltime=str(walltime), queue=queue,
               job_script_prologue=prologue, **job_kwargs)
     if job_extra_directives:
