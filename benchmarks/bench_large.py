@@ -54,6 +54,9 @@ time below is several times what an idle machine gives; compare rows of one run,
 2026-11-24, commit 2802ffd, every default (preset stats, async), one run, load ≈ 2–3 (a test suite alongside):
     105,569 / 44,431    spatialfed         100  full        378     11      45       2198   0.834   0.434   0.955
                         gpboost Vecchia20  —    —           183     17      10       1076   0.841   0.439   0.958
+2026-11-24, commit 69e616e (worker malloc settings, k-d tree owners), every default, idle machine:
+    105,569 / 44,431    spatialfed         100  full         95      7     9.5       2172   0.834   0.434   0.955
+                        gpboost Vecchia20  —    —           136     17     6.4       1064   0.841   0.439   0.958
 
 Convergence seen in these runs: at 10,000 cells the nugget is interior (sync δ 1.85 → 18.93, converged on the
 parameter rule in 10 iterations; GPBoost's nugget 0.052 ⇔ δ = 19.2); async with the paper preset (the default
