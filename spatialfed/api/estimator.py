@@ -37,6 +37,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from spatialfed.algorithm.config import MODES, PRESETS, FitConfig, preset_name  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.profile import U_NAMES
 from spatialfed.api import inputs, predicting, resuming, scripts
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
@@ -134,7 +135,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     n_workers_, slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
     discarded_stale_ (quantities discarded for staleness > D), dashboard_link_, assignment_ (Dask worker of each
     federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
-    checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_.
+    checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_, boundary_
+    ({"delta" | "sigma2" | "beta": "lower" | "upper"} for a parameter the fit left on a bound of its box, e.g.
+    {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary").
     """
 
     def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
@@ -357,6 +360,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.params_ = {"gamma": np.asarray(phi.gamma, dtype=float).copy(), "delta": float(phi.delta),
                         "sigma2": float(phi.sigma2), "beta": float(phi.beta)}
         self.variogram_params_ = variogram_params(self.params_, self.nu, info.crs)
+        self.boundary_ = _on_bound(server)
         self.mu_ = np.asarray(phi.mu, dtype=float).copy()
         self.Sigma_ = np.asarray(phi.Sigma, dtype=float).copy()
         self.loglik_ = None if server.loglik is None else float(server.loglik)
@@ -463,7 +467,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
-                   "variogram_params": dict(self.variogram_params_)},
+                   "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_)},
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 
@@ -476,6 +480,17 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))
         return write_results(out_dir, result, extras={"report.html": report})
+
+
+def _on_bound(server) -> dict:
+    """{u name: "lower" | "upper"} of the parameters the statistics server left on a bound of its box (empty for
+    the other schemes, which have no box)."""
+    bounds, names = getattr(server, "bounds", None), getattr(server, "boundary", ())
+    if bounds is None or not names:
+        return {}
+    u = server.params.u
+    return {name: "lower" if u[i] <= bounds[0][i] + 1e-9 else "upper" for i, name in enumerate(U_NAMES)
+            if name in names}
 
 
 def _scheduler_address(client) -> str | None:

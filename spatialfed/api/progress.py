@@ -341,6 +341,8 @@ class Progress:
             self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; loglik = {loglik}")
             vp = getattr(gp, "variogram_params_", None)
             if vp is not None:
-                from spatialfed.api.units import describe
+                from spatialfed.api.units import describe, on_bound
 
                 self.line(describe(vp))
+                for phrase in on_bound(getattr(gp, "boundary_", {})):
+                    self.line(f"on the boundary: {phrase}")

@@ -59,3 +59,24 @@ def describe(vp: dict) -> str:
 def _short(unit: str) -> str:
     return {"metre": "m", "meter": "m", "kilometre": "km", "foot": "ft", "US survey foot": "US ft",
             "degree": "°"}.get(unit, unit)
+
+
+#: what a parameter on a bound of the fit's box (algorithm.profile.default_bounds) means, by (name, side)
+_ON_BOUND = {
+    ("delta", "upper"): "nugget ≈ 0 (1/δ on its lower bound, 1e-6 of the residual variance: no measurement error "
+                        "visible at the data's spacing)",
+    ("delta", "lower"): "nugget on its upper bound (1e4 × the residual variance: the data look like pure noise)",
+    ("sigma2", "lower"): "partial sill ≈ 0 (σ² on its lower bound: no spatial variation left after the covariates)",
+    ("sigma2", "upper"): "partial sill on its upper bound (1e4 × the residual variance)",
+    ("beta", "upper"): "range on its upper bound (100 × the study diameter: a trend more than a spatial correlation; "
+                       "consider a covariate)",
+    ("beta", "lower"): "range on its lower bound (1e-4 × the study diameter: no spatial correlation at the data's "
+                       "spacing)",
+}
+
+
+def on_bound(boundary: dict) -> list[str]:
+    """One phrase per parameter the fit left on a bound of its box, from {name: "lower" | "upper"} (``boundary_``):
+    e.g. {"delta": "upper"} → "nugget ≈ 0 (...)". The estimate there is the constrained maximum, reported converged."""
+    return [_ON_BOUND[(name, side)] for name, side in boundary.items()]
+

@@ -89,6 +89,8 @@ class FitResult:
             doc["store_fingerprint"] = str(self.store_fingerprint)
         if (self.extra or {}).get("variogram_params"):  # beyond SPEC §6: nugget, sills, ranges in CRS units (api.units)
             doc["variogram_params"] = dict(self.extra["variogram_params"])
+        if (self.extra or {}).get("boundary"):  # beyond SPEC §6: parameters left on a bound, e.g. {"delta": "upper"}
+            doc["boundary"] = dict(self.extra["boundary"])
         return doc
 
 
