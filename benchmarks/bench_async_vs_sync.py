@@ -34,6 +34,8 @@ graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75.
 - dask, stats, n = 500, 10 workers (commit be52270, before the wait rule): graded 30.4 / 128.6 (4.23), balanced
   14.7 / 98.9 (6.71) at K = 1 (CPU contention of 10 processes on 2 cores); graded 135.6 / 143.5 (1.06) at
   ``--dask-slowdown-scale 20``, matching the virtual clock's 1.04 of the time.
+- dask, stats, n = 500, 10 workers, ``--dask-slowdown-scale 10`` (commit 69e616e: worker malloc settings; idle
+  machine, two runs): graded 38.4 / 19.5 (0.51) and 37.6 / 20.6 (0.55); balanced 2.37 / 2.29 (0.97).
 
 Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
 - simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,
