@@ -23,6 +23,9 @@ Measured on the 2-core session machine (shared with other jobs, load average 4�
     10⁵    pp        in-process  8388    25.2       5.6            433          15.4
     10⁶    pp        in-process  8388   178.3      53.0            491          15.4
     10⁵    full      dask (2)    8388    29.0      19.8 (all)      433 (workers 293)  9.6
+2026-11-24, commit 03bef5b (k-d tree owners, batch sized by m), idle machine:
+    10⁵    full      in-process  41943    5.8       5.7            495           2.5
+    10⁶    full      in-process  41943   51.0      50.8            688           2.4
 
 (docs/results.md, "Prediction at scale").
 """
