@@ -34,7 +34,8 @@ ends where sync would from there (a flat ridge of ℓ on few knots kept stale mo
 until max_iter; graded mpp sites took 2× the sync time).
 
 Bounds: u stays in a box (profile.default_bounds); a nugget or range that runs to the boundary stops there and is
-listed in `boundary`.
+listed in `boundary`. A log-parameter that keeps moving one way in free Newton steps (a flat ℓ ≈ ℓ∞ − c/δ) is
+probed once at its bound (_probe), which the sites' exact ℓ accepts or rejects like any step.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from spatialfed.algorithm.profile import (
     U_NAMES,
     NotPositiveDefinite,
     Profile,
+    Step,
     default_bounds,
     profile_loglik,
     sum_statistics,
@@ -85,11 +87,17 @@ WAIT = 0.25
 #: radius) turned a nugget running to 0 into steps of g/(1e-6·max|λ|) once ℓ flattened in log δ: 0.36 → 0.03 in
 #: log δ per round trip, 33 round trips to the bound on a noise-free field (tests/api/test_api_boundary.py)
 EIG_FLOOR = 1e-12
+#: a log-parameter that moved toward one side by at least PROBE_STEP in PROBE_AFTER consecutive exact Newton steps (not
+#: cut short by the trust radius) is tried once at that bound of the box (the other entries take the Newton step): a nugget running to 0 has
+#: ℓ ≈ ℓ∞ − c/δ, whose Newton steps stay ≈ 1 in log δ all the way (16 round trips over the 11 to the bound on a
+#: noise-free field); the sites' exact ℓ there accepts the probe or, lower, rejects it like any step (one round trip)
+PROBE_AFTER, PROBE_STEP = 3, 0.5
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
           "control_variates", "hold_ratio", "_slow", "_held", "_hold_answers", "_sent_at", "_durations", "_promise",
           "_after_surrogate", "_fallback", "_loop_t0", "_stats", "_rounds", "_new", "_wait_until", "_u",
-          "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason",
+          "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason", "_toward",
+          "_probed",
           "_user_bounds")
 
 
@@ -147,6 +155,8 @@ class StatsServer(FederatedServer):
         self._anchor_t = -1
         self._radius = float(self.config.step_bound)
         self._last_step = 0.0
+        self._toward = [0, 0, 0]  # consecutive exact steps of ≥ PROBE_STEP per log-parameter, signed by direction
+        self._probed: list[int] = []  # log-parameters already tried at a bound (once each)
         self._last_pred = 0.0
         self._final_t: int | None = None
         self._final_reason: str | None = None
@@ -380,8 +390,10 @@ class StatsServer(FederatedServer):
 
         if exact:  # one Newton step, verified by the sites' exact answers at the next round
             step = trust_region_step(base.u, base.grad, base.hess, radius, lower, upper, floor=EIG_FLOOR)
-            new = self._evaluate(at, base.u + step.p)
-            if new is None:  # the model is not usable there: publish the step with the current μ, Σ, γ
+            probe = self._probe(base.u, step, radius)
+            new = None if probe else self._evaluate(at, base.u + step.p)
+            step = probe or step
+            if new is None:  # a probe, or the model is not usable there: publish u with the current μ, Σ, γ
                 new = dataclasses.replace(base, u=base.u + step.p)
         else:
             new, step = self._maximise(at, base, radius)
@@ -416,6 +428,24 @@ class StatsServer(FederatedServer):
             self._release()
         self._next_iteration()
         self._publish_u()
+
+    def _probe(self, u: np.ndarray, step: Step, radius: float) -> Step | None:
+        """The step with one log-parameter moved to its bound (PROBE_AFTER, PROBE_STEP), or None. Only Newton
+        steps inside the trust region count: a step the radius cut short is a far start, not a flat ℓ."""
+        lower, upper = self.bounds
+        probe = None
+        free = float(np.linalg.norm(step.p)) < 0.99 * radius
+        for i, d in enumerate(step.p):
+            sign = 0 if not free else 1 if d >= PROBE_STEP else -1 if d <= -PROBE_STEP else 0
+            k = self._toward[i]
+            self._toward[i] = k + sign if sign and np.sign(k) == sign else sign
+            if probe is None and abs(self._toward[i]) >= PROBE_AFTER and i not in self._probed:
+                p = step.p.copy()
+                p[i] = (upper[i] if sign > 0 else lower[i]) - u[i]
+                self._probed.append(i)
+                at = tuple(U_NAMES[k] for k in range(3) if u[k] + p[k] <= lower[k] or u[k] + p[k] >= upper[k])
+                probe = Step(p=p, predicted=0.0, at_bound=at)  # no model prediction: the exact ℓ decides
+        return probe
 
     def _maximise(self, at, base: Profile, max_move: float):
         """Safeguarded Newton iterations on the surrogate u ↦ ℓ(at(u)) from base.u, each kept only if the surrogate
