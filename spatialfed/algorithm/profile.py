@@ -194,6 +194,11 @@ def projected_gradient(u, grad, lower, upper, atol: float = 1e-10) -> np.ndarray
     return g
 
 
+def at_bound(u, lower, upper) -> tuple[str, ...]:
+    """Names (U_NAMES) of the entries of u on a bound of the box [lower, upper]."""
+    return tuple(U_NAMES[i] for i in range(3) if u[i] <= lower[i] or u[i] >= upper[i])
+
+
 @dataclass(frozen=True)
 class Step:
     """A trust-region step p on ℓ from u: `predicted` = model increase gᵀp − ½pᵀmod(−H)p ≥ 0; `at_bound` the
@@ -228,8 +233,7 @@ def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float =
         fixed |= clipped
     p = np.clip(u + p, lower, upper) - u
     predicted = float(g @ p - 0.5 * p @ B @ p)
-    at = tuple(U_NAMES[i] for i in range(3) if u[i] + p[i] <= lower[i] or u[i] + p[i] >= upper[i])
-    return Step(p=p, predicted=predicted, at_bound=at)
+    return Step(p=p, predicted=predicted, at_bound=at_bound(u + p, lower, upper))
 
 
 def _lm_solve(B: np.ndarray, g: np.ndarray, radius: float) -> np.ndarray:

@@ -49,10 +49,10 @@ import numpy as np
 from spatialfed.algorithm import init, stale
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.profile import (
-    U_NAMES,
     NotPositiveDefinite,
     Profile,
     Step,
+    at_bound,
     default_bounds,
     profile_loglik,
     sum_statistics,
@@ -87,10 +87,11 @@ WAIT = 0.25
 #: radius) turned a nugget running to 0 into steps of g/(1e-6·max|λ|) once ℓ flattened in log δ: 0.36 → 0.03 in
 #: log δ per round trip, 33 round trips to the bound on a noise-free field (tests/api/test_api_boundary.py)
 EIG_FLOOR = 1e-12
-#: a log-parameter that moved toward one side by at least PROBE_STEP in PROBE_AFTER consecutive exact Newton steps (not
-#: cut short by the trust radius) is tried once at that bound of the box (the other entries take the Newton step): a nugget running to 0 has
-#: ℓ ≈ ℓ∞ − c/δ, whose Newton steps stay ≈ 1 in log δ all the way (16 round trips over the 11 to the bound on a
-#: noise-free field); the sites' exact ℓ there accepts the probe or, lower, rejects it like any step (one round trip)
+#: a log-parameter that moved toward one side by at least PROBE_STEP in PROBE_AFTER consecutive exact Newton steps
+#: (not cut short by the trust radius) is tried once at that bound of the box, the other entries taking the Newton
+#: step: a nugget running to 0 has ℓ ≈ ℓ∞ − c/δ, whose Newton steps stay ≈ 1 in log δ all the way (16 round trips
+#: over the 11 to the bound on a noise-free field); the sites' exact ℓ there accepts the probe or, lower, rejects it
+#: like any step (one round trip)
 PROBE_AFTER, PROBE_STEP = 3, 0.5
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
@@ -443,8 +444,7 @@ class StatsServer(FederatedServer):
                 p = step.p.copy()
                 p[i] = (upper[i] if sign > 0 else lower[i]) - u[i]
                 self._probed.append(i)
-                at = tuple(U_NAMES[k] for k in range(3) if u[k] + p[k] <= lower[k] or u[k] + p[k] >= upper[k])
-                probe = Step(p=p, predicted=0.0, at_bound=at)  # no model prediction: the exact ℓ decides
+                probe = Step(p=p, predicted=0.0, at_bound=at_bound(u + p, lower, upper))  # the exact ℓ decides
         return probe
 
     def _maximise(self, at, base: Profile, max_move: float):
@@ -598,8 +598,7 @@ class StatsServer(FederatedServer):
     def _finish(self, pr: Profile, reason: str, now: float) -> None:
         """Report the exact estimate and ℓ_LR at pr (the "final" trace row) and stop."""
         self._set_params(pr)
-        lower, upper = self.bounds
-        self.boundary = tuple(U_NAMES[i] for i in range(3) if pr.u[i] <= lower[i] or pr.u[i] >= upper[i])
+        self.boundary = at_bound(pr.u, *self.bounds)
         self.loglik = pr.loglik
         self.stop_reason = reason
         self.converged = reason == "tol"

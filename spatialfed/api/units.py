@@ -77,6 +77,6 @@ _ON_BOUND = {
 
 def on_bound(boundary: dict) -> list[str]:
     """One phrase per parameter the fit left on a bound of its box, from {name: "lower" | "upper"} (``boundary_``):
-    e.g. {"delta": "upper"} → "nugget ≈ 0 (...)". The estimate there is the constrained maximum, reported converged."""
+    e.g. {"delta": "upper"} → "nugget ≈ 0 (...)". The estimate there is the constrained maximum, reported
+    converged."""
     return [_ON_BOUND[(name, side)] for name, side in boundary.items()]
-

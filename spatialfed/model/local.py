@@ -141,7 +141,8 @@ KRIGING_BYTES = 32 * 2**20
 def column_blocks(n: int, block_bytes: int | None = None, height: int | None = None):
     """Slices [c0, c1) covering 0..n, each of about block_bytes (default BLOCK_BYTES) / (8 · height) columns (≥ 16;
     height defaults to n: blocks of an n × n array)."""
-    width = max(16, int(BLOCK_BYTES if block_bytes is None else block_bytes) // (8 * max(n if height is None else height, 1)))
+    rows = n if height is None else height
+    width = max(16, int(BLOCK_BYTES if block_bytes is None else block_bytes) // (8 * max(rows, 1)))
     for c0 in range(0, n, width):
         yield slice(c0, min(c0 + width, n))
 
@@ -564,7 +565,8 @@ class LocalModel:
         out = {"mean": np.empty(len(locs0)), "BRk": np.empty((len(locs0), self.m)), "kRk": np.empty(len(locs0))}
         for rows in column_blocks(len(locs0), KRIGING_BYTES, height=self.n):  # memory O(KRIGING_BYTES), any n₀
             kh = fz.factor.whiten(self._residual_cross(locs0[rows], fz.kb, params.sigma2).T)
-            out["mean"][rows], out["BRk"][rows], out["kRk"][rows] = kh.T @ rh, kh.T @ fz.Bh, np.einsum("ij,ij->j", kh, kh)
+            out["mean"][rows], out["BRk"][rows] = kh.T @ rh, kh.T @ fz.Bh
+            out["kRk"][rows] = np.einsum("ij,ij->j", kh, kh)
         return out
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:

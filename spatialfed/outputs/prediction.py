@@ -212,7 +212,8 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "lo
                     batch: int = CHUNK):
     """Yield (start, part) for consecutive batches of `batch` locations: part = {"mean", "sd", "sd_latent",
     "owner"} at locs0[start:start + batch]. Each batch is one round of site calls (owner distances, then the owners'
-    residual parts), so memory per call is O(batch · max(n_j, m)); `ols` is one pooled moment call, then batches."""
+    residual parts in row blocks of ≈ 32 MB), so the server's memory is O(batch · m) and a site's O(batch) beside
+    its blocks; `ols` is one pooled moment call, then batches."""
     check_predictor(predictor, worker, workers.n_workers)
     locs0, X0 = _check_targets(model, locs0, X0)
     batch = batch_size(0, batch)

@@ -5,8 +5,8 @@ submitting anything or starting a scheduler.
 script text. It is built by the dask-jobqueue ``Job`` class of the batch system — the same object a
 ``SLURMCluster``/``PBSCluster``/``SGECluster`` builds for its own ``cluster.job_script()`` (its "dummy job") — from
 the keyword arguments that ``jobqueue_kwargs`` assembles with the conventions of ``cluster.jobqueue_cluster``:
-one Dask worker process per job by default, ``cores`` threads, BLAS/OpenMP held to one thread
-(``cluster.JOB_ENV``, one BLAS thread and the malloc settings, exported in the prologue), ``account`` charged as ``-A`` (SLURM, PBS) or as the
+one Dask worker process per job by default, ``cores`` threads, BLAS/OpenMP held to one thread and glibc's malloc
+settings (``cluster.JOB_ENV``, exported in the prologue), ``account`` charged as ``-A`` (SLURM, PBS) or as the
 project ``-P`` (SGE). Since no scheduler runs, the worker command names the placeholder address
 ``tcp://<insert-scheduler-address-here>:8786`` unless ``scheduler_address`` is given; `spatialfed fit` fills in the
 real address of the scheduler it starts.
@@ -115,7 +115,8 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
                     processes=1, interface=None, job_extra_directives=None, job_script_prologue=None,
                     **job_kwargs) -> dict:
     """Keyword arguments of the dask-jobqueue cluster / job class for `kind`, spatialfed's conventions
-    (those of ``cluster.jobqueue_cluster``): BLAS single-threaded and glibc's malloc settings in the prologue, account → ``-A`` / SGE ``-P``."""
+    (those of ``cluster.jobqueue_cluster``): BLAS single-threaded and glibc's malloc settings in the prologue,
+    account → ``-A`` / SGE ``-P``."""
     kind = check_kind(kind)
     cores, processes = int(cores), int(processes)
     if cores < 1 or processes < 1 or processes > cores:
