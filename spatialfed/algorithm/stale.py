@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import itertools
+
 import numpy as np
 
-from spatialfed.algorithm.profile import combine_statistics, sum_statistics, taylor_statistics
+from spatialfed.algorithm.profile import (
+    _PAIR,
+    TRIPLES,
+    combine_statistics,
+    exact_scaling,
+    scaled_frame,
+    sum_statistics,
+    taylor_statistics,
+)
 
 
 def u_key(u) -> str:
@@ -69,6 +79,58 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         return sum_statistics(parts, scale=scale)
 
     return at
+
+
+def refine_points(st: Mapping, h: float, lower, upper) -> list[np.ndarray]:
+    """Where a site's answers give its statistics' third derivatives (refined): u_j + h·e_i for every log-parameter
+    i but the first along which they scale exactly (c; all three when c = 0), −h where +h would leave the box."""
+    u, c = np.asarray(st["u"], dtype=float), np.asarray(st.get("c", np.zeros(3)), dtype=float)
+    skip = int(np.flatnonzero(c)[0]) if np.any(c) else None
+    points = []
+    for i in (i for i in range(3) if i != skip):
+        step = h if u[i] + h <= upper[i] else -h
+        points.append(u + step * np.eye(3)[i])
+    return points
+
+
+def refined(base: Mapping, nearby: Sequence[Mapping], reach: float = 3.0) -> dict:
+    """`base` with third derivatives "d3S", "d3d" (TRIPLES order), for the third-order model of taylor_statistics
+    within "d3_radius" = `reach` × the largest step to a nearby answer.
+
+    From answers at u_j + h_i·v_i (refine_points): ∂_v ∂_abG ≈ (∂_abG(u_j + h v) − ∂_abG(u_j))/h (G in base's
+    frame, scaled_frame: at u_j + hv it is e^{−w·hv} times the frame at its own u), and ∂_c ∂_abG = ∂_c ∂_ab d = 0
+    exactly along the scaling direction c (G is constant and d linear along c). Solving for ∂_abc in u and averaging
+    over the permutations of (a, b, c) gives a symmetric tensor with an O(h) error."""
+    u0 = np.asarray(base["u"], dtype=float)
+    w = exact_scaling(base)
+    _, _, H0 = scaled_frame(base, w)
+    h0 = np.asarray(base["d2d"])[_PAIR]
+    vs, TS, Td = [], [], []
+    if np.any(w):
+        vs.append(np.asarray(base["c"], dtype=float))
+        TS.append(np.zeros_like(H0))
+        Td.append(np.zeros((3, 3)))
+    for st in nearby:
+        delta = np.asarray(st["u"], dtype=float) - u0
+        h = float(np.max(np.abs(delta)))
+        _, _, H = scaled_frame(st, w)
+        vs.append(delta / h)
+        TS.append((float(np.exp(-w @ delta)) * H - H0) / h)
+        Td.append((np.asarray(st["d2d"])[_PAIR] - h0) / h)
+    V = np.array(vs).T
+    if V.shape != (3, 3) or abs(np.linalg.det(V)) < 1e-12:
+        raise ValueError("the nearby answers and c must span the three directions of u")
+    Vi = np.linalg.inv(V)
+    TS = np.einsum("vabij,vc->abcij", np.array(TS), Vi)
+    Td = np.einsum("vab,vc->abc", np.array(Td), Vi)
+    perms = list(itertools.permutations(range(3)))
+    TS = sum(TS.transpose(*p, 3, 4) for p in perms) / len(perms)
+    Td = sum(Td.transpose(*p) for p in perms) / len(perms)
+    out = dict(base)
+    out["d3S"] = np.stack([TS[t] for t in TRIPLES])
+    out["d3d"] = np.array([Td[t] for t in TRIPLES])
+    out["d3_radius"] = reach * max(float(np.max(np.abs(np.asarray(st["u"], dtype=float) - u0))) for st in nearby)
+    return out
 
 
 def slow_sites(durations: Mapping[str, Mapping[int, float]], active: Sequence[int], n_j: Mapping[int, int],

@@ -6,6 +6,7 @@ import pytest
 from conftest import grid_knots, simulate_parts
 from scipy import linalg
 
+from spatialfed.algorithm import stale
 from spatialfed.algorithm.profile import (
     default_bounds,
     profile_loglik,
@@ -108,6 +109,38 @@ def test_taylor_model_is_exact_at_its_point_and_second_order_nearby(parts, resid
         assert profile_loglik(model, knots, KERNEL, False).loglik == pytest.approx(loglik_exact, rel=1e-3)
     ratios = np.array(errors[:-1]) / np.array(errors[1:])
     assert np.all((ratios > 6.0) & (ratios < 10.0)), ratios  # O(h³): halving h divides the error by ~8
+
+
+@pytest.mark.parametrize("residual,m", CASES)
+def test_refined_model_is_exact_at_its_point_and_third_order_nearby(parts, residual, m):
+    """Third derivatives from two nearby answers (stale.refined, h = 1e-3) make the model's error O(h⁴)."""
+    models, knots = setup(parts, residual, m)
+    lm = models[0]
+    st = site_statistics(lm, U)
+    lower, upper = default_bounds(1.0, 1.0)
+    nearby = [site_statistics(lm, v) for v in stale.refine_points(st, 1e-3, lower, upper)]
+    refined = stale.refined(st, nearby, reach=100.0)
+    same = taylor_statistics(refined, U)
+    for key in ("S", "dS", "d2S", "d", "dd", "d2d"):
+        np.testing.assert_array_equal(same[key], st[key])
+    assert not set(same) & {"d3S", "d3d", "d3_radius"}  # a point evaluation is no model
+
+    def error(exact, model):  # S and d: O(h⁴) for the third-order model (dS: O(h³))
+        return sum(float(np.abs(exact[k] - model[k]).max() / np.abs(exact[k]).max()) for k in ("S", "d"))
+
+    direction = np.array([1.0, -0.7, 0.5])
+    second, third = [], []
+    for h in (0.04, 0.02, 0.01):
+        exact = site_statistics(lm, U + h * direction)
+        second.append(error(exact, taylor_statistics(st, U + h * direction)))
+        third.append(error(exact, taylor_statistics(refined, U + h * direction)))
+    ratios = np.array(third[:-1]) / np.array(third[1:])
+    assert np.all(ratios > 12.0), ratios  # O(h⁴): halving h divides the error by ~16
+    assert third[-1] < 0.1 * second[-1]
+    # beyond its radius the model is the second-order one
+    far = U + 0.2 * direction
+    np.testing.assert_array_equal(taylor_statistics(stale.refined(st, nearby, reach=10.0), far)["S"],
+                                  taylor_statistics(st, far)["S"])
 
 
 def test_sum_refuses_statistics_at_different_u(parts):

@@ -103,3 +103,48 @@ def test_before_statistics_a_slow_site_is_slow_in_the_costliest_kind_and_late_in
 def test_no_site_is_slow_when_the_others_hold_too_little_data():
     durations = {"variogram": {0: 1.0, 1: 1.0, 2: 10.0}}
     assert stale.slow_sites(durations, [0, 1, 2], {0: 10, 1: 10, 2: 100}, 3.0, 0.5, "stats") == []
+
+
+def test_refine_points_step_across_the_scaling_direction_and_stay_in_the_box(sites):
+    u = np.log([8.0, 0.8, 0.08])
+    st = site_statistics(sites[0], u)  # full: c = (1, −1, 0), G depends on log δ + log σ² and log β only
+    lower, upper = np.full(3, -20.0), np.full(3, 20.0)
+    points = stale.refine_points(st, 0.03, lower, upper)
+    np.testing.assert_allclose(np.array(points) - u, [[0.0, 0.03, 0.0], [0.0, 0.0, 0.03]], atol=1e-15)
+    upper[2] = u[2] + 0.01  # +h would leave the box: −h
+    assert stale.refine_points(st, 0.03, lower, upper)[1][2] == pytest.approx(u[2] - 0.03)
+
+
+def test_refined_third_derivatives_match_differences_of_the_exact_hessians(sites):
+    """∂_v ∂²S at u_j along any v, from the refined model's tensor, against central differences of site_statistics
+    (with its exact scaling along c taken out, as in the model)."""
+    from spatialfed.algorithm.profile import TRIPLES, _PAIR, exact_scaling, scaled_frame
+
+    u = np.log([8.0, 0.8, 0.08])
+    lm = sites[1]
+    st = site_statistics(lm, u)
+    nearby = [site_statistics(lm, v) for v in stale.refine_points(st, 1e-4, np.full(3, -20.0), np.full(3, 20.0))]
+    refined = stale.refined(st, nearby)
+    index = {t: i for i, t in enumerate(TRIPLES)}
+    T = np.array([[[refined["d3S"][index[tuple(sorted((a, b, c)))]] for c in range(3)] for b in range(3)]
+                  for a in range(3)])
+    w = exact_scaling(st)
+    h = 1e-4
+    for v in (np.array([1.0, 0.0, 0.0]), np.array([0.3, -0.5, 0.8])):
+        plus, minus = site_statistics(lm, u + h * v), site_statistics(lm, u - h * v)
+        Hp = np.exp(-w @ (h * v)) * scaled_frame(plus, w)[2]
+        Hm = np.exp(w @ (h * v)) * scaled_frame(minus, w)[2]
+        fd = (Hp - Hm) / (2 * h)
+        np.testing.assert_allclose(np.einsum("abcij,c->abij", T, v), fd, rtol=1e-3, atol=1e-3 * np.abs(fd).max())
+        dd = (np.asarray(plus["d2d"])[_PAIR] - np.asarray(minus["d2d"])[_PAIR]) / (2 * h)
+        Td = np.array([[[refined["d3d"][index[tuple(sorted((a, b, c)))]] for c in range(3)] for b in range(3)]
+                       for a in range(3)])
+        np.testing.assert_allclose(Td @ v, dd, rtol=1e-3, atol=1e-3 * np.abs(dd).max())
+
+
+def test_refined_needs_answers_that_span_u_with_c(sites):
+    u = np.log([8.0, 0.8, 0.08])
+    st = site_statistics(sites[0], u)
+    along = [site_statistics(sites[0], u + [0.0, 0.0, 0.03]), site_statistics(sites[0], u + [0.0, 0.0, -0.03])]
+    with pytest.raises(ValueError, match="span"):
+        stale.refined(st, along)

@@ -149,15 +149,18 @@ def test_privacy_is_refused(problem):
 
 
 class Recording(StatsServer):
-    """A StatsServer that records every statistics request it hands out: (site, u)."""
+    """A StatsServer that records every statistics request it hands out: (site, u) at a published u in `requests`,
+    (site, u, slow sites still to answer for the first time) near a site's u_j in `refines`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.requests = []
+        self.requests, self.refines = [], []
 
     def next_task(self, j):
         p = super().next_task(j)
-        if p is not None and p.step == STATS_STEP:
+        if p is not None and p.step == STATS_STEP and "refine" in p.extra:
+            self.refines.append((j, p.params.u.copy(), [k for k in self._slow if k not in self._stats]))
+        elif p is not None and p.step == STATS_STEP:
             self.requests.append((j, p.params.u.copy()))
         return p
 
@@ -237,3 +240,23 @@ def test_async_waits_for_a_late_answer_no_longer_than_its_alarm(problem):
     assert server.t == 0
     server.tick(server.alarm)
     assert server.t == 1 and server.alarm is None and server.busy(late)  # ... the alarm's tick steps without it
+
+
+def test_idle_sites_refine_their_models_while_a_straggler_computes_its_first_statistics(problem, sync):
+    """While the straggler computes, the others (settled) answer at u_j + 0.03·e_i: their models become third order
+    (stale.refined); this changes the path, not the optimum, and refining answers are not round trips."""
+    fit_ = fit_recorded(problem, SLOW)
+    straggler = len(SLOW) - 1
+    assert fit_.refines and {j for j, _, _ in fit_.refines} <= set(range(straggler))
+    assert all(waiting == [straggler] for _, _, waiting in fit_.refines)  # only while it had not answered yet
+    for j, u, _ in fit_.refines:  # 0.03 along one log-parameter from a u the site was asked at
+        assert any(np.allclose(np.sort(np.abs(u - v)), [0.0, 0.0, 0.03], atol=1e-12) for k, v in fit_.requests if k == j)
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    np.testing.assert_allclose(fit_.params.u, sync.params.u, atol=1e-4)
+    assert sum(fit_.answers) == len(fit_.requests) - sum(1 for _ in fit_._in_flight)  # refines are not answers
+    plain = fit_recorded(problem, SLOW, refine_step=None)
+    assert not plain.refines and plain.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+def test_equal_sites_never_refine(problem):
+    assert not fit_recorded(problem, "balanced").refines
