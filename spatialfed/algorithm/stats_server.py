@@ -631,7 +631,9 @@ class StatsServer(FederatedServer):
         if exact_for is not None and list(exact_for) == list(promise[4] or ()):
             old = promise[3]
         else:
-            at_old = self._evaluate(at, np.asarray(promise[1])) if step > HOLD_TOL else None
+            moved = float(np.linalg.norm(self._u - np.asarray(promise[1])))
+            judged = step > HOLD_TOL or moved >= 0.99 * self._radius  # a step cut at the radius: may it grow?
+            at_old = self._evaluate(at, np.asarray(promise[1])) if judged else None
             old = None if at_old is None else at_old.loglik
         if old is None:  # a step this short cannot exploit model error: new answers only moved the optimum
             return
