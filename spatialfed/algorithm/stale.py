@@ -7,9 +7,8 @@ Records: `stats` {site: its latest statistics (model/stats.py site_statistics, w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-
 import itertools
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -105,7 +104,7 @@ def refined(base: Mapping, nearby: Sequence[Mapping], reach: float = 3.0) -> dic
     w = exact_scaling(base)
     _, _, H0 = scaled_frame(base, w)
     h0 = np.asarray(base["d2d"])[_PAIR]
-    vs, TS, Td = [], [], []
+    vs, TS, Td, hs = [], [], [], []
     if np.any(w):
         vs.append(np.asarray(base["c"], dtype=float))
         TS.append(np.zeros_like(H0))
@@ -113,6 +112,7 @@ def refined(base: Mapping, nearby: Sequence[Mapping], reach: float = 3.0) -> dic
     for st in nearby:
         delta = np.asarray(st["u"], dtype=float) - u0
         h = float(np.max(np.abs(delta)))
+        hs.append(h)
         _, _, H = scaled_frame(st, w)
         vs.append(delta / h)
         TS.append((float(np.exp(-w @ delta)) * H - H0) / h)
@@ -129,7 +129,7 @@ def refined(base: Mapping, nearby: Sequence[Mapping], reach: float = 3.0) -> dic
     out = dict(base)
     out["d3S"] = np.stack([TS[t] for t in TRIPLES])
     out["d3d"] = np.array([Td[t] for t in TRIPLES])
-    out["d3_radius"] = reach * max(float(np.max(np.abs(np.asarray(st["u"], dtype=float) - u0))) for st in nearby)
+    out["d3_radius"] = reach * max(hs)
     return out
 
 

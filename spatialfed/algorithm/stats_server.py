@@ -240,7 +240,8 @@ class StatsServer(FederatedServer):
         kept = self._refine.pop(j, [])
         if st is None or self.refine_step is None:
             return
-        kept.append(nearby) if nearby is not None else None
+        if nearby is not None:
+            kept.append(nearby)
         h = self.refine_step
         kept = [x for x in kept if 0.5 * h <= float(np.max(np.abs(x["u"] - st["u"]))) <= 1.5 * h]
         if len(kept) < len(stale.refine_points(st, h, *self.bounds)):
@@ -627,17 +628,18 @@ class StatsServer(FederatedServer):
         if (promise is None or not np.allclose(promise[0], self._u, rtol=0.0, atol=1e-9)
                 or not promise[2] > self.loglik_tol):  # published u = log(exp(u)): equal to rounding
             return
-        step = float(np.max(np.abs(self._u - np.asarray(promise[1]))))
+        start = np.asarray(promise[1])
+        step, moved = float(np.max(np.abs(self._u - start))), float(np.linalg.norm(self._u - start))
         if exact_for is not None and list(exact_for) == list(promise[4] or ()):
             old = promise[3]
-        else:
-            moved = float(np.linalg.norm(self._u - np.asarray(promise[1])))
-            judged = step > HOLD_TOL or moved >= 0.99 * self._radius  # a step cut at the radius: may it grow?
-            at_old = self._evaluate(at, np.asarray(promise[1])) if judged else None
+        elif step > HOLD_TOL or moved >= 0.99 * self._radius:  # judged; a step cut at the radius: may it grow?
+            at_old = self._evaluate(at, start)
             old = None if at_old is None else at_old.loglik
+        else:
+            old = None
         if old is None:  # a step this short cannot exploit model error: new answers only moved the optimum
             return
-        self._last_step = float(np.linalg.norm(self._u - np.asarray(promise[1])))
+        self._last_step = moved
         self._update_radius((loglik - old) / promise[2])
         self._radius = max(self._radius, HOLD_TOL)
 
