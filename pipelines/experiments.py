@@ -109,26 +109,14 @@ def graded_cores(J: int, min_cores: float = 3.0) -> np.ndarray:
 
 
 def profile_cores(profile, J: int) -> np.ndarray:
-    """Cores per worker of a named heterogeneity profile (balanced, straggler, graded) or a 'graded:<min>' spec."""
+    """Cores per worker of a named heterogeneity profile (balanced, straggler, graded) or a 'graded:<min>' spec
+    (runtime/heterogeneity.py profile_slowdowns: cores = 62 / slowdown)."""
     if isinstance(profile, str):
-        if profile == "balanced":
-            return np.full(J, float(MAX_CORES))
-        if profile == "straggler":
-            c = np.full(J, float(MAX_CORES))
-            c[-1] = 3.0
-            return c
-        if profile == "graded":
-            return graded_cores(J, 3.0)
-        if profile.startswith("graded:"):
-            try:
-                low = float(profile.split(":", 1)[1])
-            except ValueError:
-                low = float("nan")
-            if not 0 < low <= MAX_CORES:
-                raise ConfigError(f"profile {profile!r}: the minimum cores must be a number in (0, {MAX_CORES}]")
-            return graded_cores(J, low)
-        raise ConfigError(f"unknown heterogeneity profile {profile!r}; choose balanced, straggler, graded or "
-                          f"graded:<min cores>")
+        from spatialfed.runtime.heterogeneity import profile_slowdowns
+        try:
+            return MAX_CORES / profile_slowdowns(profile, J)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return np.asarray(profile, dtype=float)
 
 

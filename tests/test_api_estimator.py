@@ -51,6 +51,16 @@ def test_constructor_only_stores_settings():
         gp.predict(None, coords=np.zeros((1, 2)))
 
 
+def test_a_graded_profile_with_its_minimum_cores_sets_the_slowdowns(store):
+    """profile='graded:<min cores>' (Figure 6's milder imbalances): cores from 62 down to the minimum, slowdown 62/cores."""
+    from spatialfed.runtime.heterogeneity import profile_slowdowns
+
+    gp = FederatedGP(mode="async", knots=16, profile="graded:12", runtime="simulated", max_iter=3, progress=False)
+    gp.fit(store)
+    np.testing.assert_allclose(gp.slowdowns_, profile_slowdowns("graded:12", J), rtol=1e-12)
+    assert gp.slowdowns_[-1] == pytest.approx(62 / 12) and np.isfinite(gp.loglik_)
+
+
 def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
     gp = FederatedGP(mode="async", knots=16, agg_threshold=2, profile="graded", runtime="simulated", max_iter=8,
                      preset="tuned")  # the block scheme: max_iter counts aggregations

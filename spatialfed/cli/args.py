@@ -33,6 +33,17 @@ int_list = number_list(int, "100,200")
 float_list = number_list(float, "1,1,4")
 
 
+def profile_name(text: str) -> str:
+    """A heterogeneity profile for argparse: balanced, straggler, graded or graded:<min cores> (e.g. graded:12)."""
+    from spatialfed.runtime.heterogeneity import profile_slowdowns
+
+    try:
+        profile_slowdowns(text, 1)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def name_list(text: str) -> list[str]:
     """Parse 'a,b' into ['a', 'b'] for argparse."""
     return [v.strip() for v in text.split(",") if v.strip()]

@@ -20,7 +20,7 @@ from pathlib import Path
 from spatialfed.errors import OutputError
 
 from spatialfed.cli.args import (add_dask, add_jobqueue, add_quiet, add_tls, dask_settings, exclusive, flag,
-                                 float_list, given, jobqueue_settings, tls_setting)
+                                 float_list, given, jobqueue_settings, profile_name, tls_setting)
 
 CHECKPOINT_NAME = "checkpoint.pkl"
 #: options handed to FederatedGP under their own name when given
@@ -68,8 +68,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-iter", type=int, default=None, help="maximum iterations (default 50)")
     p.add_argument("--tol", type=float, default=None, help="relative parameter change to stop at (default 1e-5)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="stop after this long")
-    p.add_argument("--profile", choices=PROFILES, default=None,
-                   help="emulated compute heterogeneity: balanced, straggler (last worker 62/3× slower) or graded")
+    p.add_argument("--profile", type=profile_name, default=None, metavar="|".join(PROFILES) + "|graded:MIN",
+                   help="emulated compute heterogeneity: balanced, straggler (last worker 62/3× slower), graded "
+                   "(cores 62 down to 3 per worker) or graded:MIN (62 down to MIN, e.g. graded:12)")
     p.add_argument("--slowdown", type=float_list, default=None, metavar="s1,..,sJ",
                    help="explicit slowdown factor ≥ 1 per worker (overrides --profile)")
     add_dask(p, RUNTIMES, "auto (default: in this process when observations × knots ≤ 500,000 and no option needs "

@@ -16,7 +16,9 @@ PROFILES = ("balanced", "straggler", "graded")
 
 
 def profile_slowdowns(name: str, n_workers: int) -> np.ndarray:
-    """Slowdown factors s_j ≥ 1 of a named profile: balanced (all 1), straggler (last worker 62/3), graded."""
+    """Slowdown factors s_j ≥ 1 of a named profile: balanced (all 1), straggler (last worker 62/3), graded (cores
+    spread evenly from 62 down to 3) or graded:<min cores> (down to that many instead: graded:12 is the paper's
+    moderate imbalance of Figure 6, s_j from 1 to 5.2)."""
     J = int(n_workers)
     if J < 1:
         raise ValueError(f"need at least one worker, got n_workers={n_workers!r}")
@@ -26,10 +28,23 @@ def profile_slowdowns(name: str, n_workers: int) -> np.ndarray:
         s = np.ones(J)
         s[-1] = MAX_CORES / MIN_CORES
         return s
-    if name == "graded":
-        cores = np.linspace(MAX_CORES, MIN_CORES, J) if J > 1 else np.array([MAX_CORES])
+    if name == "graded" or name.startswith("graded:"):
+        low = MIN_CORES if name == "graded" else _min_cores(name)
+        cores = np.linspace(MAX_CORES, low, J) if J > 1 else np.array([float(MAX_CORES)])
         return MAX_CORES / cores
-    raise ValueError(f"unknown heterogeneity profile {name!r}; choose one of {PROFILES} or give explicit slowdowns")
+    raise ValueError(f"unknown heterogeneity profile {name!r}; choose one of {PROFILES}, graded:<min cores> or "
+                     f"give explicit slowdowns")
+
+
+def _min_cores(name: str) -> float:
+    """The <min cores> of a 'graded:<min cores>' profile name: a number in (0, 62]."""
+    try:
+        low = float(name.split(":", 1)[1])
+    except ValueError:
+        low = float("nan")
+    if not 0 < low <= MAX_CORES:
+        raise ValueError(f"profile {name!r}: the minimum cores must be a number in (0, {MAX_CORES}], e.g. graded:12")
+    return low
 
 
 def resolve_slowdowns(profile_or_list, n_workers: int) -> np.ndarray:
