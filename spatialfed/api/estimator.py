@@ -214,10 +214,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                                  "not the summaries the mechanism is calibrated for); drop privacy= or change method")
         elif self.fgpr is not None:
             raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={self.method!r}")
-        if self.slowdown is None and not (isinstance(self.profile, str) and self.profile.startswith("graded:")):
-            if self.profile not in PROFILES:
+        if self.slowdown is None:
+            if self.profile not in PROFILES and not str(self.profile).startswith("graded:"):
                 raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {self.profile!r}")
-        elif self.slowdown is None:
             profile_slowdowns(self.profile, 1)  # graded:<min cores>: a bad number raises with the fix
         if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
             raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {self.nu!r}")
