@@ -19,17 +19,20 @@ async_aggregations). Progress goes to stderr.
 clock (FlopCost: deterministic), through the same store → runtime.site → runtime.driver path as the estimator; its
 reference is the synchronous StatsServer run to tol 1e-10 (the same ℓ_LR maximiser as the block algorithm's).
 
---preset stats (the default; StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-24, commit 55c9285
-(control-variate stale models, slow sites held until the others settle, third-order models of idle sites, asynchronous
-trust region, answers due together taken together, synchronous fallback; docs/algorithm.md); sync_s / async_s (ratio),
-sync round trips. Every run settled; async ℓ within 3e-10 of sync.
-- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.81 (0.40); graded 9.57 / 5.09 (0.53).
-- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 24.5 (0.41); graded 59.1 / 29.4 (0.50).
-- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 143.3 (0.28); graded 516.5 / 225.9 (0.44).
-- mpp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 6.29 (0.33); graded 18.8 / 8.47 (0.45).
-- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 5.61 (0.30); graded 18.8 / 7.51 (0.40).
-- full, graded:12 (the milder imbalance, slowdowns 1 to 5.2; commit 19d2e43's behaviour, 2026-11-24): n = 200
-  2.39 / 3.08 (1.29), n = 500 14.8 / 25.1 (1.70): async is slower here (docs/algorithm.md, "Still weak").
+--preset stats (the default; StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-24 (session 11: third-order
+models of slow sites from their earlier answers, held sites released at a step of 3e-2; control-variate stale models,
+slow sites held until the others settle, third-order models of idle sites, asynchronous trust region, answers due
+together taken together, synchronous fallback; docs/algorithm.md); sync_s / async_s (ratio), sync round trips.
+Every run settled; async ℓ within 2e-9 of sync.
+- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.81 (0.40); graded 9.57 / 4.77 (0.498).
+- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 23.5 (0.40); graded 59.1 / 29.4 (0.497).
+- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 143.3 (0.28); graded 516.5 / 196.8 (0.38).
+- mpp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 6.29 (0.33); graded 18.8 / 7.51 (0.40).
+- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 5.61 (0.30); graded 18.8 / 7.03 (0.37).
+- full, graded:12 (the milder imbalance, slowdowns 1 to 5.2): n = 200 2.39 / 2.55 (1.07), n = 500 14.8 / 20.2 (1.37);
+  n = 200 with --seed 1 / --seed 2: 1.69 / 2.03. Async is slower here (docs/algorithm.md, "Still weak").
+Before session 11 (commit 141ae3c): graded 0.53, 0.50, 0.44, mpp 0.45, pp 0.40; straggler 0.40, 0.41, 0.28, mpp
+0.33, pp 0.30; graded:12 1.29 (n = 200), 1.70 (n = 500).
 Before the wait rule (commit 756ccb2): graded 0.71, 1.04, mpp 2.06, pp 0.31. Before control variates and pacing
 (commit 89bbd44): n = 200 straggler 1.00, graded 0.77; n = 500 straggler 0.70, graded 1.33; n = 1000 straggler 0.60,
 graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75.
@@ -37,7 +40,8 @@ graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75.
   14.7 / 98.9 (6.71) at K = 1 (CPU contention of 10 processes on 2 cores); graded 135.6 / 143.5 (1.06) at
   ``--dask-slowdown-scale 20``, matching the virtual clock's 1.04 of the time.
 - dask, stats, n = 500, 10 workers, ``--dask-slowdown-scale 10`` (commit 69e616e: worker malloc settings; idle
-  machine, two runs): graded 38.4 / 19.5 (0.51) and 37.6 / 20.6 (0.55); balanced 2.37 / 2.29 (0.97).
+  machine, two runs): graded 38.4 / 19.5 (0.51) and 37.6 / 20.6 (0.55); balanced 2.37 / 2.29 (0.97). Session 11
+  (secant models, release at 3e-2; idle machine): graded 38.7 / 21.8 (0.56), the slowest site answering 4 times.
 
 Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
 - simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,

@@ -27,10 +27,12 @@ at u (all sites), whose exact step decides: converged (report the exact ℓ) or 
 Refining (async): while a slow site computes its first statistics, the others, settled, answer at two points
 REFINE_STEP from their u_j; from the differences of the second derivatives their models become third order
 (stale.refined, profile.taylor_statistics), so the step the slow site's answer triggers lands nearer the optimum.
+A site that did not refine (a slow one) gets third derivatives from its own two answers before its latest, if within
+SECANT_REACH (stale.secant): its model is third order along the path the fit took.
 
 Pacing (async): a site whose last round trip took more than hold_ratio × the median (stale.slow_sites: the
 initialisation's round trips first, then the statistics') is held back after each answer until the others' surrogate
-settles (a step ≤ HOLD_TOL), so a straggler computes near the optimum instead of at a point the fit is leaving.
+settles (a step ≤ RELEASE_TOL), so a straggler computes near the optimum instead of at a point the fit is leaving.
 
 Fallback (async): a fit that has not settled after STALL_ROUNDS answers per site, or after SYNC_ROUNDS round trips
 of the slowest site (about what sync needs), continues synchronously (exact steps, every site at each u), so async
@@ -53,6 +55,7 @@ import numpy as np
 from spatialfed.algorithm import init, stale
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.profile import (
+    THIRD,
     NotPositiveDefinite,
     Profile,
     Step,
@@ -74,9 +77,15 @@ MIN_COVERAGE = 0.5
 #: asynchronous mode: a site whose last round trip took more than this multiple of the median is slow: after each
 #: answer it is held back until the others' surrogate has settled, so it always computes near the optimum
 HOLD_RATIO = 3.0
-#: the others' surrogate has settled when its step is below this (∞-norm in u) ...
+#: a surrogate step below this (∞-norm in u) is short: the surrogate has settled (idle sites may refine) and the
+#: asynchronous trust region does not judge it
 HOLD_TOL = 1e-2
-#: ... or when they have answered this many times on average
+#: held sites are asked again once the others' surrogate step is below this (∞-norm in u): the point they are asked at
+#: then lies about as far from the full optimum as after a step of HOLD_TOL (the others' optimum lacks their data:
+#: graded n_j = 200, 0.069 against 0.061 in log β), one fast round trip sooner (the slowest site's answer at 1.49 of
+#: its round trip instead of 1.60) ...
+RELEASE_TOL = 3e-2
+#: ... or once the others have answered this many times on average since the hold began
 HOLD_ROUNDS = 8
 #: asynchronous mode: a fit that has not settled after this many answers per site (stale models keep moving the
 #: surrogate, e.g. along a flat ridge of ℓ) continues synchronously: exact steps that never lower ℓ, as sync mode
@@ -103,13 +112,16 @@ PROBE_AFTER, PROBE_STEP = 3, 0.5
 #: they settled without it, ~0.03 in u from the optimum, and a second-order model leaves the surrogate's optimum
 #: ~1.5·Δu² off (8.5e-3 in log β on graded n_j = 200, a fast round trip more to settle); third order: 2e-4
 REFINE_STEP = 0.03
+#: asynchronous mode: a site's two answers before its latest, if within this (∞-norm in u) of it, give its model third
+#: derivatives along the fit's path (stale.secant) where refining gave none
+SECANT_REACH = 0.2
 #: attributes of StatsServer beyond FederatedServer's, kept in snapshots under "stats_server"
 _STATE = ("taylor_radius", "inner_steps", "stale_tol", "loglik_tol", "bounds", "boundary", "answers", "accepted",
           "control_variates", "hold_ratio", "_slow", "_held", "_hold_answers", "_sent_at", "_durations", "_promise",
           "_after_surrogate", "_fallback", "_loop_t0", "_stats", "_rounds", "_new", "_wait_until", "_u",
           "_anchor", "_anchor_t", "_radius", "_last_step", "_last_pred", "_final_t", "_final_reason", "_toward",
           "_probed",
-          "_refine", "refine_step", "_settled", "_user_bounds")
+          "_refine", "refine_step", "_settled", "_user_bounds", "_earlier", "_secant")
 
 
 class StatsServer(FederatedServer):
@@ -145,6 +157,8 @@ class StatsServer(FederatedServer):
         self.hold_ratio = None if hold_ratio is None else float(hold_ratio)
         self.refine_step = None if not refine_step else float(refine_step)
         self._refine: dict[int, list[dict]] = {}  # site -> its answers near its u_j so far (stale.refine_points)
+        self._earlier: dict[int, list[dict]] = {}  # site -> its two answers before its latest (second order)
+        self._secant: dict[int, dict] = {}  # site -> its latest statistics with third derivatives (stale.secant)
         self._settled = False  # the last asynchronous step was short with room to go farther (refining pays off)
         self._slow: list[int] = []  # sites classed slow by their round-trip times (async, _classify)
         self._held: list[int] = []  # slow sites waiting for the others' surrogate to settle
@@ -215,8 +229,10 @@ class StatsServer(FederatedServer):
             if "refine" in p.extra:
                 self._refined(j, q.xi)
                 continue
+            previous = self._stats.get(j)
             self._stats[j] = {**q.xi, "t": int(q.t)}
             self._refined(j)
+            self._secant_model(j, previous)
             self._remember(j)
             if j in self._slow and self.phase == "loop":
                 self._hold_back([j])
@@ -255,6 +271,20 @@ class StatsServer(FederatedServer):
         self._refine[j] = kept
         if nearby is not None:
             self._new += 1
+
+    def _secant_model(self, j: int, previous: dict | None) -> None:
+        """Site j's latest statistics with third derivatives from its two answers before (stale.secant, within
+        SECANT_REACH), kept apart from its statistics: the surrogate uses them only where refining (_refined) gave
+        none, and a site with a secant model still refines."""
+        earlier = self._earlier.setdefault(j, [])
+        if previous is not None:
+            earlier.append({key: value for key, value in previous.items() if key not in THIRD})
+            del earlier[:-2]
+        self._secant.pop(j, None)
+        st = self._stats[j]
+        near = [x for x in earlier if 1e-4 <= float(np.max(np.abs(x["u"] - st["u"]))) <= SECANT_REACH]
+        if len(near) == 2 and "d3S" not in st:
+            self._secant[j] = {**stale.secant(st, near), "t": st["t"]}
 
     def _first_due(self, but: int | None = None) -> float:
         """When the last slow site (other than `but`) asked for its first statistics is due to answer, −∞ when none
@@ -351,6 +381,8 @@ class StatsServer(FederatedServer):
         self._obsolete.discard(j)
         self._collected.pop(j, None)
         self._stats.pop(j, None)
+        self._earlier.pop(j, None)
+        self._secant.pop(j, None)
         if self._n_j:
             self.n_obs = sum(self._n_j[k] for k in self.active)
         if self.phase in ("moments", "variogram"):
@@ -435,7 +467,8 @@ class StatsServer(FederatedServer):
             return None
         stalest = max(have[j] for j in used)
         stale_t = self.t + 1 if len(used) < len(self.active) else max(self.t - self._stats[j]["t"] for j in used)
-        at = stale.site_models(self._stats, self._rounds, used, self.n_obs / n_used, self.control_variates)
+        models = {j: self._secant[j] if j in self._secant and "d3S" not in st else st for j, st in self._stats.items()}
+        at = stale.site_models(models, self._rounds, used, self.n_obs / n_used, self.control_variates)
         return at, min(self._radius, self.taylor_radius - stalest), stale_t, used if stalest == 0 else None
 
     def _aggregate(self, now: float) -> None:
@@ -491,7 +524,7 @@ class StatsServer(FederatedServer):
             if float(np.max(np.abs(new.u - base.u))) <= self.config.tol:
                 new = base  # no move: the sites already answered here stay idle (next_task)
             move = float(np.max(np.abs(new.u - base.u)))
-            if self._held and move <= HOLD_TOL:
+            if self._held and move <= RELEASE_TOL:
                 self._release()  # the others' surrogate settled: ask the held sites at the next u
             self._settled = move <= HOLD_TOL < 0.5 * radius  # a short move not for want of room
             self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik, base.loglik,

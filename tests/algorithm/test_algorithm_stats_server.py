@@ -183,7 +183,9 @@ def test_a_straggler_is_first_asked_where_the_others_settled(problem, sync):
     assert held.converged and held.loglik == pytest.approx(sync.loglik, abs=1e-6)
     eager = fit_recorded(problem, SLOW, hold_ratio=None)  # without holding it is asked at φ₀ with the others
     assert np.array_equal(next(u for j, u in eager.requests if j == straggler), u0)
-    assert held.answers[straggler] <= eager.answers[straggler]
+    # held costs the straggler at most one answer more: on this four-site problem (full residual) both end in the
+    # synchronous fallback, which the earlier release (RELEASE_TOL 3e-2) reaches one straggler round trip later (8 vs 7)
+    assert held.answers[straggler] <= eager.answers[straggler] + 1
 
 
 def test_equal_sites_are_never_held(problem):
@@ -256,6 +258,37 @@ def test_idle_sites_refine_their_models_while_a_straggler_computes_its_first_sta
     assert sum(fit_.answers) == len(fit_.requests) - sum(1 for _ in fit_._in_flight)  # refines are not answers
     plain = fit_recorded(problem, SLOW, refine_step=None)
     assert not plain.refines and plain.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+class Secants(StatsServer):
+    """A StatsServer that keeps every secant model it builds (site, its statistics' u, the earlier answers' u)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.secants = []
+
+    def _secant_model(self, j, previous):
+        super()._secant_model(j, previous)
+        if j in self._secant:
+            self.secants.append((j, self._secant[j], [x["u"] for x in self._earlier[j]]))
+
+
+def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
+    """A site whose two answers before its latest lie within SECANT_REACH of it gets third derivatives from them
+    (stale.secant) for its model in the surrogate; this changes the path, not the optimum."""
+    from spatialfed.algorithm.stats_server import SECANT_REACH
+
+    models, knots, kernel, _ = problem
+    server = Secants(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
+    run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 2.0, 4.0, 8.0])
+    assert server.secants
+    for j, model, earlier in server.secants:
+        assert "d3S" in model and len(earlier) == 2
+        assert all(1e-4 <= np.max(np.abs(v - model["u"])) <= SECANT_REACH for v in earlier)
+    assert server.converged and server.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    synchronous = Secants(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8))
+    run_virtual(models, knots, kernel, server=synchronous, slowdowns=[1.0, 2.0, 4.0, 8.0])
+    assert synchronous.loglik == pytest.approx(sync.loglik, abs=1e-9)  # sync steps on exact sums only
 
 
 def test_equal_sites_never_refine(problem):
