@@ -14,6 +14,7 @@ import numpy as np
 
 from spatialfed.algorithm.profile import (
     _PAIR,
+    _TRIPLE,
     TRIPLES,
     combine_statistics,
     exact_scaling,
@@ -151,14 +152,9 @@ def secant(base: Mapping, earlier: Sequence[Mapping], reach: float = 3.0) -> dic
     Used within `reach` × the largest step (on graded n_j = 200 a 3.7× site answering 0.05 and 0.004 from its latest
     u: the surrogate's optimum 3.2e-4 instead of 1.2e-3 in log β from the full one once the slowest site answered)."""
     vs, TS, Td, hs = _hessian_differences(base, earlier)
-    rows = []
-    for v in vs:
-        for a, b in PAIRS:
-            row = np.zeros(len(TRIPLES))
-            for c in range(3):
-                row[TRIPLES.index(tuple(sorted((a, b, c))))] += v[c]
-            rows.append(row)
-    A = np.array(rows)
+    A = np.zeros((len(vs) * len(PAIRS), len(TRIPLES)))  # row (v, ab): Σ_c v_c e_{abc}
+    for r, (v, (a, b)) in enumerate((v, ab) for v in vs for ab in PAIRS):
+        np.add.at(A[r], _TRIPLE[a, b], v)
     k = TS[0].shape[-1]
     dS = np.array([T[a, b].ravel() for T in TS for a, b in PAIRS])
     dd = np.array([D[a, b] for D in Td for a, b in PAIRS])
