@@ -55,16 +55,18 @@ SAFE_MODULES = ("spatialfed.model.", "spatialfed.algorithm.")
 
 def _explicit() -> dict[str, type]:
     """The classes of today's snapshots, by qualified name (imported here: fgpr imports the server, which this module
-    must not import at load time). Plain classes (PrivacyAccountant) are restored by their instance dict."""
+    must not import at load time). Plain classes (PrivacyAccountant, SiteRecords, Pacing) are restored by their instance dict."""
     from spatialfed.algorithm.config import FitConfig
     from spatialfed.algorithm.fgpr import FgprConfig
+    from spatialfed.algorithm.pacing import Pacing
     from spatialfed.algorithm.privacy import GaussianMechanism, PrivacyAccountant
     from spatialfed.algorithm.protocol import Augmented, Quantity
+    from spatialfed.algorithm.site_records import SiteRecords
     from spatialfed.model.matern import Matern
     from spatialfed.model.params import Params
 
     return {_name(cls): cls for cls in (Params, Augmented, Quantity, Matern, FitConfig, FgprConfig,
-                                        GaussianMechanism, PrivacyAccountant)}
+                                        GaussianMechanism, PrivacyAccountant, SiteRecords, Pacing)}
 
 
 def _name(cls: type) -> str:

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
+import numpy as np
+
 
 class Mode(StrEnum):
     """Synchronous (Agg_threshold = J, Section 3.1) or asynchronous (Section 4) aggregation."""
@@ -43,6 +45,75 @@ def preset_name(name: str | None, privacy=None) -> str:
 
 
 @dataclass(frozen=True)
+class StatsPolicy:
+    """Every setting of the statistics scheme's loop (algorithm/stats_server.py, docs/algorithm.md), by mechanism.
+    Distances in u = (log δ, log σ², log β) are Euclidean throughout (profile.distance), as the trust region's.
+
+    Trust region (sync and async):
+      radius_growth — the radius may grow to this multiple of FitConfig.step_bound after confirmed steps: a far start
+        then takes few round trips, and the cap keeps one step from crossing the box;
+      eig_floor — floor of mod(−H)'s eigenvalues relative to the largest: only has to keep mod(−H) invertible,
+        since the radius bounds every step (a larger floor shortens steps where ℓ flattens, e.g. a vanishing nugget);
+      loglik_tol — an increase of ℓ below this is rounding: a step predicting less is not judged, and ends a fit.
+    Stale models (async):
+      taylor_radius — a site's model is used within this distance of the u_j it answered at (a farther site is
+        stood in for); the largest move of an aggregation keeps every used model inside it;
+      secant_reach — earlier answers within this distance give a site's model third derivatives (stale.secant);
+      refine_step — an idle settled site answers this far from its u_j for third derivatives (stale.refined; None:
+        off): large enough for differences to beat rounding, small against secant_reach;
+      settle_tol — a surrogate step shorter than this has settled (idle sites may refine) and is not judged by the
+        trust region (it cannot exploit model error);
+      stale_tol — None: min(settle_tol, max(√tol, 10·tol)); a model nearer than this to u counts as fresh;
+      min_coverage — share of the observations whose statistics must be usable before a surrogate step;
+      control_variates — model a stale site through the sites that answered at its u_j (stale.site_models);
+      inner_steps — safeguarded Newton steps per surrogate maximisation.
+    Boundary:
+      probe_after, probe_step — a log-parameter that moved toward one side by ≥ probe_step in probe_after
+        consecutive Newton steps is tried once at its bound (ℓ ≈ ℓ∞ − c/δ never settles in free steps).
+    Pacing has no setting: it follows the sites' measured round trips (algorithm/pacing.py); `explore=False` keeps
+    asynchronous sites to the synchronous epochs (the ablation of docs/algorithm.md).
+    """
+
+    radius_growth: float = 3.0
+    eig_floor: float = 1e-12
+    loglik_tol: float = 1e-6
+    taylor_radius: float = 0.5
+    secant_reach: float = 0.2
+    refine_step: float | None = 0.03
+    settle_tol: float = 1e-2
+    stale_tol: float | None = None
+    min_coverage: float = 0.5
+    control_variates: bool = True
+    inner_steps: int = 10
+    probe_after: int = 3
+    probe_step: float = 0.5
+    explore: bool = True
+
+    def __post_init__(self):
+        for name in ("radius_growth", "eig_floor", "loglik_tol", "taylor_radius", "secant_reach", "settle_tol",
+                     "probe_step"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"policy {name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.min_coverage <= 1:
+            raise ValueError(f"policy min_coverage must be in (0, 1], got {self.min_coverage!r}")
+        for name in ("inner_steps", "probe_after"):
+            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
+                raise ValueError(f"policy {name} must be an integer ≥ 1, got {getattr(self, name)!r}")
+        ladder = [("stale_tol", self.stale_tol), ("settle_tol", self.settle_tol), ("refine_step", self.refine_step),
+                  ("secant_reach", self.secant_reach), ("taylor_radius", self.taylor_radius)]
+        ladder = [(name, value) for name, value in ladder if value is not None]
+        for (a, x), (b, y) in zip(ladder, ladder[1:]):  # each reach inside the next: models are used where valid
+            if not x < y and not (a == "stale_tol" and x <= y):
+                raise ValueError(f"policy needs stale_tol ≤ settle_tol < refine_step < secant_reach < taylor_radius;"
+                                 f" got {a}={x!r}, {b}={y!r}")
+
+    def stale_tol_for(self, tol: float) -> float:
+        """stale_tol, or its default for the fit's tolerance."""
+        return self.stale_tol if self.stale_tol is not None else min(self.settle_tol, max(float(np.sqrt(tol)),
+                                                                                          10 * tol))
+
+
+@dataclass(frozen=True)
 class FitConfig:
     """Settings of Algorithms 1–3; `None` fields take mode-dependent defaults in `resolved(J)`."""
 
@@ -70,8 +141,15 @@ class FitConfig:
     time_budget: float | None = None
     n_workers: int | None = None  # J, once known (resolved): the constructor then checks agg_threshold against it
     scheme: str = "block"  # "block" (Algorithms 1–3) | "stats" (one round trip per iteration, SPEC §2b)
+    policy: StatsPolicy | None = None  # the statistics scheme's settings (None: StatsPolicy()); a dict is accepted
 
     def __post_init__(self):
+        if isinstance(self.policy, dict):
+            object.__setattr__(self, "policy", StatsPolicy(**self.policy))
+        elif self.policy is None and self.scheme == "stats":
+            object.__setattr__(self, "policy", StatsPolicy())
+        elif self.policy is not None and not isinstance(self.policy, StatsPolicy):
+            raise ValueError(f"policy must be a StatsPolicy or a dict of its settings, got {type(self.policy).__name__}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -190,4 +268,11 @@ class FitConfig:
         settings = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.privacy is not None:
             settings["privacy"] = asdict(self.privacy)
+        if self.policy is not None:  # the statistics scheme's policy, for fit.json and checkpoints
+            settings["policy"] = asdict(self.policy)
         return settings
+
+    @property
+    def stats_policy(self) -> StatsPolicy:
+        """The statistics scheme's policy in effect."""
+        return self.policy if self.policy is not None else StatsPolicy()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,8 +124,12 @@ class FgprServer(ServerState):
     # --- the runtime's side ----------------------------------------------------------------------------
     @property
     def phase(self) -> str:
-        """"moments" | "variogram" (φ₀) | "loop" (rounds) | "value" (ℓ_ind) | "done"."""
+        """"moments" | "variogram" (φ₀) | "loop" (rounds) | "value" (ℓ_ind) | "done" | "error"."""
         return self._init.phase if self._init is not None else self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:  # the error phase (ServerState._fail) ends the inner φ₀ server too
+        self._init, self._phase = None, value
 
     @property
     def done(self) -> bool:
@@ -153,21 +157,22 @@ class FgprServer(ServerState):
             self._in_flight[j] = p
         return p
 
-    def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
-        """Quantities that arrived at `now` seconds since the fit started (one or a batch)."""
+    def _validate(self, qs: list[Quantity]) -> None:
+        if self._init is not None:
+            self._init._validate(qs)
+        else:
+            super()._validate(qs)
+
+    def _receive(self, qs: list[Quantity], now: float) -> None:
+        """Quantities that arrived at `now` seconds since the fit started (one or a batch, checked)."""
         self._last_now = float(now)
-        qs = [qs] if isinstance(qs, Quantity) else list(qs)
         if self._init is not None:
             self._n_j.update({q.worker: int(q.xi["n"]) for q in qs if q.step == "moments"})
             self._init.receive(qs, now)
             self._leave_init(now)
             return
         for q in qs:
-            p = self._in_flight.pop(q.worker, None)
-            if p is None:
-                raise RuntimeError(f"worker {q.worker} sent a quantity without a task in flight")
-            if (q.t, q.step) != (p.t, p.step):
-                raise RuntimeError(f"worker {q.worker} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+            self._in_flight.pop(q.worker)
             self._results[q.worker] = q.xi
         self._advance(now)
 

@@ -30,9 +30,15 @@ _PAIR = np.array([[PAIRS.index((min(a, b), max(a, b))) for b in range(3)] for a 
 TRIPLES = tuple(itertools.combinations_with_replacement(range(3), 3))
 #: 3×3×3 table of positions in TRIPLES
 _TRIPLE = np.array([[[TRIPLES.index(tuple(sorted((a, b, c)))) for c in range(3)] for b in range(3)] for a in range(3)])
-#: keys of a refined model's third derivatives and the ∞-norm radius around u_j within which they are used: dropped
+#: keys of a refined model's third derivatives and the radius around u_j within which they are used: dropped
 #: by point evaluations and combinations (second order)
 THIRD = ("d3S", "d3d", "d3_radius")
+
+
+def distance(u, v) -> float:
+    """The one distance between points of u = (log δ, log σ², log β) in the statistics scheme: Euclidean, as the
+    trust region's ball (a model's reach, a step's length, a site's staleness in u)."""
+    return float(np.linalg.norm(np.asarray(u, dtype=float) - np.asarray(v, dtype=float)))
 
 
 class NotPositiveDefinite(SpatialFedError):
@@ -123,7 +129,7 @@ def taylor_statistics(stats: dict, u) -> dict:
     G_new = G + np.einsum("aij,a->ij", dG + 0.5 * d2GD, D)
     out["d"] = float(stats["d"] + stats["dd"] @ D + 0.5 * D @ d2d @ D)
     out["dd"] = stats["dd"] + d2d @ D
-    if "d3S" in stats and float(np.max(np.abs(D))) <= float(stats.get("d3_radius", np.inf)):
+    if "d3S" in stats and float(np.linalg.norm(D)) <= float(stats.get("d3_radius", np.inf)):
         # Σ_c ∂_abcG Δ_c, and its share of the first derivatives and of G
         TD = np.einsum("abcij,c->abij", np.asarray(stats["d3S"])[_TRIPLE], D)
         TDD = np.einsum("abij,b->aij", TD, D)

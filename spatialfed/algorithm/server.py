@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -123,24 +123,6 @@ class FederatedServer(ServerState):
         self._in_flight[j] = p
         return p
 
-    def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
-        """Quantities that arrived at `now` seconds since the fit started: one, or a batch that all enter ℚ before
-        the server checks Num.step (Algorithm 3's receiving thread fills ℚ while the aggregation loop waits).
-        A quantity that breaks an update puts the server in the error phase and is raised."""
-        self._check_usable()
-        qs = [qs] if isinstance(qs, Quantity) else list(qs)
-        for q in qs:  # a runtime's mistake is refused before anything changes
-            p = self._in_flight.get(q.worker)
-            if p is None:
-                raise RuntimeError(f"worker {q.worker} sent a quantity without a task in flight")
-            if (q.t, q.step) != (p.t, p.step):
-                raise RuntimeError(f"worker {q.worker} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
-        try:
-            self._receive(qs, now)
-        except Exception as exc:
-            self._fail(exc)
-            raise
-
     def _receive(self, qs: list[Quantity], now: float) -> None:
         self._last_now = float(now)
         for q in qs:
@@ -157,7 +139,7 @@ class FederatedServer(ServerState):
             else:
                 self._receive_synchronous(q, now)
         if self.phase == "loop":
-            self._aggregate_ready(now)
+            self._progress(now)
 
     @property
     def privacy_report(self) -> dict | None:
@@ -188,6 +170,11 @@ class FederatedServer(ServerState):
             history={step: list(values) for step, values in self._history.items()},
         )
         return copy.deepcopy(state)
+
+    @staticmethod
+    def snapshot_attributes() -> set[str]:
+        """The attributes FederatedServer.snapshot covers (copied, or rebuilt by restore)."""
+        return set(_SNAPSHOT_STATE.values()) | {"config", "_P", "_in_flight", "_obsolete", "_history"}
 
     @classmethod
     def restore(cls, snapshot: Mapping) -> FederatedServer:
@@ -228,7 +215,7 @@ class FederatedServer(ServerState):
         if self._n_j:
             self.n_obs = sum(self._n_j[k] for k in self.active)
         if self.phase == "loop":
-            self._aggregate_ready(now)
+            self._progress(now)
         elif self.phase != "done":
             self._complete_synchronous(now)
 
@@ -273,7 +260,7 @@ class FederatedServer(ServerState):
                 self._discard(j, step)
         return all((j, step) in self._Q for j in self.active)
 
-    def _aggregate_ready(self, now: float) -> None:
+    def _progress(self, now: float) -> None:
         """Aggregate while the current step has Num.step ≥ Agg_threshold and fresh quantities from every worker,
         then check the time budget."""
         while (self.phase == "loop" and self._num[STEPS[self._step]] >= self._threshold
@@ -281,7 +268,7 @@ class FederatedServer(ServerState):
             self._aggregate(now)
         budget = self.config.time_budget
         if self.phase == "loop" and budget is not None and now >= budget:
-            self._stop("time_budget")
+            self._stop("time_budget", now)
 
     def _aggregate(self, now: float) -> None:
         """Aggregate the current step (Eq. 17), update its block (Eqs. 8–10), smooth it (Eq. 19) and publish."""
@@ -303,7 +290,7 @@ class FederatedServer(ServerState):
         self.params = self.params.with_u(block["u"]) if step == "theta" else self.params.replace(**block)
         self._record(step, now, max(self.t - tj for tj in t_js), self._loglik_estimate if step == "theta" else None)
         if step == "theta":
-            self._end_iteration()
+            self._end_iteration(now)
         if self.phase == "loop":
             self._step = (self._step + 1) % len(STEPS)
             self._publish(self._task(STEPS[self._step]))
@@ -382,7 +369,7 @@ class FederatedServer(ServerState):
         return {key: moving_average([value] + [old[key] for old in previous], self.config.omega)
                 for key, value in block.items()}
 
-    def _end_iteration(self) -> None:
+    def _end_iteration(self, now: float) -> None:
         """After the theta step: apply the stopping rules, then move to iteration t + 1.
 
         Converged: the relative change stayed below tol for `patience` iterations and for longer than the
@@ -395,9 +382,9 @@ class FederatedServer(ServerState):
             change = relative_change(self._end_of_last_iteration, self.params)
             self._small_changes = self._small_changes + 1 if change < cfg.tol else 0
             if self._small_changes >= cfg.patience and self._staleness() < self._small_changes:
-                self._stop("tol")
+                self._stop("tol", now)
             elif self.t >= cfg.max_iter:
-                self._stop("max_iter")
+                self._stop("max_iter", now)
         self._end_of_last_iteration = self.params
         self.t += 1
 
@@ -405,7 +392,7 @@ class FederatedServer(ServerState):
         """Largest staleness t − t_j in ℚ: the tolerance rule waits until every worker's input is this recent."""
         return max(self.t - q.t for q, _ in self._Q.values())
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, now: float) -> None:
         """Leave the loop: drop pending work and start the final synchronous pass at the current φ."""
         self.stop_reason = reason
         self.converged = reason == "tol"

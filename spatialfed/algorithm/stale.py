@@ -109,7 +109,7 @@ def _hessian_differences(base: Mapping, nearby: Sequence[Mapping]):
         Td.append(np.zeros((3, 3)))
     for st in nearby:
         delta = np.asarray(st["u"], dtype=float) - u0
-        h = float(np.max(np.abs(delta)))
+        h = float(np.linalg.norm(delta))
         hs.append(h)
         _, _, H = scaled_frame(st, w)
         vs.append(delta / h)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from spatialfed.algorithm.protocol import Augmented
+from collections.abc import Sequence
+
+from spatialfed.algorithm.protocol import Augmented, Quantity
 from spatialfed.errors import SpatialFedError
 from spatialfed.model.params import Params
 
@@ -80,6 +82,31 @@ class ServerState:
         """next_task for every idle worker that has work, in worker order."""
         tasks = [(j, self.next_task(j)) for j in self.active if not self.busy(j)]
         return [(j, p) for j, p in tasks if p is not None]
+
+    def receive(self, qs: Quantity | Sequence[Quantity], now: float) -> None:
+        """Quantities that arrived at `now` seconds since the fit started: one, or a batch that enters together.
+        The template every server keeps: input after an error is refused; the whole batch is checked before any of
+        it is applied (`_validate`); a failure while applying it (`_receive`) enters the error phase and is raised."""
+        self._check_usable()
+        qs = [qs] if isinstance(qs, Quantity) else list(qs)
+        self._validate(qs)
+        try:
+            self._receive(qs, now)
+        except Exception as exc:
+            self._fail(exc)
+            raise
+
+    def _validate(self, qs: list[Quantity]) -> None:
+        """A runtime's mistake is refused before anything changes: every quantity answers its site's task."""
+        for q in qs:
+            p = self._in_flight.get(q.worker)
+            if p is None:
+                raise RuntimeError(f"worker {q.worker} sent a quantity without a task in flight")
+            if (q.t, q.step) != (p.t, p.step):
+                raise RuntimeError(f"worker {q.worker} answered ({q.t}, {q.step}) to task ({p.t}, {p.step})")
+
+    def _receive(self, qs: list[Quantity], now: float) -> None:
+        raise NotImplementedError
 
     def _fail(self, exc: BaseException) -> None:
         """Enter the error phase: record why; further receive calls are refused (`_check_usable`)."""

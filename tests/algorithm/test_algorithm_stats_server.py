@@ -1,5 +1,7 @@
 """StatsServer (SPEC §2b, issue 13): one round trip per iteration, sync and async, against the centralized maximiser."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from support import LowRankReference, simulate
@@ -149,8 +151,8 @@ def test_privacy_is_refused(problem):
 
 
 class Recording(StatsServer):
-    """A StatsServer that records every statistics request it hands out: (site, u) at a published u in `requests`,
-    (site, u, slow sites still to answer for the first time) near a site's u_j in `refines`."""
+    """A StatsServer that records every statistics request it hands out: (site, u, time) at a published u in
+    `requests`, (site, u) near a site's u_j in `refines`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -159,41 +161,63 @@ class Recording(StatsServer):
     def next_task(self, j):
         p = super().next_task(j)
         if p is not None and p.step == STATS_STEP and "refine" in p.extra:
-            self.refines.append((j, p.params.u.copy(), [k for k in self._slow if k not in self._stats]))
+            self.refines.append((j, p.params.u.copy()))
         elif p is not None and p.step == STATS_STEP:
-            self.requests.append((j, p.params.u.copy()))
+            self.requests.append((j, p.params.u.copy(), self._last_now))
         return p
 
 
-def fit_recorded(problem, slowdowns, **options):
+def fit_recorded(problem, slowdowns, **policy):
     models, knots, kernel, _ = problem
-    server = Recording(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), **options)
+    config = FitConfig(mode="async", max_iter=300, tol=1e-8, policy=policy or None)
+    server = Recording(len(models), knots, kernel, config)
     return run_virtual(models, knots, kernel, server=server, slowdowns=slowdowns)
 
 
-def test_a_straggler_is_first_asked_where_the_others_settled(problem, sync):
-    held = fit_recorded(problem, SLOW)
+def test_the_slowest_site_is_never_idle_and_answers_at_the_epochs(problem, sync):
+    """The straggler is asked again the moment it answers (its requests follow one another without a gap), and
+    always at an epoch's point, which every other site is asked at too."""
+    fit_ = fit_recorded(problem, SLOW)
     straggler = len(SLOW) - 1
-    first = next(u for j, u in held.requests if j == straggler)
-    u0 = held.requests[0][1]  # φ₀: every other site's first request
-    assert held._durations and held.answers[straggler] >= 1  # it was held, then released (asked below)
-    # nearer the optimum than φ₀ (here the others hold 3/4 of the data and settle 0.43 from it in log δ)
-    assert not np.array_equal(first, u0)
-    assert np.max(np.abs(first - sync.params.u)) < 0.6 * np.max(np.abs(u0 - sync.params.u))
-    assert held.converged and held.loglik == pytest.approx(sync.loglik, abs=1e-6)
-    eager = fit_recorded(problem, SLOW, hold_ratio=None)  # without holding it is asked at φ₀ with the others
-    assert np.array_equal(next(u for j, u in eager.requests if j == straggler), u0)
-    # held costs the straggler at most one answer more: on this four-site problem (full residual) both end in the
-    # synchronous fallback, which the earlier release (RELEASE_TOL 3e-2) reaches one straggler round trip later (8 vs 7)
-    assert held.answers[straggler] <= eager.answers[straggler] + 1
+    mine = [(u, when) for j, u, when in fit_.requests if j == straggler]
+    assert len(mine) >= 2 and fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    round_trip = fit_.pacing.durations[STATS_STEP][straggler]
+    for (u, sent), (_, next_sent) in zip(mine, mine[1:]):
+        assert next_sent == pytest.approx(sent + round_trip, rel=1e-9)  # asked again on arrival
+        assert all(any(k == j and np.array_equal(v, u) for k, v, _ in fit_.requests) for j in range(straggler))
+    eager = fit_recorded(problem, SLOW, explore=False)  # epochs only: the synchronous run's points and pace
+    assert [u.tolist() for j, u, _ in eager.requests if j == straggler] == \
+        [u.tolist() for j, u, _ in fit_recorded_sync(problem, SLOW).requests if j == straggler]
 
 
-def test_equal_sites_are_never_held(problem):
+def fit_recorded_sync(problem, slowdowns):
+    models, knots, kernel, _ = problem
+    server = Recording(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8))
+    return run_virtual(models, knots, kernel, server=server, slowdowns=slowdowns)
+
+
+@pytest.mark.parametrize("slowdowns", [SLOW, [1.0, 2.0, 4.0, 8.0], [1.0, 1.3, 1.7, 2.2], [1.0, 1.0, 1.0, 1.5]])
+def test_async_ends_no_later_than_sync(problem, sync, slowdowns):
+    """The guarantee of docs/algorithm.md: epochs last what a synchronous iteration lasts and their points are at
+    least the synchronous step, so async ends no later than sync, up to a fast site's round trip."""
+    models, knots, kernel, _ = problem
+    runs = {mode: run_virtual(models, knots, kernel, slowdowns=slowdowns,
+                              server=StatsServer(len(models), knots, kernel, FitConfig(mode=mode, max_iter=300,
+                                                                                       tol=1e-8)))
+            for mode in ("sync", "async")}
+    fast = min(runs["async"].pacing.durations[STATS_STEP].values())
+    assert runs["async"].converged and runs["async"].loglik == pytest.approx(sync.loglik, abs=1e-6)
+    assert runs["async"].trace[-1]["time_s"] <= runs["sync"].trace[-1]["time_s"] + fast
+
+
+def test_equal_sites_are_asked_together(problem):
     same = fit_recorded(problem, "balanced")
-    firsts = {}
-    for j, u in same.requests:
-        firsts.setdefault(j, u)
-    assert all(np.array_equal(u, firsts[0]) for u in firsts.values())
+    by_time = {}
+    for j, u, when in same.requests:
+        by_time.setdefault(when, []).append((j, u))
+    assert not same.refines
+    assert all(sorted(j for j, _ in asked) == list(range(len(problem[0]))) and
+               all(np.array_equal(u, asked[0][1]) for _, u in asked) for asked in by_time.values())
 
 
 @pytest.mark.parametrize("control_variates", [True, False])
@@ -205,8 +229,8 @@ def test_control_variates_keep_the_optimum(problem, sync, control_variates):
 
 
 def test_async_with_equal_sites_and_jittered_answers_keeps_the_synchronous_pace(problem, sync):
-    """Equal sites whose answers come a little apart (network delays ~5 % of a round trip) are waited for
-    (StatsServer._worth_waiting): async takes sync's round trips instead of stepping on stale models in between."""
+    """Equal sites whose answers come a little apart (network delays ~5 % of a round trip): a site done early
+    takes no extra work it could not finish before the next epoch, so async keeps sync's pace."""
     from spatialfed.runtime.delays import ExponentialDelay
 
     models, knots, kernel, _ = problem
@@ -217,100 +241,116 @@ def test_async_with_equal_sites_and_jittered_answers_keeps_the_synchronous_pace(
                               delays=jitter, seed=1)
             for mode in ("sync", "async")}
     assert runs["async"].converged and runs["async"].loglik == pytest.approx(sync.loglik, abs=1e-6)
-    assert runs["async"].answers == runs["sync"].answers
     assert runs["async"].trace[-1]["time_s"] <= 1.05 * runs["sync"].trace[-1]["time_s"]
 
 
-def test_async_waits_for_a_late_answer_no_longer_than_its_alarm(problem):
-    """A site with no round trip of statistics yet is waited for until HOLD_RATIO × the median round trip since its
-    request (`alarm`); if it has not answered then, `tick` aggregates the answers in without it."""
-    from spatialfed.algorithm.stats_server import HOLD_RATIO
-
-    models, knots, kernel, _ = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
-    now = 0.0
-    while server.phase != "loop":  # the initialisation: every site answers together
-        now += 0.01
-        server.receive([evaluate(models[j], p, j) for j, p in server.dispatch()], now)
-    tasks = dict(server.dispatch())
-    assert sorted(tasks) == list(range(len(models))) and server.t == 0
-    late = len(models) - 1
-    now += 1.0
-    server.receive([evaluate(models[j], p, j) for j, p in tasks.items() if j != late], now)
-    assert server.t == 0 and server.alarm == pytest.approx(now - 1.0 + HOLD_RATIO * 1.0)
-    server.tick(server.alarm - 0.5)  # a tick before the alarm changes nothing ...
-    assert server.t == 0
-    server.tick(server.alarm)
-    assert server.t == 1 and server.alarm is None and server.busy(late)  # ... the alarm's tick steps without it
-
-
-def test_idle_sites_refine_their_models_while_a_straggler_computes_its_first_statistics(problem, sync):
-    """While the straggler computes, the others (settled) answer at u_j + 0.03·e_i: their models become third order
-    (stale.refined); this changes the path, not the optimum, and refining answers are not round trips."""
+def test_idle_sites_refine_their_models_near_where_they_answered(problem, sync):
+    """While the straggler computes, the others (settled) answer at u_j + refine_step·e_i: their models become
+    third order (stale.refined); this changes the path, not the optimum, and refining answers are not round trips."""
     fit_ = fit_recorded(problem, SLOW)
     straggler = len(SLOW) - 1
-    assert fit_.refines and {j for j, _, _ in fit_.refines} <= set(range(straggler))
-    assert all(waiting == [straggler] for _, _, waiting in fit_.refines)  # only while it had not answered yet
-    for j, u, _ in fit_.refines:  # 0.03 along one log-parameter from a u the site was asked at
-        assert any(np.allclose(np.sort(np.abs(u - v)), [0.0, 0.0, 0.03], atol=1e-12) for k, v in fit_.requests if k == j)
+    step = fit_.policy.refine_step
+    assert fit_.refines and {j for j, _ in fit_.refines} <= set(range(straggler))
+    for j, u in fit_.refines:  # refine_step along one log-parameter from a u the site was asked at
+        assert any(np.allclose(np.sort(np.abs(u - v)), [0.0, 0.0, step], atol=1e-12)
+                   for k, v, _ in fit_.requests if k == j)
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
     np.testing.assert_allclose(fit_.params.u, sync.params.u, atol=1e-4)
-    assert sum(fit_.answers) == len(fit_.requests) - sum(1 for _ in fit_._in_flight)  # refines are not answers
+    assert sum(fit_.answers) == len(fit_.requests) - len(fit_._in_flight)  # refines are not answers
     plain = fit_recorded(problem, SLOW, refine_step=None)
     assert not plain.refines and plain.loglik == pytest.approx(sync.loglik, abs=1e-6)
 
 
-class Secants(StatsServer):
-    """A StatsServer that keeps every secant model it builds (site, its statistics' u, the earlier answers' u)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.secants = []
-
-    def _secant_model(self, j, previous):
-        super()._secant_model(j, previous)
-        if j in self._secant:
-            self.secants.append((j, self._secant[j], [x["u"] for x in self._earlier[j]]))
-
-
 def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
-    """A site whose two answers before its latest lie within SECANT_REACH of it gets third derivatives from them
+    """A site whose two answers before its latest lie within secant_reach of it gets third derivatives from them
     (stale.secant) for its model in the surrogate; this changes the path, not the optimum."""
-    from spatialfed.algorithm.stats_server import SECANT_REACH
+    from spatialfed.algorithm.profile import distance
+    from spatialfed.algorithm.site_records import SiteRecords
+
+    secants = []
+
+    class Kept(SiteRecords):
+        def _secant_model(self, j, previous):
+            super()._secant_model(j, previous)
+            if j in self.secant:
+                secants.append((self.secant[j], [x["u"] for x in self.earlier[j]]))
 
     models, knots, kernel, _ = problem
-    server = Secants(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
+    server.records = Kept(server.policy)
     run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 2.0, 4.0, 8.0])
-    assert server.secants
-    for j, model, earlier in server.secants:
+    assert secants
+    for model, earlier in secants:
         assert "d3S" in model and len(earlier) == 2
-        assert all(1e-4 <= np.max(np.abs(v - model["u"])) <= SECANT_REACH for v in earlier)
+        assert all(1e-4 <= distance(v, model["u"]) <= server.policy.secant_reach for v in earlier)
     assert server.converged and server.loglik == pytest.approx(sync.loglik, abs=1e-6)
-    synchronous = Secants(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8))
-    run_virtual(models, knots, kernel, server=synchronous, slowdowns=[1.0, 2.0, 4.0, 8.0])
-    assert synchronous.loglik == pytest.approx(sync.loglik, abs=1e-9)  # sync steps on exact sums only
-
-
-def test_equal_sites_never_refine(problem):
-    assert not fit_recorded(problem, "balanced").refines
 
 
 def test_a_step_cut_at_the_smallest_radius_is_judged_so_the_radius_can_grow(problem):
-    """Steps of HOLD_TOL were never judged, so a radius shrunk to HOLD_TOL stayed there: on area partitions (Figure
-    12) the fit crawled 1e-2 per aggregation for 40 aggregations (async 3.36x the sync time, now 1.43)."""
+    """A surrogate step shorter than settle_tol is judged when it reached the radius, so a radius shrunk below
+    settle_tol can grow again (unjudged, area partitions crawled 1e-2 per aggregation for 40 aggregations)."""
     from spatialfed.algorithm.profile import profile_loglik, sum_statistics
-    from spatialfed.algorithm.stats_server import HOLD_TOL
+    from spatialfed.algorithm.protocol import Augmented
+    from spatialfed.model.params import Params
     from spatialfed.model.stats import site_statistics
 
     models, knots, kernel, _ = problem
     old = np.log([4.0, 1.0, 0.1])
-    r = 0.8 * HOLD_TOL  # a radius below HOLD_TOL (after a rejected exact step) and a step that reached it
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async"))
+    settle = server.policy.settle_tol
+    r = 0.8 * settle  # a radius below settle_tol (after a rejected step) and a step that reached it
     new = old + np.array([r, 0.0, 0.0])
     at = lambda u: sum_statistics([site_statistics(lm, u) for lm in models])  # noqa: E731
     before = profile_loglik(at(old), knots, kernel, derivatives=False).loglik
-    for rise, radius in ((1.0, 2 * r), (-0.5, HOLD_TOL)):  # the newer model's ℓ rose as promised / fell
-        server = StatsServer(len(models), knots, kernel, FitConfig(mode="async"))
-        server._u, server._radius = new, r
-        server._promise = [new.tolist(), old.tolist(), 1.0, before, None]
+    phi = Params(np.zeros(len(knots)), np.eye(len(knots)), np.zeros(1), *np.exp(new))
+    for rise, radius in ((1.0, 2 * r), (-0.5, settle)):  # the newer model's ℓ rose as promised / fell
+        server._explore, server._explore_radius = Augmented(phi, 0, STATS_STEP), r
+        server._promise = [phi.u.tolist(), old.tolist(), 1.0, before, None]
         server._check_promise(at, before + rise)
-        assert server._radius == pytest.approx(radius)
+        assert server._explore_radius == pytest.approx(radius)
+
+
+def test_an_error_inside_an_aggregation_enters_the_error_phase(problem):
+    """A receive whose aggregation raises leaves the server in the error phase (docs/interfaces.md): the error is
+    raised, stop_reason names it, and further input is refused."""
+    from spatialfed.errors import SpatialFedError
+
+    models, knots, kernel, _ = problem
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="sync"),
+                         start={"delta": 4.0, "sigma2": 1.0, "beta": 0.1})
+    for j, p in server.dispatch():
+        server.receive(evaluate(models[j], p, j), 0.0)
+    answers = []
+    for j, p in server.dispatch():
+        q = evaluate(models[j], p, j)
+        answers.append(dataclasses.replace(q, xi={**q.xi, "S": -q.xi["S"]}))  # not positive definite
+    with pytest.raises(Exception):
+        server.receive(answers, 1.0)
+    assert server.phase == "error" and server.stop_reason.startswith("error")
+    with pytest.raises(SpatialFedError, match="stopped on an error"):
+        server.receive(answers[:1], 2.0)
+
+
+def test_a_batch_with_one_bad_quantity_changes_nothing(problem):
+    """Every quantity of a batch is checked before any is applied."""
+    models, knots, kernel, _ = problem
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async"),
+                         start={"delta": 4.0, "sigma2": 1.0, "beta": 0.1})
+    for j, p in server.dispatch():
+        server.receive(evaluate(models[j], p, j), 0.0)
+    tasks = dict(server.dispatch())
+    good = evaluate(models[0], tasks[0], 0)
+    bad = dataclasses.replace(evaluate(models[1], tasks[1], 1), t=tasks[1].t + 5)  # not the task in flight
+    with pytest.raises(RuntimeError, match="answered"):
+        server.receive([good, bad], 1.0)
+    assert server.answers == [0] * len(models) and server.busy(0) and server.busy(1)
+
+
+def test_a_time_budget_that_ends_during_the_initialisation_stops_with_an_exact_estimate(problem):
+    """A budget shorter than the φ₀ passes: the fit stops at its first point with ℓ exact there (no TypeError)."""
+    models, knots, kernel, _ = problem
+    for mode in ("sync", "async"):
+        server = StatsServer(len(models), knots, kernel, FitConfig(mode=mode, time_budget=1e-9))
+        run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
+        assert server.done and server.stop_reason == "time_budget" and not server.converged
+        assert np.isfinite(server.loglik) and server.trace[-1]["step"] == "final"

@@ -1,0 +1,136 @@
+"""What the statistics server knows of each site (SPEC §2b): its latest statistics, the sums of the answers given at
+one u, the answers near its u_j that make its model third order, and the surrogate Σ_j T_j(u) built from them.
+
+State only, no pacing: `SiteRecords` is told of answers and asked for models (algorithm/stats_server.py drives it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from spatialfed.algorithm import stale
+from spatialfed.algorithm.config import StatsPolicy
+from spatialfed.algorithm.profile import THIRD, distance
+
+
+class Surrogate(NamedTuple):
+    at: Callable
+    radius: float
+    staleness: int
+    used: list
+    exact_for: list | None
+
+
+class SiteRecords:
+    """Per-site records of the statistics scheme.
+
+    stats {site: its latest statistics, with "t" of its request}; rounds {u key: summed exact statistics of the
+    sites that answered at that u, and which} (stale.remember); refine {site: its answers near its u_j so far};
+    earlier {site: its two answers before its latest}; secant {site: its latest statistics with third derivatives
+    from those (stale.secant)}.
+    """
+
+    def __init__(self, policy: StatsPolicy):
+        self.policy = policy
+        self.stats: dict[int, dict] = {}
+        self.rounds: dict[str, dict] = {}
+        self.refine: dict[int, list[dict]] = {}
+        self.earlier: dict[int, list[dict]] = {}
+        self.secant: dict[int, dict] = {}
+
+    def answered(self, j: int, xi: dict, t: int, live: Iterable) -> None:
+        """Site j's statistics at the u it was asked (request of iteration t); `live`: the u of tasks in flight."""
+        previous = self.stats.get(j)
+        self.stats[j] = {**xi, "t": int(t)}
+        self.refined(j)
+        self._secant_model(j, previous)
+        stale.remember(self.rounds, self.stats, j, live)
+
+    def refined(self, j: int, nearby: dict | None = None) -> bool:
+        """Site j's answers near its u_j (refine_task), with `nearby` a new one: those still between ½ and 1½
+        refine_step from u_j are kept, and once they span u with c, j's model is third order (stale.refined).
+        True when the model became third order with this answer."""
+        st, h = self.stats.get(j), self.policy.refine_step
+        kept = self.refine.pop(j, [])
+        if st is None or h is None:
+            return False
+        if nearby is not None:
+            kept.append(nearby)
+        kept = [x for x in kept if 0.5 * h <= distance(x["u"], st["u"]) <= 1.5 * h]
+        if len(kept) < len(stale.refine_points(st, h, np.full(3, -np.inf), np.full(3, np.inf))):
+            if kept:
+                self.refine[j] = kept
+            return False
+        try:
+            self.stats[j] = {**stale.refined(st, kept), "t": st["t"]}
+        except ValueError:  # the answers kept do not span u (two along one direction): ask again
+            return False
+        self.refine[j] = kept
+        return nearby is not None
+
+    def _secant_model(self, j: int, previous: dict | None) -> None:
+        """Site j's latest statistics with third derivatives from its two answers before, if within secant_reach
+        (stale.secant); kept apart from its statistics, so a site with a secant model still refines."""
+        earlier = self.earlier.setdefault(j, [])
+        if previous is not None:
+            earlier.append({key: value for key, value in previous.items() if key not in THIRD})
+            del earlier[:-2]
+        self.secant.pop(j, None)
+        st = self.stats[j]
+        near = [x for x in earlier if 1e-4 <= distance(x["u"], st["u"]) <= self.policy.secant_reach]
+        if len(near) == 2 and "d3S" not in st:
+            self.secant[j] = {**stale.secant(st, near), "t": st["t"]}
+
+    def refine_point(self, j: int, bounds) -> np.ndarray | None:
+        """The next point near site j's u_j at which an answer refines its model (None: refined, or nothing left)."""
+        st, h = self.stats.get(j), self.policy.refine_step
+        if h is None or st is None or "d3S" in st:
+            return None
+        kept = [(x["u"] - st["u"]) / distance(x["u"], st["u"]) for x in self.refine.get(j, [])]
+        points = [v for v in stale.refine_points(st, h, *bounds)
+                  if not any(abs(float((v - st["u"]) @ d)) > 0.5 * h for d in kept)]
+        return points[0] if points else None
+
+    def answered_at(self, j: int, u) -> bool:
+        return j in self.stats and np.array_equal(self.stats[j]["u"], u)
+
+    def stalest(self, u, sites) -> float:
+        """Largest distance from u to a site's u_j (∞ for a site with no statistics)."""
+        return max((distance(u, self.stats[j]["u"]) if j in self.stats else np.inf) for j in sites)
+
+    def surrogate(self, u_at, active, n_obs: int, t: int, radius: float) -> Surrogate | None:
+        """The surrogate at u_at (Surrogate: u ↦ summed statistics, the largest move allowed, its staleness in
+        iterations, the sites used, and those sites again when all answered at u_at) or None while the usable sites hold less than min_coverage of the observations.
+
+        Sites within taylor_radius of u_at enter through their models (stale.site_models: a secant model where no
+        refined one exists); the others are stood in for by the used ones scaled by N / Σ n_j used. The move is
+        limited so that no used model is evaluated farther than taylor_radius from its u_j."""
+        pol = self.policy
+        have = {j: distance(u_at, st["u"]) for j, st in self.stats.items() if j in active}
+        used = sorted(j for j, du in have.items() if du <= pol.taylor_radius)
+        n_used = sum(int(self.stats[j]["n"]) for j in used)
+        if n_used < pol.min_coverage * n_obs:
+            return None
+        stalest = max(have[j] for j in used)
+        stale_t = t + 1 if len(used) < len(active) else max(t - self.stats[j]["t"] for j in used)
+        models = {j: self.secant[j] if j in self.secant and "d3S" not in st else st for j, st in self.stats.items()}
+        at = stale.site_models(models, self.rounds, used, n_obs / n_used, pol.control_variates)
+        return Surrogate(at, min(radius, pol.taylor_radius - stalest), stale_t, used,
+                         used if stalest == 0 else None)
+
+    def within_reach(self, u, sites) -> bool:
+        """Every site's model (around its latest u_j) is used within taylor_radius at u."""
+        return all(distance(u, self.stats[j]["u"]) <= self.policy.taylor_radius for j in sites)
+
+    def drop(self, j: int) -> None:
+        """Forget site j (a lost worker); the sums at one u are rebuilt without it."""
+        for records in (self.stats, self.refine, self.earlier, self.secant):
+            records.pop(j, None)
+        for key, entry in list(self.rounds.items()):
+            if j in entry["sites"]:
+                del self.rounds[key]
+        for k in self.stats:
+            stale.remember(self.rounds, self.stats, k, ())
