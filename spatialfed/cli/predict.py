@@ -28,7 +28,8 @@ def register(subparsers) -> None:
                         "point GeoPackage/GeoParquet in the store's CRS; default: the store's test group")
     p.add_argument("--out", required=True, metavar="PRED.csv",
                    help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at "
-                        "the end")
+                        "the end; an existing one is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace PRED.csv if it exists")
     add_batch(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -50,7 +51,7 @@ def run(args) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         done = predict_to_file(args.fit_dir, args.store, args.out, locations=args.locations, batch=args.batch,
-                               progress=not args.quiet, **fitted_settings(args))
+                               progress=not args.quiet, overwrite=args.overwrite, **fitted_settings(args))
     for w in caught:
         print(f"spatialfed predict: warning: {w.message}", file=sys.stderr)
     print(f"wrote {done['out']}: {done['n']} predictions in {time.perf_counter() - tic:.1f} s "
