@@ -27,7 +27,6 @@ experiments on simulated data, not for private data).
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from contextlib import closing
@@ -36,20 +35,19 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from spatialfed.algorithm.config import MODES, PRESETS, FitConfig, preset_name  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
 from spatialfed.algorithm.profile import U_NAMES
-from spatialfed.api import inputs, predicting, resuming, scripts
+from spatialfed.api import inputs, predicting, resuming, scripts, settings
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.units import variogram_params
 from spatialfed.model.matern import Matern
-from spatialfed.model.names import RESIDUALS
-from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name  # noqa: F401 (RUNTIMES: the CLI's choices)
+from spatialfed.api.settings import METHODS  # noqa: F401 (the CLI's choices)
+from spatialfed.model.names import RESIDUALS  # noqa: F401 (the CLI's choices)
+from spatialfed.runtime.factory import RUNTIMES, open_runtime  # noqa: F401 (RUNTIMES: the CLI's choices)
+from spatialfed.runtime.heterogeneity import PROFILES  # noqa: F401 (the CLI's choices)
 
 log = logging.getLogger("spatialfed.api")
-
-METHODS = ("lowrank", "independent", "fgpr")
-from spatialfed.runtime.heterogeneity import PROFILES, profile_slowdowns  # noqa: E402
 
 
 class FederatedGP(RegressorMixin, BaseEstimator):
@@ -195,77 +193,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     # --- validation ----------------------------------------------------------------------------------------
     def _check_settings(self) -> None:
-        for name, value, allowed in (("method", self.method, METHODS), ("mode", self.mode, MODES),
-                                     ("residual", self.residual, RESIDUALS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        runtime = runtime_name(self.runtime)
-        if self.method in ("independent", "fgpr") and self.residual != "full":
-            raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
-                             f"residual={self.residual!r} applies to method='lowrank' only")
-        if self.method == "fgpr":
-            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", None)):
-                if not _same(getattr(self, name), default):
-                    raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
-                                     "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "
-                                     "clients per round")
-            if self.privacy is not None:
-                raise ValueError("privacy= applies to method='lowrank' and 'independent' (FGPR sends parameters, "
-                                 "not the summaries the mechanism is calibrated for); drop privacy= or change method")
-        elif self.fgpr is not None:
-            raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={self.method!r}")
-        if self.slowdown is None:
-            if self.profile not in PROFILES and not str(self.profile).startswith("graded:"):
-                raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {self.profile!r}")
-            profile_slowdowns(self.profile, 1)  # graded:<min cores>: a bad number raises with the fix
-        if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
-            raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {self.nu!r}")
-        if runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
-            raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
-        if self.tls is not None and self.tls is not False:
-            if runtime == "simulated":
-                raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
-            if self.client is not None:
-                raise ValueError("tls=... cannot be applied to an existing client=; create it with "
-                                 "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
-        if self.checkpoint_every is not None:
-            K = self.checkpoint_every
-            if isinstance(K, bool) or not float(K).is_integer() or K < 1:
-                raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
-            if self.checkpoint is None:
-                raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+        settings.check_settings(self)
 
     def _config(self, n_workers: int):
-        """The resolved FitConfig (or FgprConfig) for J workers: every option is validated by the config itself."""
-        J = n_workers
-        if self.method == "fgpr":
-            from spatialfed.algorithm.fgpr import FgprConfig
-
-            extra = dict(self.fgpr or {})
-            fixed = sorted(set(extra) & {"max_iter", "tol", "time_budget", "seed"})
-            if fixed:
-                raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside fgpr={{...}}")
-            return FgprConfig(max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, seed=self.seed,
-                              **extra).resolved(J)
-        extra = dict(self.strategies or {})
-        if self.privacy is not None:
-            extra["privacy"] = self.privacy
-        return FitConfig.preset(self.preset, self.mode, agg_threshold=self.agg_threshold, max_iter=self.max_iter,
-                                tol=self.tol, time_budget=self.time_budget, n_workers=J, **extra)
+        """The resolved FitConfig (or FgprConfig) for J workers (api.settings.config)."""
+        return settings.config(self, n_workers)
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
-        from spatialfed.runtime.heterogeneity import resolve_slowdowns
-
-        return resolve_slowdowns(self.profile if self.slowdown is None else list(self.slowdown), n_workers)
-
-    def _delay_models(self, n_workers: int) -> dict:
-        """The driver's delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
-        from spatialfed.runtime.delays import parse_activations, parse_delay
-
-        delays = parse_delay(self.delays, n_workers) if isinstance(self.delays, str) else self.delays
-        activations = (parse_activations(self.activations, n_workers) if isinstance(self.activations, str)
-                       else self.activations)
-        return {"delays": delays, "activations": activations, "seed": self.seed}
+        return settings.slowdowns(self, n_workers)
 
     # --- fitting -------------------------------------------------------------------------------------------
     @classmethod
@@ -333,7 +268,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
                   on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
                   on_worker_error=self.on_worker_error, checkpointer=ckpt,
-                  **self._delay_models(info.n_workers))
+                  **settings.delay_models(self, info.n_workers))
             self._fitted(info, server, runtime, knots, domain, time.perf_counter() - run_tic)
         self.monitor_, self.resumed_from_ = monitor, resumed
         self.checkpoint_writes_, self.checkpoint_seconds_ = ckpt.writes, ckpt.seconds
@@ -396,14 +331,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                             n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout)
 
     def _security(self):
-        """The Security object for `tls` (None: plain TCP)."""
-        if self.tls is False:
-            return False  # plain TCP, asked for explicitly (the embedded cluster's default is TLS)
-        if self.tls is None:
-            return None
-        from spatialfed.runtime.security import tls_security
-
-        return tls_security() if self.tls is True else tls_security(self.tls)
+        """The Security object for `tls` (None: plain TCP; api.settings.security)."""
+        return settings.security(self)
 
     def _knots(self, info, runtime, restored=None):
         """(knots, domain) of this fit (api.knots.layout); a resumed fit keeps the checkpoint's knots."""
@@ -501,9 +430,3 @@ def _scheduler_address(client) -> str | None:
     except AttributeError:  # pragma: no cover - a client-like object without a scheduler
         return None
 
-
-def _same(a, b) -> bool:
-    try:
-        return bool(a is b or a == b)
-    except Exception:
-        return False

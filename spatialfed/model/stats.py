@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from spatialfed.model.linalg import apply, inner, matmul, trace, transpose
-from spatialfed.model.local import LocalModel, inverse_in_place
+from spatialfed.model.dense import inverse_in_place, residual_beta, residual_beta2_terms
+from spatialfed.model.local import LocalModel
 from spatialfed.model.params import Params
 
 #: (a, b) pairs with a ≤ b in the order of the second-derivative arrays "d2S" and "d2d"
@@ -69,7 +70,7 @@ def site_statistics(lm: LocalModel, params) -> dict:
     S = W.T @ Y
     YY = Y.T @ Y
     PY = apply(G, Y)
-    Rb = lm._residual_beta(kb, s2)  # R_β: the second (and last) dense n×n array of the full residual
+    Rb = residual_beta(lm, kb, s2)  # R_β: the second (and last) dense n×n array of the full residual
     Zb = apply(Rb, Y)
     Tb = apply(G, Zb)
     Z = [-eps * Y, W - eps * Y, Zb]  # R_aY (R_σY = RY − εY = W − εY)
@@ -89,7 +90,7 @@ def site_statistics(lm: LocalModel, params) -> dict:
     dS = np.stack([eps * YY, -(S - eps * YY), sym(EY) - Y.T @ Zb])  # −YᵀR_aY (+ E-terms for β)
 
     # −YᵀR_abY; R_ββ = σ²[D₂ − (U₂V₂ᵀ + V₂U₂ᵀ)] (U₂ = V₂ = None for mpp/pp); R_δσ = R_δβ = 0
-    tPD2, YWbbY, U2, V2 = lm._residual_beta2_terms(kb, G, Y)
+    tPD2, YWbbY, U2, V2 = residual_beta2_terms(lm, kb, G, Y)
     if U2 is not None:
         YU, YV = Y.T @ U2, Y.T @ V2
         YWbbY -= sym(YU @ YV.T)

@@ -6,8 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import spatialfed.model.local as local
-from spatialfed.model.local import LocalModel, column_blocks, fill_upper
+import spatialfed.model.dense as dense
+from spatialfed.model.dense import column_blocks, fill_upper
+from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.stats import site_statistics
@@ -59,7 +60,7 @@ def test_full_theta_peak_is_three_n_by_n_arrays(monkeypatch, request_):
     """tracemalloc peak of one theta (or statistics) request, blocks of 32 columns: R⁻¹, W_b and R⁻¹W_b, with
     the O(n_j (m + p)) and block temporaries under half an n_j × n_j array more."""
     lm, par = make(n=900)
-    monkeypatch.setattr(local, "BLOCK_BYTES", 8 * lm.n * 32)
+    monkeypatch.setattr(dense, "BLOCK_BYTES", 8 * lm.n * 32)
     run = (lambda: lm.theta(par)) if request_ == "theta" else (lambda: site_statistics(lm, par))
     run()  # warm caches of imports
     lm.clear_cache()
@@ -77,7 +78,7 @@ def test_blockwise_equals_one_block(monkeypatch, nu):
     """Many small column blocks give the same theta quantities and statistics as one block (rtol 1e-10)."""
     lm, par = make(n=150, nu=nu)
     one = (lm.theta(par), site_statistics(lm, par))
-    monkeypatch.setattr(local, "BLOCK_BYTES", 1)  # 16 columns per block
+    monkeypatch.setattr(dense, "BLOCK_BYTES", 1)  # 16 columns per block
     assert len(list(column_blocks(lm.n))) == 10
     lm.clear_cache()
     many = (lm.theta(par), site_statistics(lm, par))
@@ -88,7 +89,7 @@ def test_blockwise_equals_one_block(monkeypatch, nu):
 
 
 def test_fill_upper_symmetrises_in_place(monkeypatch):
-    monkeypatch.setattr(local, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(dense, "BLOCK_BYTES", 1)
     A = np.asfortranarray(np.random.default_rng(2).standard_normal((50, 50)))
     lower = np.tril(A)
     out = fill_upper(A)
