@@ -41,7 +41,10 @@ ROW_CHUNK = 8192
 
 
 class KnotFactors:
-    """The whitened knot basis at β: F (n × m), and with `derivatives` Ḟ, H₁, H₂; T = L⁻¹, M₁, M₂ (m × m)."""
+    """The whitened knot basis at β: F (n × m), and with `derivatives` Ḟ, H₁, H₂; T = L⁻¹, M₁, M₂ (m × m).
+
+    With derivatives, F, H₁ and H₂ are stored row by row together (FH, n × 3 × m; F, H1, H2 are views), so that one
+    gather and one product per batch give Q̃ and the two factors of its derivatives."""
 
     def __init__(self, kernel, d_K: np.ndarray, locs: np.ndarray, knots: np.ndarray, beta: float,
                  derivatives: bool = True):
@@ -53,10 +56,12 @@ class KnotFactors:
         self.M2 = self.T @ rK2 @ self.T.T
         self.M12 = self.M1 @ self.M1 - 0.5 * self.M2
         n = locs.shape[0]
-        self.F = np.empty((n, m))
-        self.Fd = self.H1 = self.H2 = None
+        self.FH = self.Fd = self.H1 = self.H2 = None
         if derivatives:
-            self.Fd, self.H1, self.H2 = np.empty((n, m)), np.empty((n, m)), np.empty((n, m))
+            self.FH, self.Fd = np.empty((n, 3, m)), np.empty((n, m))
+            self.F, self.H1, self.H2 = self.FH[:, 0], self.FH[:, 1], self.FH[:, 2]
+        else:
+            self.F = np.empty((n, m))
         for r0 in range(0, n, ROW_CHUNK):
             rows = slice(r0, min(r0 + ROW_CHUNK, n))
             d = cdist(locs[rows], knots)
@@ -99,31 +104,33 @@ def _local(kernel, kf: KnotFactors, idx, valid, dist, beta: float, sigma2: float
     (F_L, H₁_L, H₂_L)."""
     padded = not valid.all()  # only the first k positions have fewer than k earlier points
     mask = (valid[:, :, None] & valid[:, None, :]).astype(float) if padded else 1.0
-    FL = np.take(kf.F, idx, axis=0)
-    FLt = _bt(FL)
+    b, k1 = idx.shape
     if derivatives:
         rho, rho1, rho2 = kernel.correlation_derivatives(dist, beta)
+        G = np.take(kf.FH, idx, axis=0)  # (b, k+1, 3, m): F, H₁, H₂ rows
+        FL, H1L, H2L = G[:, :, 0], G[:, :, 1], G[:, :, 2]
+        P = (G.reshape(b, 3 * k1, -1) @ _bt(FL)).reshape(b, k1, 3, k1)  # [F; H₁; H₂]_L F_Lᵀ
+        Q, Q1, Q2 = P[:, :, 0], P[:, :, 1], P[:, :, 2]
     else:
         rho = kernel.correlation(dist, beta)
-    rho -= FL @ FLt
+        FL = np.take(kf.F, idx, axis=0)
+        Q = FL @ _bt(FL)
+    rho -= Q
     rho *= sigma2
     Rs = rho * mask if padded else rho  # R_σ = σ²W̃
-    k1 = idx.shape[1]
     eye = np.eye(k1)[None] * valid[:, :, None] if padded else np.eye(k1)[None]  # identity on the real slots
     R = Rs + eps * eye
     if padded:
         R += np.eye(k1)[None] * (~valid)[:, :, None]
     if not derivatives:
         return R, None, None, FL
-    H1L, H2L, FdL = np.take(kf.H1, idx, axis=0), np.take(kf.H2, idx, axis=0), np.take(kf.Fd, idx, axis=0)
-    Q1 = H1L @ FLt
-    Q1 += _bt(Q1)
+    FdL = np.take(kf.Fd, idx, axis=0)
     rho1 -= Q1
+    rho1 -= _bt(Q1)
     rho1 *= sigma2 * mask
-    Q2 = H2L @ FLt
-    Q2 += _bt(Q2)
-    Q2 += 2.0 * FdL @ _bt(FdL)
     rho2 -= Q2
+    rho2 -= _bt(Q2)
+    rho2 -= 2.0 * FdL @ _bt(FdL)
     rho2 *= sigma2 * mask
     dR = [-eps * eye, Rs, rho1]
     d2R = [eps * eye, None, None, Rs, rho1, rho2]
