@@ -65,7 +65,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         approximation above; `full` with the block scheme's presets and for method="independent"/"fgpr") | "full" |
         "vecchia" (the full residual's Vecchia approximation, SPEC §2c: sites of any size; preset "stats" only) |
         "mpp" | "pp" (Remark 3). The structure used is ``residual_`` (fit.json "residual").
-    vecchia_k : neighbours per point of the Vecchia residual (default 20, model/vecchia_order.py VECCHIA_K).
+    vecchia_k : neighbours per point of the Vecchia residual (default 15, model/vecchia_order.py VECCHIA_K).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
     nu : Matérn smoothness ν (fixed).
     agg_threshold : Agg_threshold in 1..J (async; default ceil(0.2·J)); sync always uses J.

@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                         "full local covariance, its Vecchia approximation (sites of any size; preset stats), "
                         "modified or plain predictive process")
     p.add_argument("--vecchia-k", type=int, default=None, metavar="K",
-                   help="neighbours per point of the Vecchia residual (default 20)")
+                   help="neighbours per point of the Vecchia residual (default 15)")
     p.add_argument("--knots", type=int, default=None, help="number of knots m (default 100)")
     p.add_argument("--nu", type=float, default=None, help="Matérn smoothness ν (default 0.5)")
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import linalg
+from scipy.linalg import blas
 from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
@@ -228,7 +229,7 @@ def statistics(lm, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float
     n, m = lm.n, lm.m
     q = m + lm.p + 1
     big = np.zeros((q, 10 * q))
-    cross = np.zeros((3 * q, 3 * q))
+    cross = np.zeros((3 * q, 3 * q), order="F")
     d, dd, d2d = 0.0, np.zeros(3), np.zeros(6)
     for pos in _batches(n, plan.k, m, q):
         b = len(pos)
@@ -260,12 +261,13 @@ def statistics(lm, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float
             right[:, 4 + p] = (s[:, None] * E[:, 4 + p] + st[:, u, None] * E[:, 1 + v] + st[:, v, None] * E[:, 1 + u]
                                + 0.5 * sst[:, p, None] * e)
         big += e.T @ right.reshape(b, 10 * q)
-        Et = E[:, 1:4].reshape(b, 3 * q)
-        cross += Et.T @ (s[:, None] * Et)
+        Et = E[:, 1:4].reshape(b, 3 * q) * np.sqrt(s)[:, None]
+        cross = blas.dsyrk(1.0, Et, beta=1.0, c=cross, trans=1, overwrite_c=1)  # upper triangle of Σ s e_s e_tᵀ
         d += float(np.sum(np.log(D)))
         dd += dD.T @ s
         d2d += (d2D * s[:, None]).sum(0) - np.stack([dD[:, u] * dD[:, v] for u, v in PAIRS], 1).T @ s**2
     big = big.reshape(q, 10, q).transpose(1, 0, 2)
+    cross = np.triu(cross) + np.triu(cross, 1).T
     Tb = np.eye(q)
     Tb[:m, :m] = kf.T
 

@@ -24,7 +24,7 @@ from scipy.spatial.distance import cdist
 
 ORDERINGS = ("maxmin", "coord")
 #: default neighbour count k (docs/algorithm.md, "Residual structures")
-VECCHIA_K = 20
+VECCHIA_K = 15
 #: residual="auto": a site of more points than this uses the Vecchia residual, a smaller one the dense full one
 VECCHIA_AUTO_N = 1000
 #: positions per block of the neighbour search (a k-d tree of the prefix is built once per block)
