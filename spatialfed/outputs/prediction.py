@@ -47,6 +47,7 @@ from spatialfed.errors import DataError, WorkerTaskError
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
+from spatialfed.model.vecchia_order import VECCHIA_K
 from spatialfed.outputs import metrics
 from spatialfed.outputs import tables
 from spatialfed.outputs.results import check_same_store, load_fit
@@ -77,6 +78,7 @@ class FittedModel:
     covariate_names: list[str] | None
     store: str | None = None              # the store the fit was made on, and its fingerprint (fit.json)
     store_fingerprint: str | None = None
+    vecchia_k: int = VECCHIA_K            # neighbours of the Vecchia residual (fit.json "vecchia_k")
 
     @property
     def kernel(self) -> Matern:
@@ -98,7 +100,7 @@ def load_model(fit_dir) -> FittedModel:
     p = fit.params
     params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
     return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"),
-                       fit.extra.get("store"), fit.store_fingerprint)
+                       fit.extra.get("store"), fit.store_fingerprint, int(fit.extra.get("vecchia_k", VECCHIA_K)))
 
 
 def check_store(model: FittedModel, info: StoreInfo) -> None:
@@ -136,7 +138,7 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
                                  n_dask_workers=n_dask_workers)
 
     specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
-                            model.residual)
+                            model.residual, model.vecchia_k)
     with open_runtime(runtime, client=client, scheduler=scheduler, n_dask_workers=n_dask_workers,
                       n_sites=info.n_workers) as workers:
         try:
