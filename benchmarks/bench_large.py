@@ -28,7 +28,9 @@ held-out cells) or ``GPModel.predict``. ``peak_rss_mb``: the largest sum of resi
 child processes (the Dask workers), sampled every 0.1 s during ingest + fit + predict of that method (RSS counts
 shared pages once per process). ``crps``: mean Gaussian CRPS; ``coverage95``: share of held-out cells in the central
 95 % predictive interval (sd of a new observation). Extra keys: n_train, n_test, converged, stop_reason, mode,
-init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), params.
+init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), params; seam
+(`metrics.seam_ratio` of the held-out cells' means, issue 30) and the owner predictor's owner_seam, owner_rmse,
+owner_mae, owner_crps, owner_coverage95 and owner_predict_s (`predictor="lowrank"` on the same fit).
 
     pip install -e ".[bench]"        # gpboost
     nice -n 19 python benchmarks/bench_large.py --subsample 10000 --workers 50 --mode sync --max-iter 10
@@ -182,6 +184,16 @@ def scores(observed, mean, sd) -> dict:
     return {k: round(s[k], 4) for k in ("rmse", "mae", "crps", "coverage95")}
 
 
+def seam(train, test, mean, owner) -> float | None:
+    """metrics.seam_ratio of the held-out cells' means on the data's grid (None off a regular grid)."""
+    from spatialfed.outputs.metrics import seam_ratio
+
+    lonlat = test[["Lon", "Lat"]].to_numpy(float)
+    grid = regular_grid(np.vstack([train[["Lon", "Lat"]].to_numpy(float), lonlat]))
+    return None if grid is None else round(seam_ratio(rasterize(lonlat, np.asarray(mean, float), grid),
+                                                      rasterize(lonlat, np.asarray(owner, float), grid)), 3)
+
+
 def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dict | None = None) -> dict:
     """Ingest (area partition), fit, save and predict the held-out cells: one JSON row. With `keep`, also
     keep["mean", "sd", "owner"] = the held-out cells' predictions (in test's row order) for the figure."""
@@ -223,6 +235,10 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
         frame, _ = predict(fit_dir, store, locations=targets, runtime=args.runtime,
                            client=client if args.runtime == "dask" else None)
         predict_s = time.perf_counter() - tic
+        tic = time.perf_counter()  # the owner predictor (issue 30), for the seam and the scores beside
+        owner, _ = predict(fit_dir, store, locations=targets, runtime=args.runtime, predictor="lowrank",
+                           client=client if args.runtime == "dask" else None)
+        owner_s = time.perf_counter() - tic
     if keep is not None:
         keep.update(mean=frame["mean"].to_numpy(float), sd=frame["sd"].to_numpy(float),
                     owner=frame["owner"].to_numpy(np.int32))
@@ -232,6 +248,9 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
             "peak_rss_mb": round(mem.mb, 1), **scores(test["temp"], frame["mean"], frame["sd"]),
             "n_train": len(train), "n_test": len(test), "converged": bool(gp.converged_),
             "stop_reason": gp.stop_reason_, "mode": gp.config_.mode, "init_s": init_s,
+            "seam": seam(train, test, frame["mean"], frame["owner"]), "owner_predict_s": round(owner_s, 2),
+            "owner_seam": seam(train, test, owner["mean"], owner["owner"]),
+            **{f"owner_{k}": v for k, v in scores(test["temp"], owner["mean"], owner["sd"]).items()},
             "params": {"delta": p["delta"], "sigma2": p["sigma2"], "beta": p["beta"],
                        "gamma": [float(g) for g in p["gamma"]]}}
 

@@ -52,7 +52,7 @@ def targets(gp, X, coords=None):
 
 def predict(gp, locs, X0) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} at locs with covariates X0 (``outputs.prediction.predict_at`` with the
-    fit's default predictor: low-rank kriging, or the independence model's for method independent/fgpr), on the
+    fit's default predictor: seamless low-rank kriging, or the independence model's for method independent/fgpr), on the
     estimator's runtime."""
     from spatialfed.api.scripts import embedded_cluster, spawn_safe
     from spatialfed.data.store import open_store

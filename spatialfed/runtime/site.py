@@ -117,6 +117,13 @@ def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
     return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
 
 
+def _spacing(lm: LocalModel) -> float:
+    """The site's sampling spacing (geometry.spacing: median nearest-neighbour distance), NaN below 2 points."""
+    from spatialfed.data.geometry import spacing
+
+    return spacing(lm.locs) if len(np.unique(lm.locs, axis=0)) >= 2 else float("nan")
+
+
 def _hull(lm: LocalModel) -> bytes:
     """The region the site's observations sample (geometry.points_hull), as WKB: a polygon, not the points."""
     import shapely
@@ -133,6 +140,7 @@ SITE_CALLS = {
     "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
     "moments": LocalModel.moments,                            # p×p, p, 1, 1
     "bounds": _bounds,                                        # 4 numbers
+    "spacing": _spacing,                                      # 1 number (the seamless predictor's band)
     "hull": _hull,                                            # one polygon (the default map domain)
     "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
 }
