@@ -43,7 +43,7 @@ from spatialfed.api.progress import Progress
 from spatialfed.api.units import variogram_params
 from spatialfed.model.matern import Matern
 from spatialfed.api.settings import METHODS  # noqa: F401 (the CLI's choices)
-from spatialfed.model.names import RESIDUALS  # noqa: F401 (the CLI's choices)
+from spatialfed.model.names import RESIDUAL_CHOICES, RESIDUALS  # noqa: F401 (the CLI's choices)
 from spatialfed.runtime.factory import RUNTIMES, open_runtime  # noqa: F401 (RUNTIMES: the CLI's choices)
 from spatialfed.runtime.heterogeneity import PROFILES  # noqa: F401 (the CLI's choices)
 
@@ -61,7 +61,11 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `agg_threshold`, `preset` and `strategies` do not
         apply to it and fit.json records mode "sync".
     mode : "sync" | "async".
-    residual : "full" | "mpp" | "pp" (Remark 3).
+    residual : "auto" (default: each site uses the dense `full` residual up to 1,000 points and its Vecchia
+        approximation above; `full` with the block scheme's presets and for method="independent"/"fgpr") | "full" |
+        "vecchia" (the full residual's Vecchia approximation, SPEC §2c: sites of any size; preset "stats" only) |
+        "mpp" | "pp" (Remark 3). The structure used is ``residual_`` (fit.json "residual").
+    vecchia_k : neighbours per point of the Vecchia residual (default 15, model/vecchia_order.py VECCHIA_K).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
     nu : Matérn smoothness ν (fixed).
     agg_threshold : Agg_threshold in 1..J (async; default ceil(0.2·J)); sync always uses J.
@@ -138,12 +142,12 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary").
     """
 
-    def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
+    def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="auto", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
-                 privacy=None, delays=None, activations=None, crs=None, n_sites=None):
+                 privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -178,6 +182,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.activations = activations
         self.crs = crs
         self.n_sites = n_sites
+        self.vecchia_k = vecchia_k
 
     # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
     def __sklearn_clone__(self) -> "FederatedGP":
@@ -198,6 +203,11 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     def _config(self, n_workers: int):
         """The resolved FitConfig (or FgprConfig) for J workers (api.settings.config)."""
         return settings.config(self, n_workers)
+
+    @property
+    def vecchia_k_(self) -> int:
+        """k of the Vecchia residual (the default when vecchia_k is None; api.settings.vecchia_k)."""
+        return settings.vecchia_k(self)
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
         return settings.slowdowns(self, n_workers)
@@ -261,9 +271,10 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         with say, scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
+            self.residual_ = settings.site_residual(self, server.config, info.sizes)
             say.started(self, runtime, server, monitor.url)
             specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, Matern(self.nu),
-                                    self.residual)
+                                    self.residual_, self.vecchia_k_)
             run_tic = time.perf_counter()
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
                   on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
@@ -388,7 +399,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self._check_fitted("result_")
         cfg = self.config_
         return FitResult(
-            method=self.method, mode="sync" if self.method == "fgpr" else self.mode, residual=self.residual,
+            method=self.method, mode="sync" if self.method == "fgpr" else self.mode,
+            residual=getattr(self, "residual_", self.residual),
             nu=float(self.nu),
             n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
@@ -398,7 +410,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
-                   "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_)},
+                   "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_),
+                   "vecchia_k": self.vecchia_k_},
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 

@@ -222,7 +222,7 @@ class Progress:
         config = server.config
         setting = (f"FGPR, {config.local_steps} local {config.optimizer} steps of batch {config.batch_size}"
                    if gp.method == "fgpr" else
-                   f"{gp.mode} fit, {gp.residual} residual, Agg_threshold = {config.agg_threshold}")
+                   f"{gp.mode} fit, {getattr(gp, 'residual_', gp.residual)} residual, Agg_threshold = {config.agg_threshold}")
         self.line(f"{setting}, m = {len(np.asarray(getattr(server, 'knots', [])))} knots, ν = {gp.nu}, slowdowns = "
                   f"{slowdowns_text(gp._slowdowns(J))}")
         self.total = int(gp.max_iter) if gp.max_iter else None

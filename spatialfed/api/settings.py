@@ -12,7 +12,9 @@ import math
 import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
-from spatialfed.model.names import RESIDUALS
+from spatialfed.model.local import resolve_residual
+from spatialfed.model.names import RESIDUAL_CHOICES
+from spatialfed.model.vecchia_order import VECCHIA_K, check_k
 from spatialfed.runtime.factory import runtime_name
 from spatialfed.runtime.heterogeneity import PROFILES, profile_slowdowns, resolve_slowdowns
 
@@ -22,11 +24,13 @@ METHODS = ("lowrank", "independent", "fgpr")
 def check_settings(gp) -> None:
     """Refuse settings that cannot work together (one line naming the parameter and the fix)."""
     for name, value, allowed in (("method", gp.method, METHODS), ("mode", gp.mode, MODES),
-                                 ("residual", gp.residual, RESIDUALS)):
+                                 ("residual", gp.residual, RESIDUAL_CHOICES)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     runtime = runtime_name(gp.runtime)
-    if gp.method in ("independent", "fgpr") and gp.residual != "full":
+    if gp.vecchia_k is not None:
+        check_k(gp.vecchia_k)
+    if gp.method in ("independent", "fgpr") and gp.residual not in ("full", "auto"):
         raise ValueError(f"method={gp.method!r} (Eq. 3) uses each worker's full local covariance; "
                          f"residual={gp.residual!r} applies to method='lowrank' only")
     if gp.method == "fgpr":
@@ -60,6 +64,29 @@ def check_settings(gp) -> None:
             raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
         if gp.checkpoint is None:
             raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+
+
+def vecchia_k(gp) -> int:
+    """k of the Vecchia residual (VECCHIA_K when vecchia_k is None)."""
+    return VECCHIA_K if gp.vecchia_k is None else check_k(gp.vecchia_k)
+
+
+def site_residual(gp, config, sizes) -> str:
+    """The residual the sites use (fit.json "residual"): `full` for the independence model and FGPR, and for
+    "auto" with the block scheme (its theta step has no Vecchia form); "auto" becomes the structure every site
+    resolves to, or stays "auto" when the sizes straddle VECCHIA_AUTO_N (each site then resolves its own)."""
+    if gp.method != "lowrank":
+        return "full"
+    block = getattr(config, "scheme", "stats") == "block"
+    if gp.residual == "vecchia" and block:
+        raise ValueError("residual='vecchia' needs the statistics scheme (preset='stats', the default): the block "
+                         "scheme's theta step has no Vecchia form; drop preset= or use residual='full'")
+    if gp.residual != "auto":
+        return gp.residual
+    if block:
+        return "full"
+    kinds = {str(resolve_residual("auto", int(n))) for n in sizes}
+    return kinds.pop() if len(kinds) == 1 else "auto"
 
 
 def config(gp, n_workers: int):

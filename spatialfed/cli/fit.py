@@ -26,7 +26,7 @@ CHECKPOINT_NAME = "checkpoint.pkl"
 #: options handed to FederatedGP under their own name when given
 ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "agg_threshold", "preset", "max_iter", "tol",
                      "time_budget", "profile", "slowdown", "domain", "seed", "on_worker_error", "delays",
-                     "activations", "checkpoint_every")
+                     "activations", "checkpoint_every", "vecchia_k")
 #: FgprConfig settings (--method fgpr)
 FGPR_OPTIONS = ("local_steps", "batch_size", "optimizer", "lr", "batching", "participation")
 
@@ -36,7 +36,7 @@ HELP = "fit the federated low-rank GP (or a baseline: independent, fgpr) on a pa
 
 def register(subparsers) -> None:
     """Register `spatialfed fit` (SPEC §6)."""
-    from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUALS, RUNTIMES
+    from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUAL_CHOICES, RUNTIMES
 
     p = subparsers.add_parser(
         NAME, help=HELP,
@@ -50,9 +50,12 @@ def register(subparsers) -> None:
                    help="output directory for the result files (required unless --resume, whose DIR is the default)")
     p.add_argument("--method", choices=METHODS, default=None, help="model (default lowrank)")
     p.add_argument("--mode", choices=MODES, default=None, help="synchronous or asynchronous (default async)")
-    p.add_argument("--residual", choices=RESIDUALS, default=None,
-                   help="residual structure R_j: full local covariance, modified or plain predictive process "
-                        "(default full)")
+    p.add_argument("--residual", choices=RESIDUAL_CHOICES, default=None,
+                   help="residual structure R_j: auto (default: full up to 1,000 points per site, vecchia above), "
+                        "full local covariance, its Vecchia approximation (sites of any size; preset stats), "
+                        "modified or plain predictive process")
+    p.add_argument("--vecchia-k", type=int, default=None, metavar="K",
+                   help="neighbours per point of the Vecchia residual (default 15)")
     p.add_argument("--knots", type=int, default=None, help="number of knots m (default 100)")
     p.add_argument("--nu", type=float, default=None, help="Matérn smoothness ν (default 0.5)")
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",

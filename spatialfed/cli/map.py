@@ -35,6 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-sites", action="store_true",
                    help="do not draw observation sites (drawing them sends the site coordinates, not the values, "
                         "from the workers)")
+    p.add_argument("--show-owners", action="store_true",
+                   help="draw the boundaries between the sites' regions (the owner of each cell) as thin lines")
     add_batch(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -47,7 +49,8 @@ def run(args) -> None:
     tic = time.perf_counter()
     paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
                      units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
-                     sites=not args.no_sites, batch=args.batch, progress=not args.quiet, **fitted_settings(args))
+                     sites=not args.no_sites, show_owners=args.show_owners, batch=args.batch,
+                     progress=not args.quiet, **fitted_settings(args))
     summary = json.loads(paths["json"].read_text())
     print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "
           f"{summary['resolution']:g}) in {time.perf_counter() - tic:.1f} s")

@@ -19,22 +19,30 @@ from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from spatialfed.errors import check_finite
-from spatialfed.model import dense, kriging
+from spatialfed.model import dense, kriging, vecchia
 from spatialfed.model import theta as theta_step
 from spatialfed.model.basis import KnotBasis, check_knots
 from spatialfed.model.linalg import DenseFactor, DiagFactor, inner
 from spatialfed.model.matern import Matern, check_points
-from spatialfed.model.names import BLOCK_STEPS, RESIDUALS, Residual
+from spatialfed.model.names import BLOCK_STEPS, RESIDUAL_CHOICES, Residual
 from spatialfed.model.params import Params
 from spatialfed.model.variogram import binned_semivariogram
+from spatialfed.model.vecchia_order import VECCHIA_AUTO_N, VECCHIA_K, VecchiaPlan, check_k, check_ordering, vecchia_plan
 
 STEPS = BLOCK_STEPS
 
 
-def check_residual(residual: str) -> Residual:
-    """Validate the residual structure name of Remark 3."""
-    if residual not in RESIDUALS:
-        raise ValueError(f"residual must be one of {RESIDUALS} (Remark 3), got {residual!r}")
+def check_residual(residual: str) -> str:
+    """Validate the residual structure name of Remark 3 (or "auto", SPEC §2c)."""
+    if residual not in RESIDUAL_CHOICES:
+        raise ValueError(f"residual must be one of {RESIDUAL_CHOICES} (Remark 3, SPEC §2c), got {residual!r}")
+    return residual if residual == "auto" else Residual(residual)
+
+
+def resolve_residual(residual: str, n: int) -> Residual:
+    """The structure a site of n points uses: "auto" is `full` up to VECCHIA_AUTO_N points, `vecchia` above."""
+    if check_residual(residual) == "auto":
+        return Residual.VECCHIA if n > VECCHIA_AUTO_N else Residual.FULL
     return Residual(residual)
 
 
@@ -54,9 +62,16 @@ class _Factorised:
 
     def __init__(self, model: "LocalModel", delta: float, sigma2: float, beta: float, whiten: bool = True):
         self.key = (delta, sigma2, beta)
-        self.kb = model._basis(beta)
         self.eps = 1.0 / delta
         self.sigma2 = sigma2
+        if model.residual == "vecchia":  # no factor: the whitened data come point by point (model/vecchia.py)
+            self.kb = self.factor = None
+            kf = vecchia.KnotFactors(model.kernel, model.d_K, model.locs, model.knots, beta, derivatives=False)
+            self.logdet, W = vecchia.whitened(model, model.vecchia_plan, kf, sigma2, self.eps, beta)
+            m, p = model.m, model.p
+            self.Bh, self.Xh, self.zh = W[:, :m], W[:, m : m + p], W[:, -1]
+            return
+        self.kb = model._basis(beta)
         what = f"R_j of worker data (n={model.n})"
         if model.residual == "full":
             self.factor = DenseFactor(dense.dense_residual(model, self.kb, sigma2, self.eps), what)  # in place
@@ -78,7 +93,8 @@ class _Factorised:
 class LocalModel:
     """Worker j's partition (S_j, z_j, X_j) with the shared knots: computes L_j(p) (Eq. 13, SPEC §3)."""
 
-    def __init__(self, locs, z, X, knots, kernel: Matern, residual: str = "full"):
+    def __init__(self, locs, z, X, knots, kernel: Matern, residual: str = "full", vecchia_k: int = VECCHIA_K,
+                 vecchia_ordering: str = "maxmin"):
         self.locs = check_points(locs, "locs")
         self.z = check_finite(np.asarray(z, dtype=float).reshape(-1), "z")
         X = np.asarray(X, dtype=float)
@@ -96,11 +112,21 @@ class LocalModel:
         if not isinstance(kernel, Matern):
             raise TypeError(f"kernel must be a spatialfed Matern, got {type(kernel).__name__}")
         self.kernel = kernel
-        self.residual = check_residual(residual)
+        self.residual = resolve_residual(residual, n)
+        self.vecchia_k = check_k(vecchia_k)  # neighbours per point of the Vecchia residual (SPEC §2c)
+        self.vecchia_ordering = check_ordering(vecchia_ordering)
+        self._plan: VecchiaPlan | None = None  # the Vecchia ordering and neighbours, O(n_j k), built on first use
         self.d_K = cdist(self.knots, self.knots)
         self._white: _Whitened | None = None  # the latest (δ, θ)'s whitened data: what the fit keeps between requests
         self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
         self._tree: cKDTree | None = None  # k-d tree of locs (owner assignment), O(n_j), built on first use
+
+    @property
+    def vecchia_plan(self) -> VecchiaPlan:
+        """The Vecchia ordering and conditioning sets of this site (locations only: built once, kept)."""
+        if self._plan is None:
+            self._plan = vecchia_plan(self.locs, self.vecchia_k, self.vecchia_ordering)
+        return self._plan
 
     @property
     def n(self) -> int:
@@ -127,6 +153,8 @@ class LocalModel:
         out = []
         if self._white is not None:
             out += [self._white.Bh, self._white.Xh, self._white.zh]
+        if self._plan is not None:
+            out += [self._plan.order, self._plan.nbrs]
         if self._kriging is not None:
             fz = self._kriging
             out += [a for a in (getattr(fz.factor, "L", None), getattr(fz.factor, "r", None), fz.Bh, fz.Xh, fz.zh)
@@ -241,6 +269,10 @@ class LocalModel:
 
     def theta(self, params: Params) -> dict:
         """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16): model/theta.py."""
+        if self.residual == "vecchia":
+            raise ValueError("residual='vecchia' answers the statistics scheme (preset 'stats', the default) and the "
+                             "mu_sigma/gamma/value sub-steps, not the block scheme's theta step: use preset='stats' "
+                             "or residual='full'")
         return theta_step.theta(self, self._factorise(params), params)
 
     # --- prediction (federated kriging): the residual part, computed where the data live -------------
@@ -250,6 +282,7 @@ class LocalModel:
         if self._tree is None:
             self._tree = cKDTree(self.locs)
         return self._tree.query(check_points(locs0, "prediction locations"), k=1)[0]
+
     def _kriging_factor(self, params: Params) -> _Factorised:
         """The one factorisation a worker keeps: R_j at params' (δ, θ), reused by every prediction batch."""
         if self._kriging is None or self._kriging.key != params.theta_key:
@@ -260,11 +293,16 @@ class LocalModel:
     def residual_kriging(self, locs0, params: Params) -> dict:
         """E[w̃(s₀) | η = μ, z_j], and the pieces of Var(y(s₀) | z) owed to this worker's residual.
 
-        With k̃ = cov(w̃(s₀), w̃_j): mean = k̃R_j⁻¹(z_j − X_jγ − B_jμ), BRk = (B_jᵀR_j⁻¹k̃ᵀ)ᵀ and kRk = diag(k̃R_j⁻¹k̃ᵀ);
-        sizes grow with the number of prediction points, never with n_j.
+        With k̃ = cov(w̃(s₀), w̃_j): mean = k̃R_j⁻¹(z_j − X_jγ − B_jμ), BRk = (B_jᵀR_j⁻¹k̃ᵀ)ᵀ and
+        kRk = diag(k̃R_j⁻¹k̃ᵀ); sizes grow with the number of prediction points, never with n_j. The Vecchia residual
+        conditions each location on its k nearest points of the site instead (model/vecchia.py: kriging).
         """
         self._check_params(params)
         locs0 = check_points(locs0, "prediction locations")
+        if self.residual == "vecchia":  # the residual conditioned on the k nearest points of the site
+            if self._tree is None:
+                self._tree = cKDTree(self.locs)
+            return vecchia.kriging(self, locs0, params, self.vecchia_k, self._tree)
         return kriging.residual_kriging(self, self._kriging_factor(params), locs0, params)
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:

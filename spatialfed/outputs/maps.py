@@ -7,7 +7,8 @@ in `prediction.predict_at`) and writes into the output directory:
   rioxarray; `xarray.open_dataset(path, decode_coords="all").rio.crs` gives the CRS back), for xarray/GDAL/QGIS users;
 - `grid.gpkg`: the cells as polygons with columns mean, sd, sd_latent, owner (layer "prediction"), for GIS users;
 - `map.png`: mean and sd side by side with the domain outline, observation sites, optional overlays (e.g. a river),
-  the CRS's short name on the axes and colour bars labelled "mean (units)" and "sd (units)";
+  on request (`show_owners`) the boundaries between the sites' regions as thin lines, the CRS's short name on the
+  axes and colour bars labelled "mean (units)" and "sd (units)";
 - `map.json`: predictor, number of cells, resolution, CRS (as stored and its short name) and the ranges of mean and sd.
 Covariates other than the intercept come from a table of points (`covariates`, read by `tables.read_points`, so a
 file in another CRS is reprojected; nearest point within one cell). Overlays in another CRS are reprojected too.
@@ -210,8 +211,8 @@ def build_map_figure(grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
             overlays.plot(ax=ax, facecolor="#9ecae1", edgecolor="#3182bd", linewidth=0.6, alpha=0.8, zorder=2)
         domain.to_geoseries().boundary.plot(ax=ax, color="0.15", linewidth=0.8, zorder=3)
         if owner is not None:
-            ax.add_collection(LineCollection(owner_edges(grid, owner), colors="white", linewidths=0.8, alpha=0.75,
-                                             zorder=3, label="boundaries between workers' areas (owner rule)"))
+            ax.add_collection(LineCollection(owner_edges(grid, owner), colors="white", linewidths=0.5, alpha=0.6,
+                                             zorder=3, label="boundaries between the sites' regions"))
         if sites is not None and len(sites):
             ax.scatter(sites[:, 0], sites[:, 1], s=9, facecolor="white", edgecolor="black", linewidth=0.5,
                        zorder=4, label=f"observation sites (n = {len(sites)})")
@@ -248,9 +249,11 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 
 
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, units="", title=None,
-             overlay=None, overlay_label="", sites=True, predictor=None, worker=None, runtime="auto", client=None,
-             scheduler=None, n_dask_workers=None, batch=None, progress: bool = False) -> dict:
+             overlay=None, overlay_label="", sites=True, show_owners=False, predictor=None, worker=None,
+             runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
+             progress: bool = False) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
+    `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin lines.
 
     Cells are predicted in batches (`prediction.predict_batches`, `batch` cells per round; default `batch_size`),
     each batch's cells appended to grid.gpkg in the staged output directory as it finishes, with a tqdm bar and ETA
@@ -274,6 +277,8 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
                                  batch_size(len(model.knots), batch), tmp / GRID_GPKG, progress)
             locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
                 if sites else None
+        if not show_owners:
+            pred = {**pred, "owner": np.full(len(pred["owner"]), -1)}  # the rasters/PNG only: grid.gpkg has them
         paths = _write_map_files(tmp, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units, title)
     return {key: out / Path(path).name for key, path in paths.items()}
 

@@ -11,7 +11,11 @@ holds s₀. The owner computes the residual part of s₀ from its own data (`Loc
 arrays whose size is the number of its prediction points, never n_j: raw data never leave a worker.
 
 Predictors (`PREDICTORS`):
-- `lowrank`: the federated low-rank kriging above (residual pp: the low-rank part alone).
+- `seamless` (default for low-rank fits): the low-rank kriging above with the residual part blended over the sites
+  whose data lie within a band of s₀ (smooth partition-of-unity weights, `outputs.seamless`): continuous across the
+  owners' boundaries, the owner's prediction deep inside its region.
+- `lowrank`: the federated low-rank kriging above, the residual from the owner alone (the owner predictor; residual
+  pp: the low-rank part alone).
 - `independent`: the independence model (Eq. 3): each s₀ kriged by its owner from its own data only, global (γ, δ, θ).
 - `personal`: FGPR's personalised prediction: one chosen worker kriges every s₀ from its own data, global (γ, δ, θ).
 - `ols`: pooled ordinary least squares from the workers' moments (XᵀX, Xᵀz, zᵀz): mean x₀ᵀγ̂ and the OLS
@@ -47,12 +51,13 @@ from spatialfed.errors import DataError, WorkerTaskError
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
-from spatialfed.outputs import metrics
+from spatialfed.model.vecchia_order import VECCHIA_K
+from spatialfed.outputs import metrics, seamless
 from spatialfed.outputs import tables
 from spatialfed.outputs.results import check_same_store, load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
-PREDICTORS = ("lowrank", "independent", "personal", "ols")
+PREDICTORS = ("seamless", "lowrank", "independent", "personal", "ols")
 INTERCEPT = "intercept"
 CHUNK = 2048   # prediction locations per round of worker tasks when predict_at is given no batch size
 #: entries of the server's largest per-batch matrix (batch × m): 4·2²⁰ float64 = 32 MB
@@ -77,6 +82,7 @@ class FittedModel:
     covariate_names: list[str] | None
     store: str | None = None              # the store the fit was made on, and its fingerprint (fit.json)
     store_fingerprint: str | None = None
+    vecchia_k: int = VECCHIA_K            # neighbours of the Vecchia residual (fit.json "vecchia_k")
 
     @property
     def kernel(self) -> Matern:
@@ -98,7 +104,7 @@ def load_model(fit_dir) -> FittedModel:
     p = fit.params
     params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
     return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"),
-                       fit.extra.get("store"), fit.store_fingerprint)
+                       fit.extra.get("store"), fit.store_fingerprint, int(fit.extra.get("vecchia_k", VECCHIA_K)))
 
 
 def check_store(model: FittedModel, info: StoreInfo) -> None:
@@ -136,7 +142,7 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
                                  n_dask_workers=n_dask_workers)
 
     specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
-                            model.residual)
+                            model.residual, model.vecchia_k)
     with open_runtime(runtime, client=client, scheduler=scheduler, n_dask_workers=n_dask_workers,
                       n_sites=info.n_workers) as workers:
         try:
@@ -208,7 +214,7 @@ def _check_targets(model: FittedModel, locs0, X0) -> tuple[np.ndarray, np.ndarra
     return locs0, X0
 
 
-def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
+def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "seamless", worker: int | None = None,
                     batch: int = CHUNK):
     """Yield (start, part) for consecutive batches of `batch` locations: part = {"mean", "sd", "sd_latent",
     "owner"} at locs0[start:start + batch]. Each batch is one round of site calls (owner distances, then the owners'
@@ -222,8 +228,10 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "lo
         for i in range(0, len(locs0), batch):
             yield i, ols_prediction(mom, X0[i:i + batch])
         return
+    # the seamless band: one number per site, asked once (pp has no residual part, nothing to blend)
+    h = seamless.band_width(workers) if predictor == "seamless" and model.residual != "pp" else None
     for i in range(0, len(locs0), batch):
-        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker)
+        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, h)
 
 
 def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream=None):
@@ -241,7 +249,7 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream
                 mininterval=0.5 if live else 15.0, smoothing=0.1)
 
 
-def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank", worker: int | None = None,
+def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamless", worker: int | None = None,
                chunk: int | None = None, *, progress: bool = False) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
 
@@ -265,12 +273,16 @@ def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "lowrank
     return out
 
 
-def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worker: int | None) -> dict:
-    """predict_at for one block of locations (lowrank, independent or personal)."""
+def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worker: int | None,
+                   band: float | None = None) -> dict:
+    """predict_at for one block of locations (seamless with its band half-width `band`, lowrank, independent or
+    personal)."""
+    if band is not None:
+        return seamless.predict_block(workers, model, locs0, X0, band)
     par = model.params
     owners = np.full(len(locs0), int(worker)) if predictor == "personal" else owners_of(workers, locs0)
     groups = _groups(owners)
-    if predictor == "lowrank":
+    if predictor in ("lowrank", "seamless"):
         owned = {}
         if model.residual != "pp":
             parts = workers.call("residual_kriging", {j: (locs0[idx], par) for j, idx in groups.items()})
@@ -367,8 +379,8 @@ def prediction_frame(targets: Targets, pred: dict, outside: np.ndarray) -> pd.Da
 
 
 def default_predictor(model: FittedModel) -> str:
-    """`lowrank` for low-rank fits, `independent` for the baselines' fits."""
-    return "lowrank" if model.method == "lowrank" else "independent"
+    """`seamless` for low-rank fits, `independent` for the baselines' fits."""
+    return "seamless" if model.method == "lowrank" else "independent"
 
 
 def _prepare(fit_dir, store, locations, predictor, worker):

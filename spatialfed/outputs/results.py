@@ -91,6 +91,8 @@ class FitResult:
             doc["variogram_params"] = dict(self.extra["variogram_params"])
         if (self.extra or {}).get("boundary"):  # beyond SPEC §6: parameters left on a bound, e.g. {"delta": "upper"}
             doc["boundary"] = dict(self.extra["boundary"])
+        if self.residual in ("vecchia", "auto") and (self.extra or {}).get("vecchia_k"):  # beyond SPEC §6 (§2c)
+            doc["vecchia_k"] = int(self.extra["vecchia_k"])
         return doc
 
 

@@ -8,24 +8,14 @@ import pytest
 
 import spatialfed.model.dense as dense
 from spatialfed.model.dense import column_blocks, fill_upper
-from spatialfed.model.local import LocalModel
-from spatialfed.model.matern import Matern
-from spatialfed.model.params import Params
 from spatialfed.model.stats import site_statistics
+from support import one_site
 
 RESIDUALS = ["full", "mpp", "pp"]
 
 
 def make(n=240, m=9, residual="full", nu=0.5, seed=0):
-    rng = np.random.default_rng(seed)
-    locs = rng.uniform(size=(n, 2))
-    g = np.linspace(0.1, 0.9, int(np.sqrt(m)))
-    knots = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
-    X = np.column_stack([np.ones(n), rng.standard_normal(n)])
-    z = 3.0 + rng.standard_normal(n)
-    A = rng.standard_normal((m, m))
-    par = Params(0.3 * rng.standard_normal(m), A @ A.T / m + 0.1 * np.eye(m), np.array([2.9, 0.1]), 2.0, 1.3, 0.2)
-    return LocalModel(locs, z, X, knots, Matern(nu), residual), par
+    return one_site(n, m, residual, nu, seed)
 
 
 def n_by_n(lm):
