@@ -175,3 +175,20 @@ def test_seam_ratio():
     assert np.isnan(seam_ratio(step, np.where(x >= 20, -1.0, 0.0)))  # one owner left: no pair across
     with pytest.raises(ValueError, match="one shape"):
         seam_ratio(step, owner[:, :5])
+
+
+@pytest.mark.slow
+def test_the_docs_figure_pipeline(tmp_path):
+    """pipelines/seamless_map.py (docs/maps.md's picture) runs and finds the seam it was written to show."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "pipelines" / "seamless_map.py"
+    spec = importlib.util.spec_from_file_location("seamless_map", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--out", str(tmp_path)]) == 0
+    seam = json.loads((tmp_path / "summary.json").read_text())["seam"]
+    assert seam["lowrank"] > 2.0 and seam["seamless"] < 1.5
+    assert (tmp_path / "seamless_map.png").read_bytes()[:4] == b"\x89PNG"
