@@ -143,11 +143,12 @@ def test_sites_answer_from_their_own_data_only(fitted):
     assert np.all(np.abs(after["mean"][w1 > 0.05] - before["mean"][w1 > 0.05]) > 0)
 
 
-def test_pp_fits_have_nothing_to_blend(fitted):
+@pytest.mark.parametrize("residual", ["pp", "mpp"])
+def test_pp_and_mpp_fits_have_nothing_to_blend(fitted, residual):
     import dataclasses
 
     store, _, model = fitted
-    model = dataclasses.replace(model, residual="pp")
+    model = dataclasses.replace(model, residual=residual)
     locs0, _, X0 = load_test(store)
     with pr.open_workers(open_store(store), model, "simulated") as workers:
         got = pr.predict_at(workers, model, locs0, X0, "seamless")
