@@ -193,3 +193,33 @@ def test_the_docs_figure_pipeline(tmp_path):
     seam = json.loads((tmp_path / "summary.json").read_text())["seam"]
     assert seam["lowrank"] > 2.0 and seam["seamless"] < 1.5
     assert (tmp_path / "seamless_map.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_map_draws_the_owners_boundaries_only_on_request(fitted, tmp_path, monkeypatch):
+    """`spatialfed map` draws no boundary lines by default; --show-owners draws the owners' edges on map.png."""
+    from spatialfed.outputs import maps
+
+    store, fit, model = fitted
+    real, drawn = maps.build_map_figure, []
+
+    def spy(*args, **kw):
+        drawn.append(kw.get("owner"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(maps, "build_map_figure", spy)
+    cov = tmp_path / "cov.csv"
+    c = (np.arange(20) + 0.5) / 20
+    xx, yy = np.meshgrid(c, c)
+    pts = {"x": xx.ravel(), "y": yy.ravel(), **{f"x{k}": np.zeros(400) for k in range(1, 6)}}
+    import pandas as pd
+
+    pd.DataFrame(pts).to_csv(cov, index=False)
+    for extra in ([], ["--show-owners"]):
+        assert main(["map", str(fit), "--store", str(store), "--out", str(tmp_path / f"map{len(extra)}"),
+                     "--runtime", "simulated", "--resolution", "0.05", "--covariates", str(cov), "--quiet",
+                     *extra]) == 0
+    assert drawn[0] is None
+    grid_owner = np.asarray(drawn[1])
+    assert set(np.unique(grid_owner)) == {0, 1}
+    png = (tmp_path / "map1" / "map.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and png != (tmp_path / "map0" / "map.png").read_bytes()
