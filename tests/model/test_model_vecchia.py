@@ -8,7 +8,7 @@ from scipy.spatial.distance import cdist
 
 from spatialfed.model import vecchia
 from spatialfed.model.local import resolve_residual
-from spatialfed.model.stats import PAIRS, message_size, site_statistics
+from spatialfed.model.stats import PAIRS, message_size, site_statistics, stats_flops
 from spatialfed.model.vecchia_order import VECCHIA_AUTO_N, maxmin_order, ordered_neighbours, vecchia_plan
 from support import one_site
 
@@ -160,3 +160,20 @@ def test_batches_do_not_change_the_statistics(monkeypatch):
     many = site_statistics(lm, par)
     for key in KEYS:
         assert rel(many[key], one[key]) < 1e-11, key
+
+
+def test_the_virtual_clock_charges_the_vecchia_cost():
+    """stats_flops of the Vecchia residual: linear in n_j, about (k+1)² per point in its local products, charged with
+    the site's own k; it crosses the full residual's between 500 and 2,000 points (measured: near 1,000)."""
+    from spatialfed.algorithm.protocol import Augmented
+    from spatialfed.runtime.virtual import FlopCost
+
+    assert stats_flops(20_000, 100, 1, "vecchia", 15) == pytest.approx(2 * stats_flops(10_000, 100, 1, "vecchia", 15))
+    assert stats_flops(10_000, 100, 1, "vecchia", 30) > 2 * stats_flops(10_000, 100, 1, "vecchia", 10)
+    assert stats_flops(500, 100, 1, "vecchia", 15) > stats_flops(500, 100, 1, "full")
+    assert stats_flops(2_000, 100, 1, "vecchia", 15) < stats_flops(2_000, 100, 1, "full")
+    assert stats_flops(5_000, 100, 1, "vecchia", 15) < 0.05 * stats_flops(5_000, 100, 1, "full")
+    lm5, par = make(n=200, vecchia_k=5)
+    lm30, _ = make(n=200, vecchia_k=30)
+    p = Augmented(par, 0, "stats")
+    assert FlopCost().seconds(lm30, p, 0.0) > 3 * FlopCost().seconds(lm5, p, 0.0)
