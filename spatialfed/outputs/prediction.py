@@ -231,8 +231,9 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
         for i in range(0, len(locs0), batch):
             yield i, ols_prediction(mom, X0[i:i + batch])
         return
-    # the seamless band: one number per site, asked once (pp has no residual part, nothing to blend)
-    h = seamless.band_width(workers) if predictor == "seamless" and model.residual != "pp" else None
+    # the seamless band: one number per site, asked once (pp has no residual part and mpp's is uncorrelated between
+    # distinct locations, a surface without seams: nothing to blend)
+    h = seamless.band_width(workers) if predictor == "seamless" and model.residual not in ("pp", "mpp") else None
     for i in range(0, len(locs0), batch):
         yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, h)
 
