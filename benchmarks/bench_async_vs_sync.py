@@ -1,61 +1,43 @@
-"""Asynchronous vs synchronous fitting under balanced and graded compute (the paper's Section 6.2, small scale).
+"""Asynchronous against synchronous fitting over many data sets: the distribution of the async/sync time ratio.
 
-Setting: J = 10 workers, m = 100 knots, ν = 0.5, β = 0.1, full residual (``--residual``), Agg_threshold = 2 (= 0.2·J).
-For each profile (balanced, graded) and runtime (simulated virtual clock and/or Dask) it runs the synchronous and the
-asynchronous algorithm and measures the time each needs until every parameter (δ, σ², β and every γ_k) stays within
-1e-3 relative of the converged synchronous estimate (a synchronous fit run to tol = 1e-10). Times are seconds since
-the fit started (virtual seconds for the simulated runtime, wall seconds for Dask), so both include the φ₀ pass.
+For every combination of seed × profile × n_j × partition × site sizes it simulates a store (SPEC §7: J workers,
+m knots, Matérn ν, range β; one store per (seed, n_j, partition, sizes), shared by both modes and every profile),
+fits it synchronously and asynchronously under the profile's slowdowns and measures the time each fit needs until
+every parameter (δ, σ², β and every γ_k) stays within 1e-3 relative of the synchronous reference optimum (a
+synchronous fit to tol 1e-10). Times are seconds since the fit started (virtual seconds on the simulated runtime,
+wall seconds on Dask), so both include the φ₀ pass.
 
-    python benchmarks/bench_async_vs_sync.py [--runtime simulated|dask|both] [--n-per-worker 200,500,1000]
-        [--residual full|mpp|pp] [--profiles balanced,straggler,graded,graded:12] [--preset stats|tuned|paper|basic]
+    python benchmarks/bench_async_vs_sync.py --seeds 0-9 --profiles balanced,straggler,graded,graded:12 \\
+        --n-per-worker 200,500 --partition random,area [--sizes equal,aligned,unaligned] [--jobs 2]
+        [--workers 10] [--knots 100] [--nu 0.5] [--range 0.1] [--residual full|mpp|pp]
+        [--preset stats|tuned|paper|basic] [--runtime simulated|dask|both] [--async-options JSON] [--max-iter 300]
+        [--rows rows.jsonl [--summary-only]]
 
-prints {"results": [{"profile", "runtime", "sync_s", "async_s", "ratio", "n_per_worker", "residual", "preset",
-"sync_rounds", "async_rounds", "settled"}, ...]} (ratio = async_s / sync_s; null when a run never settled within the
-tolerance; settled = both runs settled; *_rounds = the iterations of each run: for --preset stats the statistics
-round trips of the synchronous run and the answers per site of the asynchronous one, whose aggregations are in
-async_aggregations). Progress goes to stderr.
+`--seeds` takes ranges and lists (0-4,7); `--sizes` takes named layouts (equal; aligned, unaligned, inverse: Figure
+7's sizes from 1.5·n_j down to 0.5·n_j on the workers in order of speed, shuffled, or reversed) or one explicit list
+of J sizes (100,150,...; ';' separates several lists). `--jobs N` runs N stores at once in worker processes: on the
+virtual clock a run's times do not depend on the machine's load. `--rows PATH` keeps the rows as JSON lines as each
+store finishes; the same command again runs only the stores missing there, and with `--summary-only` it summarizes
+what is there (a grid still running, or one that was stopped). `--seed S` is `--seeds S`; `--store PATH` writes (or
+reuses) the one store of a single combination there.
 
-``--preset stats`` runs algorithm/stats_server.StatsServer (one round trip per iteration, SPEC §2b) on the virtual
-clock (FlopCost: deterministic), through the same store → runtime.site → runtime.driver path as the estimator; its
-reference is the synchronous StatsServer run to tol 1e-10 (the same ℓ_LR maximiser as the block algorithm's).
+Prints one JSON document on stdout, progress on stderr (ending with the summary as a Markdown table):
+{"settings": {...}, "rows": [...], "summary": {"by_group": [...], "by_profile": [...], "bounds": [...]}, "wall_s": ...}
+- a row per (seed, partition, sizes, profile, n_per_worker) with sync_s, async_s, ratio = async_s / sync_s (null
+  when a run never settled), settled (both did), dloglik = ℓ(async) − ℓ(reference), sync_dloglik, sync_rounds and
+  async_rounds (for --preset stats: the statistics round trips of the synchronous run, the answers per site of the
+  asynchronous one, whose aggregations are in async_aggregations), and the wall seconds it took;
+- a summary per (profile, n_per_worker, partition, sizes) and per profile: runs, settled, on_optimum
+  (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst;
+- bounds: issue 27's "Done when" bounds (every run settled on the synchronous optimum, no ratio above 1.05,
+  balanced ≤ 1.02, mean over straggler and graded ≤ 0.5, over graded:12 ≤ 0.85), each with its value and whether
+  it holds (an unsettled run counts as an infinite ratio there).
 
---preset stats (the default; StatsServer, SPEC §2b), virtual clock (FlopCost), 2026-11-24 (session 11: third-order
-models of slow sites from their earlier answers, held sites released at a step of 3e-2; control-variate stale models,
-slow sites held until the others settle, third-order models of idle sites, asynchronous trust region, answers due
-together taken together, synchronous fallback; docs/algorithm.md); sync_s / async_s (ratio), sync round trips.
-Every run settled; async ℓ within 2e-9 of sync.
-- full, n = 200: balanced 0.46 / 0.46 (1.00), 4; straggler 9.57 / 3.81 (0.40); graded 9.57 / 4.77 (0.498).
-- full, n = 500: balanced 2.86 / 2.86 (1.00), 5; straggler 59.1 / 23.5 (0.40); graded 59.1 / 29.4 (0.497).
-- full, n = 1000: balanced 25.0 / 25.0 (1.00), 6; straggler 516.5 / 143.3 (0.28); graded 516.5 / 196.8 (0.38).
-- mpp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 6.29 (0.33); graded 18.8 / 7.51 (0.40).
-- pp, n = 500: balanced 0.91 / 0.91 (1.00), 6; straggler 18.8 / 5.61 (0.30); graded 18.8 / 7.03 (0.37).
-- full, graded:12 (the milder imbalance, slowdowns 1 to 5.2): n = 200 2.39 / 2.55 (1.07), n = 500 14.8 / 20.2 (1.37);
-  n = 200 with --seed 1 / --seed 2: 1.69 / 2.03. Async is slower here (docs/algorithm.md, "Still weak").
-Before session 11 (commit 141ae3c): graded 0.53, 0.50, 0.44, mpp 0.45, pp 0.40; straggler 0.40, 0.41, 0.28, mpp
-0.33, pp 0.30; graded:12 1.29 (n = 200), 1.70 (n = 500).
-Before the wait rule (commit 756ccb2): graded 0.71, 1.04, mpp 2.06, pp 0.31. Before control variates and pacing
-(commit 89bbd44): n = 200 straggler 1.00, graded 0.77; n = 500 straggler 0.70, graded 1.33; n = 1000 straggler 0.60,
-graded 2.23; mpp n = 500 graded 8.0; pp n = 500 0.75 / 0.75.
-- dask, stats, n = 500, 10 workers (commit be52270, before the wait rule): graded 30.4 / 128.6 (4.23), balanced
-  14.7 / 98.9 (6.71) at K = 1 (CPU contention of 10 processes on 2 cores); graded 135.6 / 143.5 (1.06) at
-  ``--dask-slowdown-scale 20``, matching the virtual clock's 1.04 of the time.
-- dask, stats, n = 500, 10 workers, ``--dask-slowdown-scale 10`` (commit 69e616e: worker malloc settings; idle
-  machine, two runs): graded 38.4 / 19.5 (0.51) and 37.6 / 20.6 (0.55); balanced 2.37 / 2.29 (0.97). Session 11
-  (secant models, release at 3e-2; idle machine): graded 38.7 / 21.8 (0.56), the slowest site answering 4 times.
-
-Measured on the 2-core development machine (shared with other jobs), 2026-11-22; ratio = async_s / sync_s:
-- simulated, n = 1000, ``--preset tuned`` (FitConfig.tuned: correction on, uniform weights, no moving average,
-  staleness-scaled step): balanced 10.8 s / 10.8 s (1.00); graded 223.9 s / 104.4 s (0.47).
-- simulated, n = 1000, ``--preset paper`` (all three strategies, Remark 8 values; the default then), since the moving
-  average of Eq. (19) averages block updates (docs/algorithm.md): graded 223.9 s / 218.3 s (0.97); balanced never
-  settled within 1e-3 (stopped by the 20× time budget after 99 iterations: α = 0.5·A/J = 0.1 moves a tenth of a
-  Newton step per aggregation). Before that change neither settled (balanced: 247 iterations; graded: 300
-  iterations, β 1.2 % off). At n = 300: graded 1.78, balanced never.
-- simulated, n = 1000, paper preset with ``--async-options '{"moving_average": false}'``: balanced 4.80, graded 0.60.
-- dask, n = 500, tuned, 10 worker processes on 2 shared cores: balanced 16.9 s / 19.7 s (1.16); graded 9.3 s /
-  22.2 s (2.39). With slowdowns emulated on CPU time, per-task overhead and core contention on this host dwarf the
-  emulated heterogeneity, and async's extra tasks compete for the two cores; the virtual clock is the meaningful
-  comparison here, the Dask run needs one core per worker to reproduce the paper's setting.
+`--preset stats` (the default) runs algorithm/stats_server.StatsServer (one round trip per iteration, SPEC §2b) on
+the virtual clock (FlopCost: deterministic) through the same store → runtime.site → runtime.driver path as the
+estimator, on knots jittered_unit_grid(m, seed=0); the other presets (the block scheme) run through FederatedGP, as
+does `--runtime dask` (a LocalCluster of --dask-workers processes, one store at a time). Results: docs/results.md,
+"Asynchronous against synchronous".
 """
 
 from __future__ import annotations
@@ -67,14 +49,93 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-J, M, NU, BETA, AGG = 10, 100, 0.5, 0.1, 2
-RTOL = 1e-3
+RTOL = 1e-3  # settle tolerance of every parameter, relative to the reference
+LOGLIK_TOL = 1e-6  # |ℓ(async) − ℓ(reference)| of a run that settled on the synchronous optimum
 PROFILES = ("balanced", "graded")
 RESIDUALS = ("full", "mpp", "pp")
+LAYOUTS = ("equal", "aligned", "unaligned", "inverse")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every store and fit of one benchmark run shares."""
+
+    workers: int = 10  # J
+    knots: int = 100  # m
+    nu: float = 0.5
+    beta: float = 0.1  # the Matérn range of the simulated field
+    residual: str = "full"
+
+    @property
+    def agg(self) -> int:
+        """The block scheme's asynchronous Agg_threshold, 0.2·J (2 at J = 10)."""
+        return max(1, round(0.2 * self.workers))
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """One simulated data set: both modes and every profile run on it."""
+
+    seed: int
+    n_per_worker: int
+    partition: str = "random"
+    sizes: str = "equal"  # a name of LAYOUTS or an explicit list "100,150,..."
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-9', '0-4,7', '3' → sorted distinct seeds."""
+    seeds: set[int] = set()
+    for part in (p.strip() for p in str(text).split(",")):
+        lo, dash, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a seed or a range of seeds (e.g. 0-9 or 0-4,7)") from None
+        if a < 0 or b < a:
+            raise ValueError(f"{part!r}: give non-negative seeds, a range as low-high")
+        seeds.update(range(a, b + 1))
+    return sorted(seeds)
+
+
+def parse_sizes(text: str, workers: int) -> list[str]:
+    """'equal,aligned' → names; '100,150,...' → one explicit list of J sizes; ';' separates several specs."""
+    specs = []
+    for spec in (s.strip() for s in str(text).split(";") if s.strip()):
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+        if all(p.isdigit() for p in parts):
+            if len(parts) != workers or any(int(p) < 1 for p in parts):
+                raise ValueError(f"{spec!r}: give {workers} positive sizes, one per worker (--workers {workers})")
+            specs.append(",".join(str(int(p)) for p in parts))
+        else:
+            bad = [p for p in parts if p not in LAYOUTS]
+            if bad:
+                raise ValueError(f"{', '.join(bad)}: sizes are one of {', '.join(LAYOUTS)} or a list of {workers} "
+                                 "integers")
+            specs += parts
+    if not specs:
+        raise ValueError("no sizes given")
+    return list(dict.fromkeys(specs))
+
+
+def site_sizes(spec: StoreSpec, workers: int) -> list[int] | None:
+    """The rows of each site (None: n_j each). Named layouts follow Figure 7 (pipelines/async_vs_sync.py): sizes
+    spread evenly from 1.5·n_j down to 0.5·n_j, on the workers in order of speed (profiles slow the later workers
+    more), shuffled by seed + 7, or reversed."""
+    if spec.sizes == "equal":
+        return None
+    if spec.sizes not in LAYOUTS:
+        return [int(v) for v in spec.sizes.split(",")]
+    n = spec.n_per_worker
+    desc = np.linspace(1.5 * n, 0.5 * n, workers).round().astype(int)
+    layout = {"aligned": desc, "unaligned": np.random.default_rng(spec.seed + 7).permutation(desc),
+              "inverse": desc[::-1]}[spec.sizes]
+    return [int(v) for v in layout]
 
 
 def within(row, ref, rtol=RTOL) -> bool:
@@ -99,17 +160,19 @@ def say(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-def fit(store, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None, strategies=None,
-        preset="paper", residual="full"):
+def fit(store, setting, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None,
+        strategies=None, preset="paper"):
     from spatialfed.api import FederatedGP
 
-    gp = FederatedGP(mode=mode, residual=residual, knots=M, nu=NU, agg_threshold=AGG if mode == "async" else None,
-                     max_iter=max_iter, tol=tol, runtime=runtime, profile=profile, client=client, seed=0,
-                     time_budget=time_budget, strategies=strategies, preset=preset, progress=False)
+    gp = FederatedGP(mode=mode, residual=setting.residual, knots=setting.knots, nu=setting.nu,
+                     agg_threshold=setting.agg if mode == "async" else None, max_iter=max_iter, tol=tol,
+                     runtime=runtime, profile=profile, client=client, seed=0, time_budget=time_budget,
+                     strategies=strategies, preset=preset, progress=False)
     tic = time.perf_counter()
     gp.fit(store)
+    gp.wall_s = time.perf_counter() - tic
     say(f"  {runtime:9s} {profile:8s} {mode:5s}: {gp.n_iter_} iterations ({gp.stop_reason_}), "
-        f"trace ends at {gp.trace_[-1]['time_s']:.2f} s, took {time.perf_counter() - tic:.1f} s wall; "
+        f"trace ends at {gp.trace_[-1]['time_s']:.2f} s, took {gp.wall_s:.1f} s wall; "
         f"δ={gp.params_['delta']:.5g} σ²={gp.params_['sigma2']:.5g} β={gp.params_['beta']:.5g}")
     return gp
 
@@ -126,10 +189,13 @@ class StatsFit:
         self.wall_s = wall_s
 
 
-def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budget=None, cache=None, agg_threshold=None):
+def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget=None, cache=None, grow=True,
+              agg_threshold=None, options=None):
     """StatsServer (SPEC §2b) driven over the store's sites on the virtual clock (FlopCost), knots as the estimator
     lays them out on the unit square. `cache`: {(site, u bytes): statistics} shared by runs (the synchronous runs of
-    every profile visit the same u; reusing their statistics changes nothing but the wall time)."""
+    every profile visit the same u; reusing their statistics changes nothing but the wall time); grow=False only
+    reads it (an asynchronous run visits mostly new u, and ~1 MB each at m = 100). `options`: further FitConfig
+    settings."""
     import uuid
 
     from spatialfed.algorithm.config import FitConfig
@@ -139,6 +205,7 @@ def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budge
     from spatialfed.data.store import open_store
     from spatialfed.model.matern import Matern
     from spatialfed.runtime import site
+    from spatialfed.runtime.cluster import limit_blas_threads
     from spatialfed.runtime.driver import drive
     from spatialfed.runtime.interface import Event
     from spatialfed.runtime.virtual import FlopCost, VirtualRuntime, message_bytes
@@ -147,9 +214,9 @@ def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budge
         """The virtual clock with statistics reused across runs (same u, same site → same statistics)."""
 
         def submit(self, j, p, delay_s=0.0):
-            if cache is None or p.step != STATS_STEP:
+            key = None if cache is None or p.step != STATS_STEP else (j, p.params.u.tobytes())
+            if key is None or (key not in cache and not grow):
                 return super().submit(j, p, delay_s)
-            key = (j, p.params.u.tobytes())
             if key not in cache:
                 cache[key] = evaluate(self.models[j], p, j).xi
             q = Quantity(cache[key], p.t, p.step, j)
@@ -158,46 +225,87 @@ def fit_stats(store, mode, profile, residual, max_iter=300, tol=1e-5, time_budge
             heapq.heappush(self._events, (finish, next(self._order), Event(j, p, q)))
 
     info = open_store(store)
-    knots = jittered_unit_grid(M, seed=0)
-    kernel = Matern(NU)
-    specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, kernel, residual)
-    config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget, agg_threshold=agg_threshold)
+    knots = jittered_unit_grid(setting.knots, seed=0)
+    kernel = Matern(setting.nu)
+    specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, kernel, setting.residual)
+    settings = {"agg_threshold": agg_threshold, **(options or {})}
+    config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget, **settings)
     server = StatsServer(info.n_workers, knots, kernel, config)
     runtime = CachedRuntime(None, profile, FlopCost())
     tic = time.perf_counter()
-    drive(server, runtime, specs)
+    with limit_blas_threads(1):  # as the estimator's virtual runtime: J small problems in turn
+        drive(server, runtime, specs)
     out = StatsFit(server, time.perf_counter() - tic)
-    say(f"  stats     {profile:9s} {mode:5s} {residual}: {server.iterations} iterations ({server.stop_reason}), "
-        f"answers {server.answers}, trace ends at {server.trace[-1]['time_s']:.2f} s, took {out.wall_s:.1f} s wall; "
-        f"δ={out.params_['delta']:.5g} σ²={out.params_['sigma2']:.5g} β={out.params_['beta']:.5g} "
-        f"ℓ={server.loglik:.6f} boundary={server.boundary}")
+    say(f"  stats     {profile:9s} {mode:5s} {setting.residual}: {server.iterations} iterations "
+        f"({server.stop_reason}), answers {server.answers}, trace ends at {server.trace[-1]['time_s']:.2f} s, took "
+        f"{out.wall_s:.1f} s wall; δ={out.params_['delta']:.5g} σ²={out.params_['sigma2']:.5g} "
+        f"β={out.params_['beta']:.5g} ℓ={server.loglik:.6f} boundary={server.boundary}")
     return out
 
 
-def run_stats(store, n, residual, profiles, max_iter):
-    """Rows of the stats preset for one store: reference, then sync and async per profile."""
+def compare(profile, runtime, ref, sync, asyn, **more) -> dict:
+    """One row: settle times against the reference fit `ref`, their ratio, ℓ differences to the reference."""
+    sync_s = time_to_target(sync.trace_, ref.params_)
+    async_s = time_to_target(asyn.trace_, ref.params_)
+    ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
+    return {"profile": profile, "runtime": runtime, "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
+            "settled": sync_s is not None and async_s is not None, "dloglik": asyn.loglik_ - ref.loglik_,
+            "sync_dloglik": sync.loglik_ - ref.loglik_, "sync_rounds": sync.n_iter_, **more}
+
+
+def run_stats(store, setting, profiles, max_iter, options=None):
+    """Rows of the stats preset for one store: reference, then sync and async per profile (async gets at most 20×
+    the synchronous settle time)."""
     cache: dict = {}
     say("reference: synchronous StatsServer to tol 1e-10 (virtual clock)")
-    ref = fit_stats(store, "sync", "balanced", residual, max_iter=100, tol=1e-10, cache=cache).params_
+    ref = fit_stats(store, setting, "sync", "balanced", max_iter=100, tol=1e-10, cache=cache)
     rows = []
     for profile in profiles:
-        sync = fit_stats(store, "sync", profile, residual, max_iter=100, cache=cache)
-        sync_s = time_to_target(sync.trace_, ref)
+        sync = fit_stats(store, setting, "sync", profile, max_iter=100, cache=cache)
+        sync_s = time_to_target(sync.trace_, ref.params_)
         budget = None if sync_s is None else 20 * sync_s
-        asyn = fit_stats(store, "async", profile, residual, max_iter=max_iter, time_budget=budget)
-        async_s = time_to_target(asyn.trace_, ref)
-        ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
-        rows.append({"profile": profile, "runtime": "simulated", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
-                     "n_per_worker": n, "residual": residual, "preset": "stats", "sync_rounds": sync.n_iter_,
-                     "async_rounds": round(asyn.server.rounds, 2), "async_aggregations": asyn.n_iter_,
-                     "settled": sync_s is not None and async_s is not None,
-                     "async_loglik_minus_sync": asyn.loglik_ - sync.loglik_,
-                     "async_slowest_answers": int(min(asyn.server.answers))})
+        asyn = fit_stats(store, setting, "async", profile, max_iter=max_iter, time_budget=budget, cache=cache,
+                         grow=False, options=options)
+        rows.append(compare(profile, "simulated", ref, sync, asyn, async_rounds=round(asyn.server.rounds, 2),
+                            async_aggregations=asyn.n_iter_, async_slowest_answers=int(min(asyn.server.answers)),
+                            wall_s=round(ref.wall_s / len(profiles) + sync.wall_s + asyn.wall_s, 2)))
         say(f"  -> {rows[-1]}")
     return rows
 
 
-def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-5, time_budget=None, scale=1.0):
+def run_block(store, setting, runtime, profiles, max_iter, options=None, preset="paper", dask_workers=None):
+    """Rows of a block-scheme preset (tuned, paper, basic) through FederatedGP, on the simulated runtime or Dask;
+    the reference is the synchronous fit to tol 1e-10 on the simulated runtime (deterministic)."""
+    say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
+    ref = fit(store, setting, "simulated", "sync", "balanced", max_iter=100)
+    handle = client = None
+    if runtime == "dask":
+        from spatialfed.runtime.cluster import local_cluster
+
+        handle = local_cluster(dask_workers)
+        client = handle.client
+        say(f"Dask dashboard: {handle.dashboard_link}")
+    rows = []
+    try:
+        for profile in profiles:
+            if runtime == "simulated" and profile == "balanced":
+                sync = ref
+            else:
+                sync = fit(store, setting, runtime, "sync", profile, client, max_iter=100)
+            sync_s = time_to_target(sync.trace_, ref.params_)
+            budget = None if sync_s is None else 20 * sync_s  # async gets 20× the sync time at most
+            asyn = fit(store, setting, runtime, "async", profile, client, max_iter=max_iter, time_budget=budget,
+                       strategies=options, preset=preset)
+            rows.append(compare(profile, runtime, ref, sync, asyn, async_rounds=asyn.n_iter_,
+                                wall_s=round(sync.wall_s + asyn.wall_s, 2)))
+            say(f"  -> {rows[-1]}")
+    finally:
+        if handle is not None:
+            handle.close()
+    return rows
+
+
+def fit_stats_dask(store, client, setting, mode, profile, max_iter=100, tol=1e-5, time_budget=None, scale=1.0):
     """The estimator itself, ``FederatedGP(preset="stats", runtime="dask", client=...)`` (servers.server_for →
     StatsServer), on the fit_stats knots (jittered_unit_grid(M, seed=0)) and settings (async: agg_threshold 1, what
     StatsServer takes when given none); returns (gp, measures: answers per site, median wall of a statistics task,
@@ -209,6 +317,7 @@ def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.runtime.heterogeneity import profile_slowdowns
 
+    J, M, NU, residual = setting.workers, setting.knots, setting.nu, setting.residual
     knots = jittered_unit_grid(M, seed=0)
     gp = FederatedGP(mode=mode, residual=residual, knots=knots, nu=NU, agg_threshold=1 if mode == "async" else None,
                      max_iter=max_iter, tol=tol, runtime="dask", profile=profile, client=client, seed=0,
@@ -244,7 +353,7 @@ def fit_stats_dask(store, client, mode, profile, residual, max_iter=100, tol=1e-
     return gp, measures
 
 
-def task_costs(client, store, residual, params, slowdowns, repeats=3):
+def task_costs(client, store, setting, params, slowdowns, repeats=3):
     """What one statistics task costs on each Dask worker, measured with the runtime's own site.answer: c = its
     thread CPU seconds (`time.thread_time` on the worker), w = its wall seconds inside the task with the profile's
     slowdown s_j (compute, then the (s_j − 1)·c sleep), and the overhead = the client's round trip − w (scheduler,
@@ -271,6 +380,7 @@ def task_costs(client, store, residual, params, slowdowns, repeats=3):
         _site.answer(spec, p, s)
         return _t.thread_time() - cpu, _t.perf_counter() - tic
 
+    J, M, NU, residual = setting.workers, setting.knots, setting.nu, setting.residual
     knots = jittered_unit_grid(M, seed=0)
     run_id = f"costs-{uuid.uuid4().hex[:8]}"
     specs = site.site_specs(run_id, store, J, knots, Matern(NU), residual)
@@ -323,7 +433,7 @@ def task_costs(client, store, residual, params, slowdowns, repeats=3):
     return {"sites": rows, **summary}
 
 
-def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers, slowdown_scale=1.0):
+def run_stats_dask(store, setting, profiles, max_iter, dask_workers, slowdown_scale=1.0):
     """Rows of the stats preset on a Dask LocalCluster of `dask_workers` processes, through the estimator, plus what
     a statistics task costs there (task_costs). Reference: the estimator's synchronous fit to tol 1e-10 on the
     simulated runtime (the same knots, the same ℓ_LR maximiser as run_stats's); async gets 20× the sync time.
@@ -335,6 +445,7 @@ def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers, slowdow
     from spatialfed.runtime.cluster import local_cluster
     from spatialfed.runtime.heterogeneity import profile_slowdowns
 
+    J, M, NU, residual = setting.workers, setting.knots, setting.nu, setting.residual
     say("reference: the estimator, synchronous stats fit to tol 1e-10 (simulated runtime)")
     ref_gp = FederatedGP(mode="sync", residual=residual, knots=jittered_unit_grid(M, seed=0), nu=NU, max_iter=100,
                          tol=1e-10, runtime="simulated", seed=0, preset="stats", progress=False).fit(str(store))
@@ -350,20 +461,20 @@ def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers, slowdow
         for mod in ("spatialfed.runtime.site", "spatialfed.model.stats", "spatialfed.data.store"):
             client.run(importlib.import_module, mod)  # imports are not the fit's time
         for profile in profiles:
-            sync, sync_m = fit_stats_dask(store, client, "sync", profile, residual, max_iter=100,
+            sync, sync_m = fit_stats_dask(store, client, setting, "sync", profile, max_iter=100,
                                           scale=slowdown_scale)
             sync_s = time_to_target(sync.trace_, ref)
             budget = None if sync_s is None else 20 * sync_s
-            asyn, async_m = fit_stats_dask(store, client, "async", profile, residual, max_iter=max_iter,
+            asyn, async_m = fit_stats_dask(store, client, setting, "async", profile, max_iter=max_iter,
                                            time_budget=budget, scale=slowdown_scale)
             async_s = time_to_target(asyn.trace_, ref)
             ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
-            costs = task_costs(client, store, residual, ref, slowdown_scale * profile_slowdowns(profile, J))
+            costs = task_costs(client, store, setting, ref, slowdown_scale * profile_slowdowns(profile, J))
             rows.append({"profile": profile, "runtime": "dask", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
-                         "n_per_worker": n, "residual": residual, "preset": "stats", "sync_rounds": sync.n_iter_,
-                         "async_rounds": round(async_m["rounds"], 2), "async_aggregations": asyn.n_iter_,
                          "settled": sync_s is not None and async_s is not None,
-                         "async_loglik_minus_sync": asyn.loglik_ - sync.loglik_,
+                         "dloglik": asyn.loglik_ - ref_gp.loglik_, "sync_dloglik": sync.loglik_ - ref_gp.loglik_,
+                         "sync_rounds": sync.n_iter_, "async_rounds": round(async_m["rounds"], 2),
+                         "async_aggregations": asyn.n_iter_,
                          "async_slowest_answers": int(min(async_m["answers"])), "dask_workers": dask_workers,
                          "slowdown_scale": slowdown_scale,
                          "sync_measures": sync_m, "async_measures": async_m, "task_costs": costs})
@@ -371,6 +482,137 @@ def run_stats_dask(store, n, residual, profiles, max_iter, dask_workers, slowdow
     finally:
         handle.close()
     return rows
+
+
+def run_store(spec: StoreSpec, setting: Setting, profiles, runtimes, preset="stats", max_iter=300, options=None,
+              dask_workers=None, slowdown_scale=1.0, store=None) -> list[dict]:
+    """Simulate the store of `spec` (into `store`, or a temporary directory; an existing store is reused), run every
+    profile on it in both modes, and return its rows, each labelled with the store's spec and the setting."""
+    from spatialfed.data.simulate import simulate_store
+
+    sizes = site_sizes(spec, setting.workers)
+    label = {"seed": spec.seed, "partition": spec.partition, "sizes": spec.sizes,
+             "n_per_worker": spec.n_per_worker}
+    say(f"store {label}")
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        path = Path(store) if store else Path(tmp) / "bench.zarr"
+        if not (path / "zarr.json").exists():
+            say(f"simulating J={setting.workers} × n={spec.n_per_worker} (sizes {sizes or 'equal'}, "
+                f"{spec.partition}, ν={setting.nu}, β={setting.beta}, seed {spec.seed}) into {path}")
+            simulate_store(path, setting.workers, None if sizes else spec.n_per_worker, sizes=sizes, nu=setting.nu,
+                           beta=setting.beta, seed=spec.seed, partition=spec.partition, test_size=0)
+        rows = []
+        for runtime in runtimes:
+            if preset == "stats" and runtime == "simulated":
+                rows += run_stats(path, setting, profiles, max_iter, options)
+            elif preset == "stats":
+                rows += run_stats_dask(path, setting, profiles, max_iter, dask_workers, slowdown_scale)
+            else:
+                rows += run_block(path, setting, runtime, profiles, max_iter, options, preset, dask_workers)
+    more = {"site_sizes": sizes} if sizes else {}
+    return [{**label, **row, **more, "workers": setting.workers, "knots": setting.knots, "nu": setting.nu,
+             "beta": setting.beta, "residual": setting.residual, "preset": preset} for row in rows]
+
+
+def stats_of(rows) -> dict:
+    """runs, settled, on_optimum, mean and worst ratio over the settled runs, and the worst run's labels."""
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    worst = max((r for r in rows if r["ratio"] is not None), key=lambda r: r["ratio"], default=None)
+    return {"runs": len(rows), "settled": sum(bool(r["settled"]) for r in rows),
+            "on_optimum": sum(abs(r["dloglik"]) <= LOGLIK_TOL for r in rows),
+            "mean": float(np.mean(ratios)) if ratios else None, "worst": worst["ratio"] if worst else None,
+            "worst_run": None if worst is None else {k: worst[k] for k in
+                                                     ("seed", "partition", "sizes", "n_per_worker", "runtime")}}
+
+
+def summarize(rows, profiles) -> dict:
+    """Per (profile, n_per_worker, partition, sizes, runtime) and per profile, in the order given."""
+    order = {p: i for i, p in enumerate(profiles)}
+    keys = ("profile", "n_per_worker", "partition", "sizes", "runtime")
+    groups: dict[tuple, list] = {}
+    for row in sorted(rows, key=lambda r: (order[r["profile"]], r["n_per_worker"], r["partition"], r["sizes"])):
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return {"by_group": [{**dict(zip(keys, key)), **stats_of(rs)} for key, rs in groups.items()],
+            "by_profile": [{"profile": p, **stats_of([r for r in rows if r["profile"] == p])} for p in profiles],
+            "bounds": bounds(rows)}
+
+
+def bounds(rows) -> list[dict]:
+    """Issue 27's "Done when" bounds, each with the value these rows give (those of profiles not run are left out):
+    every run settled on the synchronous optimum, no ratio above 1.05, balanced ≤ 1.02, the mean over straggler and
+    graded ≤ 0.5, the mean over graded:12 ≤ 0.85. An unsettled run fails every bound on its profile."""
+    def ratios(names):
+        return [np.inf if r["ratio"] is None else r["ratio"] for r in rows if names is None or r["profile"] in names]
+
+    out = [{"bound": "every run settled, |dloglik| <= 1e-6",
+            "value": sum(bool(r["settled"]) and abs(r["dloglik"]) <= LOGLIK_TOL for r in rows), "limit": len(rows)}]
+    out[0]["holds"] = out[0]["value"] == len(rows)
+    for name, names, how, limit in (("worst ratio", None, max, 1.05), ("worst balanced", {"balanced"}, max, 1.02),
+                                    ("mean straggler+graded", {"straggler", "graded"}, np.mean, 0.5),
+                                    ("mean graded:12", {"graded:12"}, np.mean, 0.85)):
+        got = ratios(names)
+        if got:
+            value = float(how(got))
+            out.append({"bound": f"{name} <= {limit}", "value": value if np.isfinite(value) else None,
+                        "limit": limit, "holds": bool(value <= limit)})
+    return out
+
+
+def kept_rows(path, specs, setting, preset, profiles, runtimes) -> tuple[dict, list]:
+    """From a --rows file: {spec: its rows} for the stores of `specs` whose rows are all there (same setting and
+    preset, every profile and runtime), and the file's rows of other stores and settings (kept when the file is
+    rewritten)."""
+    if path is None or not Path(path).exists():
+        return {}, []
+    try:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        wanted = set(specs)
+        mine, others = {}, []
+        for row in rows:
+            spec = StoreSpec(row["seed"], row["n_per_worker"], row["partition"], row["sizes"])
+            same = row["preset"] == preset and all(row[k] == v for k, v in asdict(setting).items())
+            if same and spec in wanted and row["profile"] in profiles and row["runtime"] in runtimes:
+                mine.setdefault(spec, []).append(row)
+            else:
+                others.append(row)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a rows file of this benchmark ({type(exc).__name__}: {exc}); give another "
+                         "path") from None
+    complete = {spec: rs for spec, rs in mine.items() if len(rs) == len(profiles) * len(runtimes)}
+    return complete, others  # the rows of an incomplete store are replaced when it runs
+
+
+def table(summary) -> str:
+    """The summary as a Markdown table (profile × n_j × partition × sizes, then per profile, then the bounds)."""
+    def num(v):
+        return "—" if v is None else f"{v:.3g}"
+
+    lines = ["| profile | n_j | partition | sizes | runs | settled | on optimum | mean | worst (seed) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g in summary["by_group"] + [dict(p, n_per_worker="all", partition="all", sizes="all")
+                                    for p in summary["by_profile"]]:
+        seed = "" if g["worst_run"] is None else f" ({g['worst_run']['seed']})"
+        lines.append(f"| {g['profile']} | {g['n_per_worker']} | {g['partition']} | {g['sizes']} | {g['runs']} | "
+                     f"{g['settled']} | {g['on_optimum']} | {num(g['mean'])} | {num(g['worst'])}{seed} |")
+    for bound in summary["bounds"]:
+        value = bound["value"]
+        value = f"{value} of {bound['limit']} runs" if isinstance(value, int) else num(value)
+        lines.append(f"- {bound['bound']}: {value} ({'holds' if bound['holds'] else 'fails'})")
+    return "\n".join(lines)
+
+
+def store_specs(seeds, sizes_per_worker, partitions, layouts) -> list[StoreSpec]:
+    """Every (seed, n_j, partition, sizes); an explicit size list stands for itself once, whatever n_j."""
+    specs = []
+    for seed in seeds:
+        for layout in layouts:
+            explicit = layout not in LAYOUTS
+            ns = [round(sum(int(v) for v in layout.split(",")) / len(layout.split(",")))] if explicit \
+                else sizes_per_worker
+            for n in ns:
+                for partition in partitions:
+                    specs.append(StoreSpec(seed, n, partition, layout))
+    return specs
 
 
 def main(argv=None) -> int:
@@ -381,89 +623,139 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", default=",".join(PROFILES),
                     help="comma-separated: balanced,straggler,graded or graded:<min cores> (e.g. graded:12: cores "
                     "62 down to 12, slowdowns 1 to 5.2)")
-    ap.add_argument("--max-iter", type=int, default=300, help="iteration cap of every run (default 300)")
-    ap.add_argument("--dask-workers", type=int, default=J,
+    ap.add_argument("--max-iter", type=int, default=300, help="iteration cap of every asynchronous run (default 300)")
+    ap.add_argument("--dask-workers", type=int, default=None,
                     help="Dask worker processes (default J: one per federated worker, as in the paper)")
     ap.add_argument("--dask-slowdown-scale", type=float, default=1.0, metavar="K",
                     help="--preset stats on Dask: multiply every site's slowdown by K ≥ 1 (default 1); "
                     "K ≥ J / cores lets J emulated machines share this host's cores without contention")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=None, help="one seed (the same as --seeds S)")
+    ap.add_argument("--seeds", default=None, help="seeds of the simulated stores: ranges and lists, e.g. 0-9 or "
+                    "0-4,7 (default 0)")
+    ap.add_argument("--partition", default="random", help="comma-separated partitions of the simulated rows over "
+                    "the workers: random, area (compact blocks), neighbor (default random)")
+    ap.add_argument("--sizes", default="equal", help="site sizes: comma-separated layouts (equal, aligned, "
+                    "unaligned, inverse: Figure 7's 1.5·n_j down to 0.5·n_j in the workers' speed order, shuffled, "
+                    "reversed) or one list of J sizes, e.g. 100,150,...; ';' separates several (default equal)")
+    ap.add_argument("--workers", type=int, default=Setting.workers, metavar="J",
+                    help=f"workers of the simulated stores (default {Setting.workers})")
+    ap.add_argument("--knots", type=int, default=Setting.knots, metavar="M",
+                    help=f"knots (default {Setting.knots})")
+    ap.add_argument("--nu", type=float, default=Setting.nu, help=f"Matérn smoothness (default {Setting.nu})")
+    ap.add_argument("--range", "--beta", dest="beta", type=float, default=Setting.beta,
+                    help=f"Matérn range β of the simulated field (default {Setting.beta})")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="stores run at once in N worker processes (simulated runtime only; default 1)")
     ap.add_argument("--preset", default="stats",
                     help="preset: stats (the library's default: StatsServer, SPEC §2b; on --runtime dask through "
                     "FederatedGP(preset='stats')), tuned, paper or basic (the block scheme)")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "
-                    "(one n_j only)")
+                    "(one combination of seed, n_j, partition and sizes only)")
+    ap.add_argument("--rows", default=None, metavar="PATH",
+                    help="keep the rows here as JSON lines, rewritten (atomically) as each store finishes; a rerun "
+                    "with the same options takes the stores already there from it instead of running them again")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="with --rows: print the rows found there for these options and their summary, run nothing")
     args = ap.parse_args(argv)
 
-    from spatialfed.data.simulate import simulate_store
-
-    sizes = [int(v) for v in str(args.n_per_worker).split(",") if v]
-    profiles = [v for v in args.profiles.split(",") if v]
+    from spatialfed.data import partition as partitions
     from spatialfed.runtime.heterogeneity import profile_slowdowns
+
+    if args.seed is not None and args.seeds is not None:
+        ap.error("give --seed or --seeds, not both")
+    try:
+        seeds = parse_seeds(args.seeds if args.seeds is not None else (args.seed or 0))
+    except ValueError as exc:
+        ap.error(f"--seeds: {exc}")
+    try:
+        ns = [int(v) for v in str(args.n_per_worker).split(",") if v]
+    except ValueError:
+        ap.error(f"--n-per-worker: give comma-separated integers, got {args.n_per_worker!r}")
+    if not ns or min(ns) < 1:
+        ap.error(f"--n-per-worker: give positive integers, got {args.n_per_worker!r}")
+    for name in ("workers", "knots", "jobs", "max_iter"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if not args.nu > 0 or not args.beta > 0:
+        ap.error(f"--nu and --range must be > 0, got {args.nu} and {args.beta}")
+    profiles = list(dict.fromkeys(v for v in args.profiles.split(",") if v))
     for profile in profiles:
         try:
-            profile_slowdowns(profile, J)
+            profile_slowdowns(profile, args.workers)
         except ValueError as exc:
             ap.error(f"--profiles: {exc}")
+    partition_names = list(dict.fromkeys(v.strip() for v in args.partition.split(",") if v.strip()))
+    for name in partition_names:
+        try:
+            kind, _ = partitions.parse_scheme(name)
+        except Exception as exc:  # noqa: BLE001 - the library's message names the cause
+            ap.error(f"--partition: {exc}")
+        if kind == "column":
+            ap.error("--partition: simulated data have no grouping column; use random, area or neighbor")
+    try:
+        layouts = parse_sizes(args.sizes, args.workers)
+    except ValueError as exc:
+        ap.error(f"--sizes: {exc}")
     if not args.dask_slowdown_scale >= 1:
         ap.error(f"--dask-slowdown-scale must be ≥ 1 (1 = the profile's slowdowns), got {args.dask_slowdown_scale}")
     if args.dask_slowdown_scale != 1 and (args.preset != "stats" or args.runtime == "simulated"):
         ap.error("--dask-slowdown-scale applies to --preset stats with --runtime dask or both")
-    if args.store and len(sizes) > 1:
-        ap.error("--store holds one dataset: give a single --n-per-worker with it")
+    if args.jobs > 1 and args.runtime != "simulated":
+        ap.error("--jobs runs stores in parallel on the virtual clock only; use --jobs 1 with --runtime dask")
+    if args.summary_only and not args.rows:
+        ap.error("--summary-only summarizes the rows of a --rows file; give --rows PATH")
+    specs = store_specs(seeds, ns, partition_names, layouts)
+    if args.store and len(specs) > 1:
+        ap.error(f"--store holds one data set, but the options give {len(specs)} (seed, n_j, partition, sizes); "
+                 "give one of each with it")
+    setting = Setting(args.workers, args.knots, args.nu, args.beta, args.residual)
     runtimes = ["simulated", "dask"] if args.runtime == "both" else [args.runtime]
-    results = []
-    for n in sizes:
-        with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-            store = Path(args.store) if args.store else Path(tmp) / "bench.zarr"
-            if not (store / "zarr.json").exists():
-                say(f"simulating J={J} × n={n} (ν={NU}, β={BETA}) into {store}")
-                simulate_store(store, J, n, nu=NU, beta=BETA, seed=args.seed, test_size=0)
-            if args.preset == "stats":
-                if args.runtime in ("simulated", "both"):
-                    results += run_stats(store, n, args.residual, profiles, args.max_iter)
-                if args.runtime in ("dask", "both"):
-                    results += run_stats_dask(store, n, args.residual, profiles, args.max_iter, args.dask_workers,
-                                              args.dask_slowdown_scale)
-                continue
-            say("reference: synchronous fit to tol 1e-10 (simulated runtime, deterministic)")
-            ref_gp = fit(store, "simulated", "sync", "balanced", max_iter=100, residual=args.residual)
-            ref = ref_gp.params_
-            for runtime in runtimes:
-                handle = None
-                client = None
-                if runtime == "dask":
-                    from spatialfed.runtime.cluster import local_cluster
+    common = dict(setting=setting, profiles=profiles, runtimes=runtimes, preset=args.preset, max_iter=args.max_iter,
+                  options=args.async_options, dask_workers=args.dask_workers or setting.workers,
+                  slowdown_scale=args.dask_slowdown_scale, store=args.store)
+    try:
+        kept, others = kept_rows(args.rows, specs, setting, args.preset, profiles, runtimes)
+    except ValueError as exc:
+        ap.error(f"--rows: {exc}")
+    todo = [] if args.summary_only else [spec for spec in specs if spec not in kept]
+    rows = [row for spec in specs for row in kept.get(spec, [])]
+    missing = [asdict(spec) for spec in specs if spec not in kept and args.summary_only]
+    say(f"{len(specs)} stores × {len(profiles)} profiles: {len(kept)} found in {args.rows}, "
+        f"{len(todo)} to run in {args.jobs} job(s)" if args.rows else f"{len(specs)} stores × {len(profiles)} "
+        f"profiles, {args.jobs} job(s)")
+    tic = time.perf_counter()
 
-                    handle = local_cluster(args.dask_workers)
-                    client = handle.client
-                    say(f"Dask dashboard: {handle.dashboard_link}")
-                try:
-                    for profile in profiles:
-                        if runtime == "simulated" and profile == "balanced":
-                            sync_gp = ref_gp
-                        else:
-                            sync_gp = fit(store, runtime, "sync", profile, client, max_iter=100,
-                                          residual=args.residual)
-                        sync_s = time_to_target(sync_gp.trace_, ref)
-                        budget = None if sync_s is None else 20 * sync_s  # async gets 20× the sync time at most
-                        async_gp = fit(store, runtime, "async", profile, client, max_iter=args.max_iter,
-                                       time_budget=budget, strategies=args.async_options, preset=args.preset,
-                                       residual=args.residual)
-                        async_s = time_to_target(async_gp.trace_, ref)
-                        ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
-                        results.append({"profile": profile, "runtime": runtime, "sync_s": sync_s,
-                                        "async_s": async_s, "ratio": ratio, "n_per_worker": n,
-                                        "residual": args.residual, "preset": args.preset,
-                                        "sync_rounds": sync_gp.n_iter_, "async_rounds": async_gp.n_iter_,
-                                        "settled": sync_s is not None and async_s is not None})
-                        say(f"  -> {results[-1]}")
-                finally:
-                    if handle is not None:
-                        handle.close()
-    print(json.dumps({"results": results}, indent=1))
+    def finished(new):
+        rows.extend(new)
+        if args.rows:
+            from spatialfed.atomic import write_text
+
+            write_text(args.rows, "".join(json.dumps(r) + "\n" for r in others + rows))
+        say(f"[{len(rows) // (len(profiles) * len(runtimes))}/{len(specs)} stores done, "
+            f"{time.perf_counter() - tic:.0f} s]")
+
+    if args.jobs == 1:
+        for spec in todo:
+            finished(run_store(spec, **common))
+    elif todo:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for future in as_completed([pool.submit(run_store, spec, **common) for spec in todo]):
+                finished(future.result())
+    order = {p: i for i, p in enumerate(profiles)}
+    rows.sort(key=lambda r: (r["seed"], r["n_per_worker"], r["partition"], r["sizes"], order[r["profile"]],
+                             r["runtime"]))
+    out = {"settings": {**asdict(setting), "seeds": seeds, "profiles": profiles, "n_per_worker": ns,
+                        "partitions": partition_names, "sizes": layouts, "preset": args.preset,
+                        "runtimes": runtimes, "async_options": args.async_options, "max_iter": args.max_iter,
+                        "rtol": RTOL, "loglik_tol": LOGLIK_TOL, "jobs": args.jobs},
+           "rows": rows, "summary": summarize(rows, profiles), "wall_s": round(time.perf_counter() - tic, 1)}
+    if missing:  # --summary-only: the stores not (yet) in the rows file
+        out["missing_stores"] = missing
+        say(f"{len(missing)} of the {len(specs)} stores are not in {args.rows}: the summary covers the others")
+    say(table(out["summary"]))
+    print(json.dumps(out, indent=1))
     return 0
 
 

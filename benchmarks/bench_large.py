@@ -8,8 +8,19 @@ For each J in --workers and each residual in --residual: ingest the training cel
 exponential covariance, constant mean, centralized on the pooled training data in the same projected coordinates,
 in km) fitted by its default optimiser and predicted with response variances.
 
-One JSON row per method on stdout:
-    {method, J, residual, ingest_s, fit_s, iterations, predict_s, peak_rss_mb, rmse, mae, crps, coverage95, ...}
+One JSON row per method on stdout, GPBoost's first (it runs first), then spatialfed's for every J and residual
+(default: J = 25, 50, 100, 200 and the library's residual "auto": the dense full residual on sites of ≤ 1,000 points,
+the Vecchia residual above):
+    {method, J, residual, residual_used, vecchia_k, ingest_s, fit_s, iterations, predict_s, peak_rss_mb, rmse, mae,
+     crps, coverage95, time_vs_gpboost, ...}
+``time_vs_gpboost``: (fit_s + predict_s) over GPBoost's in the same run (null with --no-gpboost).
+
+--per-site times one site's statistics request instead (no fit, no GPBoost): the n training cells nearest the
+field's centre for n in --sizes (default 10³ … 10⁵), one core, each --residual (full only up to --max-full points):
+    {mode: "per_site", n, residual, used, k, m, plan_s, request_cpu_s, request_wall_s, peak_traced_mb, max_rss_mb,
+     message_numbers}
+
+    nice -n 19 python benchmarks/bench_large.py --per-site --residual full,vecchia
 ``ingest_s``: spatialfed: ingest_frame (validate, project, partition, write Zarr); gpboost: projecting the coordinates.
 ``fit_s``: wall seconds of ``FederatedGP.fit`` on an already running Dask cluster (its start-up is printed on stderr
 and not counted), or of ``GPModel.fit``. ``predict_s``: ``predict`` (loads the partitions on the workers, kriges the
@@ -17,7 +28,9 @@ held-out cells) or ``GPModel.predict``. ``peak_rss_mb``: the largest sum of resi
 child processes (the Dask workers), sampled every 0.1 s during ingest + fit + predict of that method (RSS counts
 shared pages once per process). ``crps``: mean Gaussian CRPS; ``coverage95``: share of held-out cells in the central
 95 % predictive interval (sd of a new observation). Extra keys: n_train, n_test, converged, stop_reason, mode,
-init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), params.
+init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), params; seam
+(`metrics.seam_ratio` of the held-out cells' means, issue 30) and the owner predictor's owner_seam, owner_rmse,
+owner_mae, owner_crps, owner_coverage95 and owner_predict_s (`predictor="lowrank"` on the same fit).
 
     pip install -e ".[bench]"        # gpboost
     nice -n 19 python benchmarks/bench_large.py --subsample 10000 --workers 50 --mode sync --max-iter 10
@@ -90,6 +103,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jsonrows import emitter  # noqa: E402
+
+from spatialfed.model.names import RESIDUAL_CHOICES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "heaton-simulated"
@@ -169,6 +184,16 @@ def scores(observed, mean, sd) -> dict:
     return {k: round(s[k], 4) for k in ("rmse", "mae", "crps", "coverage95")}
 
 
+def seam(train, test, mean, owner) -> float | None:
+    """metrics.seam_ratio of the held-out cells' means on the data's grid (None off a regular grid)."""
+    from spatialfed.outputs.metrics import seam_ratio
+
+    lonlat = test[["Lon", "Lat"]].to_numpy(float)
+    grid = regular_grid(np.vstack([train[["Lon", "Lat"]].to_numpy(float), lonlat]))
+    return None if grid is None else round(seam_ratio(rasterize(lonlat, np.asarray(mean, float), grid),
+                                                      rasterize(lonlat, np.asarray(owner, float), grid)), 3)
+
+
 def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dict | None = None) -> dict:
     """Ingest (area partition), fit, save and predict the held-out cells: one JSON row. With `keep`, also
     keep["mean", "sd", "owner"] = the held-out cells' predictions (in test's row order) for the figure."""
@@ -190,12 +215,14 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
         pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1]}).to_csv(targets, index=False)
         say(f"[{tag}] ingested {len(train)} cells into {J} area sites in {ingest_s:.1f} s ({info.crs})")
 
+        if args.vecchia_k is not None:
+            settings["vecchia_k"] = args.vecchia_k
         gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
                          client=client, progress=args.progress, **settings)
         tic = time.perf_counter()
         gp.fit(store)
         fit_s = time.perf_counter() - tic
-        gp.save(fit_dir)
+        gp.save(fit_dir, overwrite=True)
         p = gp.params_
         say(f"[{tag}] fit {fit_s:.1f} s, {gp.n_iter_} iterations, converged={gp.converged_} ({gp.stop_reason_}); "
             f"delta={p['delta']:.4g} sigma2={p['sigma2']:.4g} beta={p['beta']:.4g} gamma={np.round(p['gamma'], 3)}")
@@ -208,16 +235,85 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
         frame, _ = predict(fit_dir, store, locations=targets, runtime=args.runtime,
                            client=client if args.runtime == "dask" else None)
         predict_s = time.perf_counter() - tic
+        tic = time.perf_counter()  # the owner predictor (issue 30), for the seam and the scores beside
+        owner, _ = predict(fit_dir, store, locations=targets, runtime=args.runtime, predictor="lowrank",
+                           client=client if args.runtime == "dask" else None)
+        owner_s = time.perf_counter() - tic
     if keep is not None:
         keep.update(mean=frame["mean"].to_numpy(float), sd=frame["sd"].to_numpy(float),
                     owner=frame["owner"].to_numpy(np.int32))
-    return {"method": "spatialfed", "J": J, "residual": residual, "ingest_s": round(ingest_s, 2),
+    return {"method": "spatialfed", "J": J, "residual": residual, "residual_used": gp.residual_,
+            "vecchia_k": gp.vecchia_k_, "ingest_s": round(ingest_s, 2),
             "fit_s": round(fit_s, 2), "iterations": int(gp.n_iter_), "predict_s": round(predict_s, 2),
             "peak_rss_mb": round(mem.mb, 1), **scores(test["temp"], frame["mean"], frame["sd"]),
             "n_train": len(train), "n_test": len(test), "converged": bool(gp.converged_),
             "stop_reason": gp.stop_reason_, "mode": gp.config_.mode, "init_s": init_s,
+            "seam": seam(train, test, frame["mean"], frame["owner"]), "owner_predict_s": round(owner_s, 2),
+            "owner_seam": seam(train, test, owner["mean"], owner["owner"]),
+            **{f"owner_{k}": v for k, v in scores(test["temp"], owner["mean"], owner["sd"]).items()},
             "params": {"delta": p["delta"], "sigma2": p["sigma2"], "beta": p["beta"],
                        "gamma": [float(g) for g in p["gamma"]]}}
+
+
+def with_ratio(row: dict, peer: dict | None) -> dict:
+    """The row with "time_vs_gpboost": its fit + predict seconds over GPBoost's in the same run (None without it)."""
+    ratio = None
+    if peer is not None:
+        ratio = round((row["fit_s"] + row["predict_s"]) / (peer["fit_s"] + peer["predict_s"]), 3)
+    return {**row, "time_vs_gpboost": ratio}
+
+
+def per_site(args, residuals) -> None:
+    """--per-site: one site's statistics request (model.stats.site_statistics) on the `n` training cells nearest the
+    field's centre (a compact area site), n from --sizes, on one core (threadpoolctl), at the issue-14 estimate
+    (δ = 19, σ² = 10, β = 82 km), m = --knots on a grid over the site: one JSON row per (n, residual) with the
+    request's CPU and wall seconds (the first request of a Vecchia site also orders its points and finds their
+    neighbours: plan_s), the tracemalloc peak of the request and the process's peak RSS."""
+    import resource
+    import tracemalloc
+
+    from scipy.spatial import cKDTree
+    from threadpoolctl import threadpool_limits
+
+    from spatialfed.data import geometry
+    from spatialfed.model.local import LocalModel
+    from spatialfed.model.matern import Matern
+    from spatialfed.model.stats import message_size, site_statistics
+
+    train, _ = load(args.data, None, args.seed)
+    xy, crs = geometry.to_projected(train[["Lon", "Lat"]].to_numpy(float), LONLAT)
+    order = cKDTree(xy).query(np.median(xy, axis=0), k=len(xy))[1]
+    emit = emitter(args.out)
+    u = np.log([19.0, 10.0, 82_000.0])
+    side = int(round(np.sqrt(args.knots)))
+    for n in (int(v) for v in args.sizes.split(",") if v):
+        idx = np.sort(order[:n])
+        locs, z = xy[idx], train["temp"].to_numpy(float)[idx]
+        lo, hi = locs.min(axis=0), locs.max(axis=0)
+        g = [lo[i] + (np.arange(side) + 0.5) / side * (hi[i] - lo[i]) for i in (0, 1)]
+        knots = np.stack(np.meshgrid(*g), -1).reshape(-1, 2)
+        for residual in residuals:
+            if residual == "full" and n > args.max_full:
+                continue
+            kw = {} if args.vecchia_k is None else {"vecchia_k": args.vecchia_k}
+            with threadpool_limits(1):
+                lm = LocalModel(locs, z, np.ones((n, 1)), knots, Matern(0.5), residual, **kw)
+                tic = time.perf_counter()
+                if lm.residual == "vecchia":
+                    lm.vecchia_plan
+                plan_s = time.perf_counter() - tic
+                tracemalloc.start()
+                tic, cpu = time.perf_counter(), time.process_time()
+                stats = site_statistics(lm, u)
+                wall, cpu = time.perf_counter() - tic, time.process_time() - cpu
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+            emit({"mode": "per_site", "n": n, "residual": residual, "used": str(lm.residual),
+                  "k": lm.vecchia_k if lm.residual == "vecchia" else None, "m": len(knots),
+                  "plan_s": round(plan_s, 3), "request_cpu_s": round(cpu, 3), "request_wall_s": round(wall, 3),
+                  "peak_traced_mb": round(peak / 2**20, 1),
+                  "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                  "message_numbers": message_size(stats), "crs": str(crs)})
 
 
 def run_gpboost(train, test, args, keep: dict | None = None) -> dict:
@@ -576,8 +672,17 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=DATA, help=f"folder with train.csv and test.csv (default {DATA})")
-    ap.add_argument("--workers", default="50,100", help="comma list of J (area sites); default 50,100")
-    ap.add_argument("--residual", default="full", help="comma list of full, mpp, pp; default full")
+    ap.add_argument("--workers", default="25,50,100,200", help="comma list of J (area sites); default 25,50,100,200")
+    ap.add_argument("--residual", default="auto",
+                    help=f"comma list of {', '.join(RESIDUAL_CHOICES)}; default auto (the library's)")
+    ap.add_argument("--vecchia-k", type=int, default=None, help="neighbours of the Vecchia residual (default: the "
+                    "library's)")
+    ap.add_argument("--per-site", action="store_true",
+                    help="time one site's statistics request instead (--sizes points, one core), no fits")
+    ap.add_argument("--sizes", default="1000,3000,10000,30000,100000",
+                    help="--per-site: comma list of site sizes (default 1000,3000,10000,30000,100000)")
+    ap.add_argument("--max-full", type=int, default=10000,
+                    help="--per-site: largest site given the dense full residual (O(n³); default 10000)")
     ap.add_argument("--knots", type=int, default=100, help="m knots (default 100, the library default)")
     ap.add_argument("--mode", choices=("sync", "async"), default=None, help="default: the library's (async)")
     ap.add_argument("--preset", choices=("stats", "paper", "tuned", "basic"), default=None,
@@ -621,9 +726,12 @@ def main(argv=None) -> None:
         check_outside_repo(args.predictions, "--predictions")
     Js = [int(j) for j in args.workers.split(",") if j]
     residuals = [r for r in args.residual.split(",") if r]
-    bad = [r for r in residuals if r not in ("full", "mpp", "pp")]
+    bad = [r for r in residuals if r not in RESIDUAL_CHOICES]
     if bad:
-        ap.error(f"--residual must be a comma list of full, mpp, pp; got {bad}")
+        ap.error(f"--residual must be a comma list of {', '.join(RESIDUAL_CHOICES)}; got {bad}")
+    if args.per_site:
+        per_site(args, residuals)
+        return
 
     tic = time.perf_counter()
     train, test = load(args.data, args.subsample, args.seed, keep_test=args.all_test)
@@ -643,6 +751,11 @@ def main(argv=None) -> None:
             save_predictions(args.predictions, train, test, runs, meta)
             say(f"predictions of {len(runs)} method(s) saved to {args.predictions}")
 
+    peer = None
+    if not args.no_gpboost:  # first, so that every spatialfed row carries its time ratio to the peer
+        kept = {}
+        peer = run_gpboost(train, test, args, keep=kept)
+        record(peer, kept)
     if not args.only_gpboost:
         handle = None
         if args.runtime == "dask":
@@ -658,14 +771,12 @@ def main(argv=None) -> None:
                     if handle is not None and k:  # each later fit starts from fresh worker processes (memory)
                         handle.client.restart(timeout=900)
                     kept: dict = {}
-                    record(run_spatialfed(train, test, J, residual, args, None if handle is None else handle.client,
-                                          Path(tmp), keep=kept), kept)
+                    row = run_spatialfed(train, test, J, residual, args, None if handle is None else handle.client,
+                                         Path(tmp), keep=kept)
+                    record(with_ratio(row, peer), kept)
         finally:
             if handle is not None:
                 handle.close()
-    if not args.no_gpboost:
-        kept = {}
-        record(run_gpboost(train, test, args, keep=kept), kept)
     if args.figure is not None:
         out = plot_heaton(load_predictions(args.predictions), args.figure, fit=args.figure_fit, dpi=args.dpi)
         say(f"figure written to {out} (redraw: python benchmarks/bench_large.py --replot {args.predictions} "

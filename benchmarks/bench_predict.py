@@ -8,7 +8,8 @@ Parquet locations file, and runs `outputs.prediction.predict_to_file` (what `spa
 batches streamed to a staged CSV, predictive mean and sd, tqdm bar) in a fresh child process per size, so that
 peak_rss_mb is the prediction's own (resource.getrusage of the child and, for --runtime dask, the largest of its
 worker processes). Prints one JSON line per size: {n_cells, residual, runtime, predict_s, peak_rss_mb,
-worker_peak_rss_mb, batch, rows_written, sites, n_per_site, knots, fit_s}. predict_s is the wall time of
+worker_peak_rss_mb, batch, rows_written, sites, n_per_site, knots, fit_s, predictor, seam}. `seam` is
+`metrics.seam_ratio` of the predicted spatial part (mean − x₀ᵀγ) on the grid (issue 30). predict_s is the wall time of
 predict_to_file (loading the fit, the locations file, the sites, predicting, writing), not the interpreter's
 start-up; predict_cpu_s its CPU seconds (what the wall time is on an idle machine: the in-process runtime uses one
 core) and load_avg the 1-minute load average around it (other jobs on the machine stretch the wall time).
@@ -61,6 +62,22 @@ def grid_locations(path: Path, n_cells: int, covariates: list[str], seed: int = 
     return len(xy)
 
 
+def grid_seam(pred_csv: Path, locations: Path, fit: Path) -> float:
+    """metrics.seam_ratio of mean − x₀ᵀγ on the grid of `grid_locations` (rows of nx cells, x fastest)."""
+    import pandas as pd
+
+    from spatialfed.outputs.metrics import seam_ratio
+    from spatialfed.outputs.results import load_fit
+
+    pred, locs = pd.read_csv(pred_csv), pd.read_parquet(locations)
+    gamma = np.asarray(load_fit(fit).params["gamma"], dtype=float)
+    surface = pred["mean"].to_numpy() - locs[list(locs.columns[2:])].to_numpy(float) @ gamma
+    nx = len(np.unique(locs["x"]))
+    ny = -(-len(surface) // nx)
+    pad = np.full(nx * ny - len(surface), np.nan)
+    return seam_ratio(np.r_[surface, pad].reshape(ny, nx), np.r_[pred["owner"].to_numpy(float), pad].reshape(ny, nx))
+
+
 def _cpu() -> float:
     """CPU seconds (user + system) of this process and its finished children: the wall time on an idle machine."""
     t = os.times()
@@ -73,7 +90,8 @@ def child(args) -> None:
 
     tic, cpu0, load0 = time.perf_counter(), _cpu(), os.getloadavg()[0]
     done = predict_to_file(args.fit, args.store, args.out, locations=args.locations, runtime=args.runtime,
-                           batch=args.batch, progress=not args.quiet)
+                           batch=args.batch, progress=not args.quiet, predictor=args.predictor,
+                           overwrite=True)
     seconds = time.perf_counter() - tic
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # KiB on Linux
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest finished child
@@ -93,6 +111,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--n-per-site", type=int, default=500)
     ap.add_argument("--knots", type=int, default=100)
     ap.add_argument("--batch", type=int, default=None, help="prediction batch (default: predict's own choice)")
+    ap.add_argument("--predictor", default="seamless", choices=["seamless", "lowrank"],
+                    help="seamless (the default) or lowrank (the owner predictor)")
     ap.add_argument("--out-dir", default=None, help="keep the files here (default: a temporary directory)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -122,12 +142,14 @@ def main(argv=None) -> list[dict]:
             n = grid_locations(locations, n_cells, list(info.covariate_names))
             command = [sys.executable, os.path.abspath(__file__), "--child", "--fit", str(fit), "--store", str(store),
                        "--out", str(d / f"pred{n_cells}.csv"), "--locations", str(locations), "--runtime",
-                       args.runtime] + (["--batch", str(args.batch)] if args.batch else []) + \
+                       args.runtime, "--predictor", args.predictor] + \
+                (["--batch", str(args.batch)] if args.batch else []) + \
                 (["--quiet"] if args.quiet else [])
             result = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
             row = {"n_cells": n, "residual": args.residual, "runtime": args.runtime,
                    **json.loads(result.stdout.strip().splitlines()[-1]), "sites": args.sites,
-                   "n_per_site": args.n_per_site, "knots": args.knots, "fit_s": round(fit_s, 1)}
+                   "n_per_site": args.n_per_site, "knots": args.knots, "fit_s": round(fit_s, 1),
+                   "predictor": args.predictor, "seam": round(grid_seam(d / f"pred{n_cells}.csv", locations, fit), 3)}
             print(json.dumps(row), flush=True)
             rows.append(row)
             locations.unlink()

@@ -12,6 +12,7 @@ from scipy.spatial.distance import cdist
 
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
+from spatialfed.model.params import Params
 from spatialfed.runtime.cluster import limit_blas_threads
 
 
@@ -23,6 +24,20 @@ def single_blas_thread():
 
 
 TRUTH = dict(gamma=np.array([1.0, 2.0, -1.0]), delta=4.0, sigma2=1.0, beta=0.1)
+
+
+def one_site(n=240, m=9, residual="full", nu=0.5, seed=0, **kw):
+    """(LocalModel, Params): n uniform points with X = [1, N(0,1)], z ~ 3 + N(0,1), a √m × √m knot grid and a
+    generic φ (δ = 2, σ² = 1.3, β = 0.2); `kw` go to LocalModel (e.g. vecchia_k)."""
+    rng = np.random.default_rng(seed)
+    locs = rng.uniform(size=(n, 2))
+    g = np.linspace(0.1, 0.9, int(np.sqrt(m)))
+    knots = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
+    X = np.column_stack([np.ones(n), rng.standard_normal(n)])
+    z = 3.0 + rng.standard_normal(n)
+    A = rng.standard_normal((m, m))
+    par = Params(0.3 * rng.standard_normal(m), A @ A.T / m + 0.1 * np.eye(m), np.array([2.9, 0.1]), 2.0, 1.3, 0.2)
+    return LocalModel(locs, z, X, knots, Matern(nu), residual, **kw), par
 
 
 def simulate(J=4, n=150, side=7, residual="full", nu=0.5, seed=0, intercept=False, gamma=TRUTH["gamma"]):

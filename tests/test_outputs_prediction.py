@@ -42,8 +42,8 @@ def test_driver_equals_in_process_protocol(fitted):
     model, info = pr.load_model(fit), open_store(store)
     locs0, _, X0 = load_test(store)
     with pr.open_workers(info, model, "simulated") as workers:
-        got = pr.predict_at(workers, model, locs0, X0)
-        chunked = pr.predict_at(workers, model, locs0, X0, chunk=7)
+        got = pr.predict_at(workers, model, locs0, X0, "lowrank")
+        chunked = pr.predict_at(workers, model, locs0, X0, "lowrank", chunk=7)
         ref = federated_predict(workers.models, locs0, X0, model.params, model.knots, model.kernel, model.residual)
         with pytest.raises(DataError, match=r"must have shape \(30, 5\)"):
             pr.predict_at(workers, model, locs0, X0[:, :4])

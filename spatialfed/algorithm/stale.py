@@ -1,5 +1,5 @@
-"""Stale sites in the asynchronous statistics server (SPEC §2b, issue 13): their models at the current u (Taylor or
-control variate) and the pacing of slow sites. Pure functions over the server's records; the server holds the state.
+"""Stale sites in the asynchronous statistics server (SPEC §2b): their models at the current u (Taylor or control
+variate; third order from refining or earlier answers). Pure functions over the server's records; the server holds the state.
 
 Records: `stats` {site: its latest statistics (model/stats.py site_statistics, with "u")}; `rounds`
 {u key: {"sum": the exact statistics of the sites that answered at that u, summed; "sites": [j, ...]}}.
@@ -161,25 +161,3 @@ def secant(base: Mapping, earlier: Sequence[Mapping], reach: float = 3.0) -> dic
     d3S = np.linalg.lstsq(A, dS, rcond=1e-10)[0].reshape(len(TRIPLES), k, k)
     d3d = np.linalg.lstsq(A, dd, rcond=1e-10)[0]
     return _with_third(base, d3S, d3d, reach * max(hs))
-
-
-def slow_sites(durations: Mapping[str, Mapping[int, float]], active: Sequence[int], n_j: Mapping[int, int],
-               ratio: float, min_coverage: float, stats_step: str) -> list[int]:
-    """The sites whose last round trip took more than `ratio` × the median, provided the others hold `min_coverage`
-    of the observations (none otherwise, and none with fewer than 3 sites). Round trips of one kind are compared:
-    statistics once every site answered one; before, the initialisation's costliest (largest median), where a slow
-    site must also be slower than the median in every other timed kind — their tasks are tiny, so one late answer is
-    as likely a network delay as a slow site (equal sites with jittered answers had two held back)."""
-    if len(active) < 3:
-        return []
-    timed = durations.get(stats_step, {})
-    kinds = [timed] if all(j in timed for j in active) else [v for v in durations.values()]
-    kinds = [[kind[j] for j in active] for kind in kinds if all(kind.get(j, 0.0) > 0 for j in active)]
-    if not kinds:
-        return []
-    medians = [float(np.median(kind)) for kind in kinds]
-    main = int(np.argmax(medians))
-    slow = [j for i, j in enumerate(active) if kinds[main][i] > ratio * medians[main]
-            and all(kind[i] > med for kind, med in zip(kinds, medians))]
-    n_obs = sum(n_j[k] for k in active)
-    return slow if slow and sum(n_j[k] for k in active if k not in slow) >= min_coverage * n_obs else []

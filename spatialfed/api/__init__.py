@@ -7,7 +7,8 @@ scikit-learn and Dask."""
 import importlib
 
 _EXPORTS = {"FederatedGP": "estimator", "METHODS": "estimator", "MODES": "estimator", "PRESETS": "estimator",
-            "PROFILES": "estimator", "RESIDUALS": "estimator", "RUNTIMES": "estimator",
+            "PROFILES": "estimator", "RESIDUALS": "estimator", "RESIDUAL_CHOICES": "estimator",
+            "RUNTIMES": "estimator",
             "NotFittedError": "predicting"}
 __all__ = list(_EXPORTS)
 

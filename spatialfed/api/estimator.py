@@ -27,7 +27,6 @@ experiments on simulated data, not for private data).
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from contextlib import closing
@@ -36,24 +35,28 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from spatialfed.algorithm.config import MODES, PRESETS, FitConfig, preset_name  # noqa: F401 (PRESETS: the CLI's choices)
+from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
 from spatialfed.algorithm.profile import U_NAMES
-from spatialfed.api import inputs, predicting, resuming, scripts
+from spatialfed.api import inputs, predicting, resuming, scripts, settings
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.units import variogram_params
 from spatialfed.model.matern import Matern
-from spatialfed.model.names import RESIDUALS
-from spatialfed.runtime.factory import RUNTIMES, open_runtime, runtime_name  # noqa: F401 (RUNTIMES: the CLI's choices)
+from spatialfed.api.settings import METHODS  # noqa: F401 (the CLI's choices)
+from spatialfed.model.names import RESIDUAL_CHOICES, RESIDUALS  # noqa: F401 (the CLI's choices)
+from spatialfed.runtime.factory import RUNTIMES, open_runtime  # noqa: F401 (RUNTIMES: the CLI's choices)
+from spatialfed.runtime.heterogeneity import PROFILES  # noqa: F401 (the CLI's choices)
 
 log = logging.getLogger("spatialfed.api")
-
-METHODS = ("lowrank", "independent", "fgpr")
-from spatialfed.runtime.heterogeneity import PROFILES, profile_slowdowns  # noqa: E402
 
 
 class FederatedGP(RegressorMixin, BaseEstimator):
     """Federated low-rank spatial GP (SPEC §1–4), fitted synchronously or asynchronously; a scikit-learn regressor.
+
+    By default (``preset`` None = "stats", SPEC §2b, ``algorithm/stats_server.py``) each iteration is one round trip:
+    every site sends the sufficient statistics of its data at the current (δ, σ², β) and the server takes an exact
+    profile-likelihood Newton step (async: a slow site's last statistics stand in as a second-order model until it
+    answers). The paper's block-wise Algorithms 1–3 are the presets "tuned", "paper", "basic" and "section5".
 
     Parameters
     ----------
@@ -63,10 +66,15 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `agg_threshold`, `preset` and `strategies` do not
         apply to it and fit.json records mode "sync".
     mode : "sync" | "async".
-    residual : "full" | "mpp" | "pp" (Remark 3).
+    residual : "auto" (default: each site uses the dense `full` residual up to 1,000 points and its Vecchia
+        approximation above; `full` with the block scheme's presets and for method="independent"/"fgpr") | "full" |
+        "vecchia" (the full residual's Vecchia approximation, SPEC §2c: sites of any size; preset "stats" only) |
+        "mpp" | "pp" (Remark 3). The structure used is ``residual_`` (fit.json "residual").
+    vecchia_k : neighbours per point of the Vecchia residual (default 15, model/vecchia_order.py VECCHIA_K).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
     nu : Matérn smoothness ν (fixed).
-    agg_threshold : Agg_threshold in 1..J (async; default ceil(0.2·J)); sync always uses J.
+    agg_threshold : Agg_threshold in 1..J (async; default 1 for the default preset "stats", where every answer is
+        a whole site's statistics; ceil(0.2·J) for the block presets); sync always uses J.
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
     runtime : "auto" (default: in this process for small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask
         option given; Dask otherwise: ``runtime.factory.choose_runtime``) | "dask" | "simulated".
@@ -119,8 +127,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     crs : CRS of in-memory coordinates without one (arrays, DataFrame columns), e.g. "EPSG:4326" for lon/lat (then
         projected to metres as by ``spatialfed ingest``) or "planar"; a GeoDataFrame's own CRS takes precedence.
         Also the CRS of prediction locations given without one. Not used for a store path (the store records its CRS).
-    n_sites : number of sites J of the automatic area partition of in-memory data without ``groups``
-        (default: about 500 rows per site, 2 to 64 sites).
+    n_sites : number of sites J of the automatic area partition of in-memory data without ``groups`` (default, as
+        for ``spatialfed ingest``: about 500 rows per site, 4 to 64 sites, none under 20 rows;
+        ``data.partition.default_sites``).
+    covariates : the columns of a DataFrame X that are covariates, e.g. ``["elevation"]`` (an intercept is always
+        added; ``[]`` = intercept only), as ``spatialfed ingest --covariates``. None (default): every other numeric
+        column, listed in a warning and the summary, with identifiers (named id/record/index/fid..., all-distinct
+        integers, a 0..n−1 or 1..n sequence) and near-copies of y (|corr| > 0.999) refused (``api.covariates``).
+        Not for a store path (its covariates were fixed at ingest) or an array X (every column is one).
     Further asynchronous options go in ``strategies`` (FitConfig fields): ``staleness_bound`` (VAFL's D),
     ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
     "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
@@ -132,7 +146,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
     n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
-    n_workers_, slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
+    n_workers_, covariate_names_ (['intercept', ...]), covariates_inferred_ (True when ``covariates`` was None and X
+    had other columns), slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
     discarded_stale_ (quantities discarded for staleness > D), dashboard_link_, assignment_ (Dask worker of each
     federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
     checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_, boundary_
@@ -140,12 +155,13 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary").
     """
 
-    def __init__(self, method="lowrank", mode="async", residual="full", knots=100, nu=0.5, agg_threshold=None,
+    def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
                  max_iter=50, tol=1e-5, runtime="auto", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
-                 privacy=None, delays=None, activations=None, crs=None, n_sites=None):
+                 privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None,
+                 covariates=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -180,6 +196,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.activations = activations
         self.crs = crs
         self.n_sites = n_sites
+        self.vecchia_k = vecchia_k
+        self.covariates = covariates
 
     # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
     def __sklearn_clone__(self) -> "FederatedGP":
@@ -195,77 +213,19 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     # --- validation ----------------------------------------------------------------------------------------
     def _check_settings(self) -> None:
-        for name, value, allowed in (("method", self.method, METHODS), ("mode", self.mode, MODES),
-                                     ("residual", self.residual, RESIDUALS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        runtime = runtime_name(self.runtime)
-        if self.method in ("independent", "fgpr") and self.residual != "full":
-            raise ValueError(f"method={self.method!r} (Eq. 3) uses each worker's full local covariance; "
-                             f"residual={self.residual!r} applies to method='lowrank' only")
-        if self.method == "fgpr":
-            for name, default in (("agg_threshold", None), ("strategies", None), ("preset", None)):
-                if not _same(getattr(self, name), default):
-                    raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
-                                     "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "
-                                     "clients per round")
-            if self.privacy is not None:
-                raise ValueError("privacy= applies to method='lowrank' and 'independent' (FGPR sends parameters, "
-                                 "not the summaries the mechanism is calibrated for); drop privacy= or change method")
-        elif self.fgpr is not None:
-            raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={self.method!r}")
-        if self.slowdown is None:
-            if self.profile not in PROFILES and not str(self.profile).startswith("graded:"):
-                raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {self.profile!r}")
-            profile_slowdowns(self.profile, 1)  # graded:<min cores>: a bad number raises with the fix
-        if not (isinstance(self.nu, (int, float)) and math.isfinite(self.nu) and self.nu > 0):
-            raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {self.nu!r}")
-        if runtime == "simulated" and (self.scheduler or self.client is not None or self.jobqueue):
-            raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
-        if self.tls is not None and self.tls is not False:
-            if runtime == "simulated":
-                raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
-            if self.client is not None:
-                raise ValueError("tls=... cannot be applied to an existing client=; create it with "
-                                 "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
-        if self.checkpoint_every is not None:
-            K = self.checkpoint_every
-            if isinstance(K, bool) or not float(K).is_integer() or K < 1:
-                raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
-            if self.checkpoint is None:
-                raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+        settings.check_settings(self)
 
     def _config(self, n_workers: int):
-        """The resolved FitConfig (or FgprConfig) for J workers: every option is validated by the config itself."""
-        J = n_workers
-        if self.method == "fgpr":
-            from spatialfed.algorithm.fgpr import FgprConfig
+        """The resolved FitConfig (or FgprConfig) for J workers (api.settings.config)."""
+        return settings.config(self, n_workers)
 
-            extra = dict(self.fgpr or {})
-            fixed = sorted(set(extra) & {"max_iter", "tol", "time_budget", "seed"})
-            if fixed:
-                raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside fgpr={{...}}")
-            return FgprConfig(max_iter=self.max_iter, tol=self.tol, time_budget=self.time_budget, seed=self.seed,
-                              **extra).resolved(J)
-        extra = dict(self.strategies or {})
-        if self.privacy is not None:
-            extra["privacy"] = self.privacy
-        return FitConfig.preset(self.preset, self.mode, agg_threshold=self.agg_threshold, max_iter=self.max_iter,
-                                tol=self.tol, time_budget=self.time_budget, n_workers=J, **extra)
+    @property
+    def vecchia_k_(self) -> int:
+        """k of the Vecchia residual (the default when vecchia_k is None; api.settings.vecchia_k)."""
+        return settings.vecchia_k(self)
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
-        from spatialfed.runtime.heterogeneity import resolve_slowdowns
-
-        return resolve_slowdowns(self.profile if self.slowdown is None else list(self.slowdown), n_workers)
-
-    def _delay_models(self, n_workers: int) -> dict:
-        """The driver's delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
-        from spatialfed.runtime.delays import parse_activations, parse_delay
-
-        delays = parse_delay(self.delays, n_workers) if isinstance(self.delays, str) else self.delays
-        activations = (parse_activations(self.activations, n_workers) if isinstance(self.activations, str)
-                       else self.activations)
-        return {"delays": delays, "activations": activations, "seed": self.seed}
+        return settings.slowdowns(self, n_workers)
 
     # --- fitting -------------------------------------------------------------------------------------------
     @classmethod
@@ -286,8 +246,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         X : the path of a partitioned Zarr store (SPEC §5: the federated contract; y, coords, groups not given), or
             in-memory data (written to a temporary store, ``api.inputs``): a DataFrame or GeoDataFrame (coordinates
-            from ``coords=``, the geometry, or x/y, lon/lat columns; every other column a covariate), or an (n, p)
-            array of covariates (or None) with ``coords`` (n, 2).
+            from ``coords=``, the geometry, or x/y, lon/lat columns in any case; the covariates named by
+            ``covariates``, else every other column, announced), or an (n, p) array of covariates (or None) with
+            ``coords`` (n, 2).
         y : the observed values (n,), or the name of a column of X.
         coords : an (n, 2) array of x/y (in ``crs``), or a pair of column names of X.
         groups : the sites (partition) of in-memory data: site labels (n,) or the name of a column of X, e.g.
@@ -299,8 +260,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         old = self.__dict__.pop("_temporary_store", None)
         if old is not None:
             old.cleanup()      # the previous in-memory fit's store
-        store, self._temporary_store = inputs.fit_store(X, y, coords=coords, groups=groups, crs=self.crs,
-                                                        n_sites=self.n_sites, seed=self.seed)
+        store, self._temporary_store, self.covariates_inferred_ = inputs.fit_store(
+            X, y, coords=coords, groups=groups, crs=self.crs, n_sites=self.n_sites, seed=self.seed,
+            covariates=self.covariates)
         self.groups_column_ = groups if isinstance(groups, str) else None
         return self._fit_store(store, resume)
 
@@ -326,14 +288,15 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         with say, scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
+            self.residual_ = settings.site_residual(self, server.config, info.sizes)
             say.started(self, runtime, server, monitor.url)
             specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, Matern(self.nu),
-                                    self.residual)
+                                    self.residual_, self.vecchia_k_)
             run_tic = time.perf_counter()
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
                   on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
                   on_worker_error=self.on_worker_error, checkpointer=ckpt,
-                  **self._delay_models(info.n_workers))
+                  **settings.delay_models(self, info.n_workers))
             self._fitted(info, server, runtime, knots, domain, time.perf_counter() - run_tic)
         self.monitor_, self.resumed_from_ = monitor, resumed
         self.checkpoint_writes_, self.checkpoint_seconds_ = ckpt.writes, ckpt.seconds
@@ -396,14 +359,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                             n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout)
 
     def _security(self):
-        """The Security object for `tls` (None: plain TCP)."""
-        if self.tls is False:
-            return False  # plain TCP, asked for explicitly (the embedded cluster's default is TLS)
-        if self.tls is None:
-            return None
-        from spatialfed.runtime.security import tls_security
-
-        return tls_security() if self.tls is True else tls_security(self.tls)
+        """The Security object for `tls` (None: plain TCP; api.settings.security)."""
+        return settings.security(self)
 
     def _knots(self, info, runtime, restored=None):
         """(knots, domain) of this fit (api.knots.layout); a resumed fit keeps the checkpoint's knots."""
@@ -459,7 +416,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self._check_fitted("result_")
         cfg = self.config_
         return FitResult(
-            method=self.method, mode="sync" if self.method == "fgpr" else self.mode, residual=self.residual,
+            method=self.method, mode="sync" if self.method == "fgpr" else self.mode,
+            residual=getattr(self, "residual_", self.residual),
             nu=float(self.nu),
             n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
@@ -469,15 +427,22 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
-                   "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_)},
+                   "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_),
+                   "vecchia_k": self.vecchia_k_},
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 
-    def save(self, out_dir) -> Path:
+    def save(self, out_dir, overwrite: bool = False) -> Path:
         """Write fit.json, model.zarr, trace.csv (SPEC §6) and report.html (a written summary above the monitor's
-        plots) as one atomic set; returns the dir."""
+        plots) as one atomic set; returns the dir. An existing `out_dir` holding anything but this fit's own
+        checkpoint is refused unless `overwrite=True`, which replaces the result files (other files stay)."""
+        from spatialfed.atomic import refuse_existing
         from spatialfed.outputs.results import write_results
 
+        own = Path(self.checkpoint) if self.checkpoint else None
+        if Path(out_dir).is_dir():  # a file in the way is write_results' error
+            refuse_existing(out_dir, overwrite,
+                            keep=(own.name,) if own and own.resolve().parent == Path(out_dir).resolve() else ())
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))
@@ -501,9 +466,3 @@ def _scheduler_address(client) -> str | None:
     except AttributeError:  # pragma: no cover - a client-like object without a scheduler
         return None
 
-
-def _same(a, b) -> bool:
-    try:
-        return bool(a is b or a == b)
-    except Exception:
-        return False

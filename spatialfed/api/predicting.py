@@ -36,8 +36,9 @@ def fitted_model(gp):
     Sigma = np.zeros((m, m)) if gp.Sigma_ is None else gp.Sigma_
     p = gp.params_
     params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
-    return FittedModel(params, np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.nu), gp.residual,
-                       gp.method, list(gp.covariate_names_))
+    return FittedModel(params, np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.nu),
+                       getattr(gp, "residual_", gp.residual), gp.method, list(gp.covariate_names_),
+                       vecchia_k=gp.vecchia_k_)
 
 
 def targets(gp, X, coords=None):
@@ -51,7 +52,7 @@ def targets(gp, X, coords=None):
 
 def predict(gp, locs, X0) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} at locs with covariates X0 (``outputs.prediction.predict_at`` with the
-    fit's default predictor: low-rank kriging, or the independence model's for method independent/fgpr), on the
+    fit's default predictor: seamless low-rank kriging, or the independence model's for method independent/fgpr), on the
     estimator's runtime."""
     from spatialfed.api.scripts import embedded_cluster, spawn_safe
     from spatialfed.data.store import open_store

@@ -12,7 +12,7 @@ from scipy.spatial.distance import cdist
 
 from spatialfed.errors import check_finite
 from spatialfed.model.linalg import cholesky_with_jitter
-from spatialfed.model.local import check_knots
+from spatialfed.model.basis import check_knots
 from spatialfed.model.matern import Matern
 
 LOG_2PI = float(np.log(2.0 * np.pi))

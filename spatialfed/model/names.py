@@ -28,8 +28,14 @@ class Residual(StrEnum):
     FULL = "full"  # C_jj − B_j C(S*, S_j) + δ⁻¹I
     MPP = "mpp"    # its diagonal + δ⁻¹I
     PP = "pp"      # δ⁻¹I
+    VECCHIA = "vecchia"  # the full residual's Vecchia approximation (SPEC §2c)
 
 
 #: the sub-steps of one block iteration, in their cyclic order (Eq. 12)
 BLOCK_STEPS = (Step.MU_SIGMA, Step.GAMMA, Step.THETA)
 RESIDUALS = tuple(r.value for r in Residual)
+#: what a user may ask for: a structure, or "auto" (each site: `full` up to VECCHIA_AUTO_N points, `vecchia` above;
+#: model/local.py resolve_residual)
+RESIDUAL_CHOICES = RESIDUALS + ("auto",)
+#: (a, b) pairs with a ≤ b of u = (log δ, log σ², log β), in the order of every second-derivative array ("d2S", "d2d")
+PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))

@@ -15,7 +15,8 @@ from scipy import linalg
 from scipy.spatial.distance import cdist
 
 from spatialfed.errors import check_finite
-from spatialfed.model.local import check_knots, check_residual
+from spatialfed.model.basis import check_knots
+from spatialfed.model.local import check_residual
 from spatialfed.model.matern import Matern, check_points
 from spatialfed.model.params import Params
 

@@ -30,7 +30,8 @@ def _logdet(cf) -> float:
 
 def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residual: str) -> np.ndarray:
     """R_j(δ, θ) of Remark 3 as a dense matrix (small n only)."""
-    check_residual(residual)
+    if check_residual(residual) not in ("full", "mpp", "pp"):
+        raise ValueError(f"the dense reference has the full, mpp and pp residuals; residual={residual!r} is not one")
     C_js = kernel.cross(locs, knots, sigma2, beta)
     K = kernel.cross(knots, knots, sigma2, beta)
     Q = C_js @ linalg.solve(K, C_js.T, assume_a="pos")

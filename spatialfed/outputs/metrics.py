@@ -57,3 +57,27 @@ def table(rows: dict) -> str:
     lines += [f"| {name} | {s['n']} | {s['rmse']:.4f} | {s['mae']:.4f} | {s['crps']:.4f} | {s['coverage95']:.3f} |"
               for name, s in rows.items()]
     return "\n".join(lines)
+
+
+def seam_ratio(values, owner) -> float:
+    """Seam statistic of a map (issue 30): the mean |Δ value| of adjacent cells (4-neighbours) owned by different
+    sites over that of adjacent cells owned by the same site. `values` and `owner` are rasters of one shape; cells
+    with a non-finite value or owner, or a negative owner, are not cells of the map. 1 means the boundaries between
+    the owners' regions are invisible in the values; NaN if either kind of pair is missing or the within-site
+    differences are all zero."""
+    v, o = np.asarray(values, dtype=float), np.asarray(owner, dtype=float)
+    if v.ndim != 2 or v.shape != o.shape:
+        raise ValueError(f"values and owner must be rasters of one shape, got {v.shape} and {o.shape}")
+    ok = np.isfinite(v) & np.isfinite(o) & (o >= 0)
+    across, within = [], []
+    for a, b in (((slice(None), slice(1, None)), (slice(None), slice(None, -1))),
+                 ((slice(1, None), slice(None)), (slice(None, -1), slice(None)))):
+        pair = ok[a] & ok[b]
+        diff = np.abs(v[a] - v[b])[pair]
+        same = (o[a] == o[b])[pair]
+        across.append(diff[~same])
+        within.append(diff[same])
+    across, within = np.concatenate(across), np.concatenate(within)
+    if not across.size or not within.size or not within.mean() > 0:
+        return float("nan")
+    return float(across.mean() / within.mean())

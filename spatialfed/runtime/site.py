@@ -31,6 +31,7 @@ import numpy as np
 from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
+from spatialfed.model.vecchia_order import VECCHIA_K
 from spatialfed.runtime.heterogeneity import extra_wait
 
 #: per-process registry of loaded partitions: "run_id/w<j>" -> LocalModel
@@ -40,7 +41,8 @@ _REGISTRY_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class SiteSpec:
-    """How to build site j's LocalModel where it runs: run id, store path, index, knots, kernel, residual."""
+    """How to build site j's LocalModel where it runs: run id, store path, index, knots, kernel, residual (and the
+    Vecchia residual's neighbour count k)."""
 
     run_id: str
     store: str
@@ -48,17 +50,19 @@ class SiteSpec:
     knots: np.ndarray
     kernel: Matern
     residual: str
+    vecchia_k: int = VECCHIA_K
 
     @property
     def key(self) -> str:
         return f"{self.run_id}/w{self.worker}"
 
 
-def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residual: str) -> list[SiteSpec]:
+def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residual: str,
+               vecchia_k: int = VECCHIA_K) -> list[SiteSpec]:
     """One SiteSpec per federated worker of `store` (its absolute path: every site opens it itself)."""
     store = os.path.abspath(os.fspath(store))
     knots = np.asarray(knots, dtype=float).reshape(-1, 2)
-    return [SiteSpec(run_id, store, j, knots, kernel, residual) for j in range(int(n_workers))]
+    return [SiteSpec(run_id, store, j, knots, kernel, residual, int(vecchia_k)) for j in range(int(n_workers))]
 
 
 def local_model(spec: SiteSpec) -> LocalModel:
@@ -69,7 +73,7 @@ def local_model(spec: SiteSpec) -> LocalModel:
         from spatialfed.data.store import load_worker
 
         locs, z, X = load_worker(spec.store, spec.worker)
-        lm = LocalModel(locs, z, X, spec.knots, spec.kernel, residual=spec.residual)
+        lm = LocalModel(locs, z, X, spec.knots, spec.kernel, residual=spec.residual, vecchia_k=spec.vecchia_k)
         with _REGISTRY_LOCK:
             lm = _REGISTRY.setdefault(spec.key, lm)
     return lm
@@ -93,8 +97,9 @@ def answer(spec: SiteSpec, p: Augmented, slowdown: float = 1.0, delay_s: float =
     tic, wall = time.thread_time(), time.perf_counter()  # CPU seconds of this task are not inflated by the load
     q = evaluate(lm, p, spec.worker)
     if lm.residual != "full":
-        # mpp/pp: the whitened data cost O(n_j m²) to rebuild, less than keeping them for every site (0.86 GB at
-        # 10⁶ points over 100 sites); the full residual keeps them (a rebuild is a factorisation of R_j)
+        # mpp/pp (vecchia): the whitened data cost O(n_j m²) (O(n_j k(k² + m))) to rebuild, less than keeping them
+        # for every site (0.86 GB at 10⁶ points over 100 sites); the full residual keeps them (a rebuild is a
+        # factorisation of R_j); the Vecchia neighbours (locations only) stay
         lm.clear_cache()
     wait = extra_wait(time.thread_time() - tic, slowdown, time.perf_counter() - wall) + delay_s
     if wait > 0:
@@ -110,6 +115,13 @@ def wake(wait_s: float) -> float:
 
 def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
     return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
+
+
+def _spacing(lm: LocalModel) -> float:
+    """The site's sampling spacing (geometry.spacing: median nearest-neighbour distance), NaN below 2 points."""
+    from spatialfed.data.geometry import spacing
+
+    return spacing(lm.locs) if len(np.unique(lm.locs, axis=0)) >= 2 else float("nan")
 
 
 def _hull(lm: LocalModel) -> bytes:
@@ -128,6 +140,7 @@ SITE_CALLS = {
     "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
     "moments": LocalModel.moments,                            # p×p, p, 1, 1
     "bounds": _bounds,                                        # 4 numbers
+    "spacing": _spacing,                                      # 1 number (the seamless predictor's band)
     "hull": _hull,                                            # one polygon (the default map domain)
     "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
 }

@@ -52,9 +52,11 @@ class FlopCost:
         elif p.step == FGPR_STEP:
             flops = local_flops(lm, p)
         elif p.step == STATS_STEP:
-            flops = stats_flops(n, m, k, lm.residual)
+            flops = stats_flops(n, m, k, lm.residual, lm.vecchia_k)
         else:
             flops = n**3 / 3 + n * n * m if lm.residual == "full" else n * m * m
+            if lm.residual == "vecchia":  # the whitened data point by point: about the statistics' share without
+                flops = stats_flops(n, m, k, lm.residual, lm.vecchia_k) / 4  # the derivatives
             if p.step == "theta":
                 flops *= self.theta_factor
         return flops / self.rate

@@ -26,8 +26,8 @@ PARAM_RTOL = 1e-3
 #: Now the statistics scheme's A defaults to 1 and an aggregation runs whenever no other answer can come.
 #: Fixed: ozone 870715 by state with 25 knots, where the ℓ_LR surface is nearly flat along log δ (the mpp diagonal
 #: term and the nugget trade off): the stale sites' models kept moving the surrogate's optimum by ~1e-2 (the trust
-#: radius floor) and the fit stopped at max_iter 0.39 below the synchronous ℓ (δ 2.08 against 0.737). An asynchronous
-#: fit that has not settled after STALL_ROUNDS answers per site now continues with exact steps (stats_server.py).
+#: radius floor) and the fit stopped at max_iter 0.39 below the synchronous ℓ (δ 2.08 against 0.737). The epochs of
+#: stats_server.py now take an exact step at every round trip of the slowest site.
 
 
 def fit(store, mode, profile, knots, **kw):

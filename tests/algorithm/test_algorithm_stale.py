@@ -72,39 +72,6 @@ def test_sums_are_forgotten_when_nothing_refers_to_them(sites):
     ([1.0, 1.5, 2.0, 6.5, 20.0], [3, 4]),
     ([1.0, 1.0], []),  # too few sites to tell
 ])
-def test_slow_sites_by_round_trip_times(times, slow):
-    active = list(range(len(times)))
-    durations = {"variogram": dict(enumerate(times))}
-    assert stale.slow_sites(durations, active, {j: 100 for j in active}, 3.0, 0.5, "stats") == slow
-
-
-def test_slow_sites_use_statistics_times_once_every_site_has_one():
-    durations = {"variogram": {0: 1.0, 1: 1.0, 2: 10.0}, "stats": {0: 1.0, 1: 1.0, 2: 1.0}}
-    assert stale.slow_sites(durations, [0, 1, 2], {0: 5, 1: 5, 2: 5}, 3.0, 0.5, "stats") == []
-    del durations["stats"][2]
-    assert stale.slow_sites(durations, [0, 1, 2], {0: 5, 1: 5, 2: 5}, 3.0, 0.5, "stats") == [2]
-
-
-def test_before_statistics_a_slow_site_is_slow_in_the_costliest_kind_and_late_in_every_other():
-    """The initialisation's tasks are tiny: one late answer is as likely a network delay as a slow site."""
-    n_j = dict.fromkeys(range(4), 5)
-    durations = {"moments": {0: 1.0, 1: 1.1, 2: 1.0, 3: 0.9}, "variogram": {0: 8.0, 1: 2.0, 2: 2.0, 3: 2.2}}
-    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == []  # 0 was early in moments
-    durations["moments"][0] = 1.2
-    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == [0]
-    durations["moments"] = {0: 30.0, 1: 1.0, 2: 1.0, 3: 1.0}  # the costlier kind decides: 0 is not slow there
-    durations["variogram"] = {0: 2.5, 1: 2.0, 2: 2.0, 3: 2.2}
-    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == []
-    durations["moments"] = dict.fromkeys(range(4), 0.0)  # too fast to be timed: no evidence either way
-    durations["variogram"][0] = 9.0
-    assert stale.slow_sites(durations, [0, 1, 2, 3], n_j, 3.0, 0.5, "stats") == [0]
-
-
-def test_no_site_is_slow_when_the_others_hold_too_little_data():
-    durations = {"variogram": {0: 1.0, 1: 1.0, 2: 10.0}}
-    assert stale.slow_sites(durations, [0, 1, 2], {0: 10, 1: 10, 2: 100}, 3.0, 0.5, "stats") == []
-
-
 def test_refine_points_step_across_the_scaling_direction_and_stay_in_the_box(sites):
     u = np.log([8.0, 0.8, 0.08])
     st = site_statistics(sites[0], u)  # full: c = (1, −1, 0), G depends on log δ + log σ² and log β only

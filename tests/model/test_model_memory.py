@@ -6,25 +6,16 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import spatialfed.model.local as local
-from spatialfed.model.local import LocalModel, column_blocks, fill_upper
-from spatialfed.model.matern import Matern
-from spatialfed.model.params import Params
+import spatialfed.model.dense as dense
+from spatialfed.model.dense import column_blocks, fill_upper
 from spatialfed.model.stats import site_statistics
+from support import one_site
 
 RESIDUALS = ["full", "mpp", "pp"]
 
 
 def make(n=240, m=9, residual="full", nu=0.5, seed=0):
-    rng = np.random.default_rng(seed)
-    locs = rng.uniform(size=(n, 2))
-    g = np.linspace(0.1, 0.9, int(np.sqrt(m)))
-    knots = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
-    X = np.column_stack([np.ones(n), rng.standard_normal(n)])
-    z = 3.0 + rng.standard_normal(n)
-    A = rng.standard_normal((m, m))
-    par = Params(0.3 * rng.standard_normal(m), A @ A.T / m + 0.1 * np.eye(m), np.array([2.9, 0.1]), 2.0, 1.3, 0.2)
-    return LocalModel(locs, z, X, knots, Matern(nu), residual), par
+    return one_site(n, m, residual, nu, seed)
 
 
 def n_by_n(lm):
@@ -59,7 +50,7 @@ def test_full_theta_peak_is_three_n_by_n_arrays(monkeypatch, request_):
     """tracemalloc peak of one theta (or statistics) request, blocks of 32 columns: R⁻¹, W_b and R⁻¹W_b, with
     the O(n_j (m + p)) and block temporaries under half an n_j × n_j array more."""
     lm, par = make(n=900)
-    monkeypatch.setattr(local, "BLOCK_BYTES", 8 * lm.n * 32)
+    monkeypatch.setattr(dense, "BLOCK_BYTES", 8 * lm.n * 32)
     run = (lambda: lm.theta(par)) if request_ == "theta" else (lambda: site_statistics(lm, par))
     run()  # warm caches of imports
     lm.clear_cache()
@@ -77,7 +68,7 @@ def test_blockwise_equals_one_block(monkeypatch, nu):
     """Many small column blocks give the same theta quantities and statistics as one block (rtol 1e-10)."""
     lm, par = make(n=150, nu=nu)
     one = (lm.theta(par), site_statistics(lm, par))
-    monkeypatch.setattr(local, "BLOCK_BYTES", 1)  # 16 columns per block
+    monkeypatch.setattr(dense, "BLOCK_BYTES", 1)  # 16 columns per block
     assert len(list(column_blocks(lm.n))) == 10
     lm.clear_cache()
     many = (lm.theta(par), site_statistics(lm, par))
@@ -88,7 +79,7 @@ def test_blockwise_equals_one_block(monkeypatch, nu):
 
 
 def test_fill_upper_symmetrises_in_place(monkeypatch):
-    monkeypatch.setattr(local, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(dense, "BLOCK_BYTES", 1)
     A = np.asfortranarray(np.random.default_rng(2).standard_normal((50, 50)))
     lower = np.tril(A)
     out = fill_upper(A)

@@ -99,14 +99,14 @@ def test_prediction_input_errors(data):
 def test_kriging_in_row_blocks_equals_one_block(data, residual, monkeypatch):
     """A worker kriges n₀ locations in row blocks of ≈ KRIGING_BYTES (memory bounded for any n₀): blocks of 16 rows
     (the smallest) give the one-block answers of residual_kriging and independent_kriging."""
-    from spatialfed.model import local
+    from spatialfed.model import kriging
 
     parts, locs0, X0 = data
     knots, kernel = grid_knots(4), Matern(1.5)
     lms, par = fitted_state(parts, knots, kernel, residual)
     lm = lms[1]
     whole = lm.residual_kriging(locs0, par), lm.independent_kriging(locs0, X0, par)
-    monkeypatch.setattr(local, "KRIGING_BYTES", 1)  # 16 rows per block: 33 locations → 3 blocks
+    monkeypatch.setattr(kriging, "KRIGING_BYTES", 1)  # 16 rows per block: 33 locations → 3 blocks
     lm.clear_cache()
     blocked = lm.residual_kriging(locs0, par), lm.independent_kriging(locs0, X0, par)
     for one, many in zip(whole, blocked):

@@ -8,7 +8,8 @@ from conftest import grid_knots, simulate_parts
 from scipy.spatial.distance import cdist
 
 from spatialfed.algorithm import init
-from spatialfed.model.local import LocalModel, binned_semivariogram
+from spatialfed.model.local import LocalModel
+from spatialfed.model.variogram import binned_semivariogram
 from spatialfed.model.matern import Matern
 
 

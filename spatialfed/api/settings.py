@@ -1,0 +1,141 @@
+"""The estimator's settings turned into what a fit runs with: their validation, the resolved FitConfig (or
+FgprConfig), the slowdowns, the delay models and the TLS security of a ``FederatedGP`` (api/estimator.py).
+
+Everything here reads the estimator's constructor arguments only (scikit-learn style: ``__init__`` stores, ``fit``
+validates); nothing is learned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spatialfed.algorithm.config import MODES, FitConfig
+from spatialfed.model.local import resolve_residual
+from spatialfed.model.names import RESIDUAL_CHOICES
+from spatialfed.model.vecchia_order import VECCHIA_K, check_k
+from spatialfed.runtime.factory import runtime_name
+from spatialfed.runtime.heterogeneity import PROFILES, profile_slowdowns, resolve_slowdowns
+
+METHODS = ("lowrank", "independent", "fgpr")
+
+
+def check_settings(gp) -> None:
+    """Refuse settings that cannot work together (one line naming the parameter and the fix)."""
+    for name, value, allowed in (("method", gp.method, METHODS), ("mode", gp.mode, MODES),
+                                 ("residual", gp.residual, RESIDUAL_CHOICES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    runtime = runtime_name(gp.runtime)
+    if gp.vecchia_k is not None:
+        check_k(gp.vecchia_k)
+    if gp.method in ("independent", "fgpr") and gp.residual not in ("full", "auto"):
+        raise ValueError(f"method={gp.method!r} (Eq. 3) uses each worker's full local covariance; "
+                         f"residual={gp.residual!r} applies to method='lowrank' only")
+    if gp.method == "fgpr":
+        for name, default in (("agg_threshold", None), ("strategies", None), ("preset", None)):
+            if not _same(getattr(gp, name), default):
+                raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
+                                 "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "
+                                 "clients per round")
+        if gp.privacy is not None:
+            raise ValueError("privacy= applies to method='lowrank' and 'independent' (FGPR sends parameters, "
+                             "not the summaries the mechanism is calibrated for); drop privacy= or change method")
+    elif gp.fgpr is not None:
+        raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={gp.method!r}")
+    if gp.slowdown is None:
+        if gp.profile not in PROFILES and not str(gp.profile).startswith("graded:"):
+            raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {gp.profile!r}")
+        profile_slowdowns(gp.profile, 1)  # graded:<min cores>: a bad number raises with the fix
+    if not (isinstance(gp.nu, (int, float)) and math.isfinite(gp.nu) and gp.nu > 0):
+        raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {gp.nu!r}")
+    if runtime == "simulated" and (gp.scheduler or gp.client is not None or gp.jobqueue):
+        raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
+    if gp.tls is not None and gp.tls is not False:
+        if runtime == "simulated":
+            raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
+        if gp.client is not None:
+            raise ValueError("tls=... cannot be applied to an existing client=; create it with "
+                             "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
+    if gp.checkpoint_every is not None:
+        K = gp.checkpoint_every
+        if isinstance(K, bool) or not float(K).is_integer() or K < 1:
+            raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
+        if gp.checkpoint is None:
+            raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+
+
+def vecchia_k(gp) -> int:
+    """k of the Vecchia residual (VECCHIA_K when vecchia_k is None)."""
+    return VECCHIA_K if gp.vecchia_k is None else check_k(gp.vecchia_k)
+
+
+def site_residual(gp, config, sizes) -> str:
+    """The residual the sites use (fit.json "residual"): `full` for the independence model and FGPR, and for
+    "auto" with the block scheme (its theta step has no Vecchia form); "auto" becomes the structure every site
+    resolves to, or stays "auto" when the sizes straddle VECCHIA_AUTO_N (each site then resolves its own)."""
+    if gp.method != "lowrank":
+        return "full"
+    block = getattr(config, "scheme", "stats") == "block"
+    if gp.residual == "vecchia" and block:
+        raise ValueError("residual='vecchia' needs the statistics scheme (preset='stats', the default): the block "
+                         "scheme's theta step has no Vecchia form; drop preset= or use residual='full'")
+    if gp.residual != "auto":
+        return gp.residual
+    if block:
+        return "full"
+    kinds = {str(resolve_residual("auto", int(n))) for n in sizes}
+    return kinds.pop() if len(kinds) == 1 else "auto"
+
+
+def config(gp, n_workers: int):
+    """The resolved FitConfig (or FgprConfig) for J workers: every option is validated by the config itself."""
+    J = n_workers
+    if gp.method == "fgpr":
+        from spatialfed.algorithm.fgpr import FgprConfig
+
+        extra = dict(gp.fgpr or {})
+        fixed = sorted(set(extra) & {"max_iter", "tol", "time_budget", "seed"})
+        if fixed:
+            raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside fgpr={{...}}")
+        return FgprConfig(max_iter=gp.max_iter, tol=gp.tol, time_budget=gp.time_budget, seed=gp.seed,
+                          **extra).resolved(J)
+    extra = dict(gp.strategies or {})
+    if gp.privacy is not None:
+        extra["privacy"] = gp.privacy
+    return FitConfig.preset(gp.preset, gp.mode, agg_threshold=gp.agg_threshold, max_iter=gp.max_iter,
+                            tol=gp.tol, time_budget=gp.time_budget, n_workers=J, **extra)
+
+
+def slowdowns(gp, n_workers: int) -> np.ndarray:
+    """The per-site slowdown factors s_1..s_J of `profile` or `slowdown`."""
+    return resolve_slowdowns(gp.profile if gp.slowdown is None else list(gp.slowdown), n_workers)
+
+
+def delay_models(gp, n_workers: int) -> dict:
+    """The driver's delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
+    from spatialfed.runtime.delays import parse_activations, parse_delay
+
+    delays = parse_delay(gp.delays, n_workers) if isinstance(gp.delays, str) else gp.delays
+    activations = (parse_activations(gp.activations, n_workers) if isinstance(gp.activations, str)
+                   else gp.activations)
+    return {"delays": delays, "activations": activations, "seed": gp.seed}
+
+
+def security(gp):
+    """The Security object for `tls` (None: plain TCP)."""
+    if gp.tls is False:
+        return False  # plain TCP, asked for explicitly (the embedded cluster's default is TLS)
+    if gp.tls is None:
+        return None
+    from spatialfed.runtime.security import tls_security
+
+    return tls_security() if gp.tls is True else tls_security(gp.tls)
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:
+        return False

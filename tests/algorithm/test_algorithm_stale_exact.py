@@ -1,0 +1,112 @@
+"""Stale-site models where the exact answer is known without a Taylor expansion (algorithm/stale.py, SPEC §2b).
+
+- The control variate of a stale site whose fresh controls are exact copies of it is exact: with sites 1 and 2
+  copies of site 0 (S_F = 2S_0 at every u, n_F = 2n_0), ρ = n_0/n_F = ½ and
+  T_0(u) = ½ΣT_k(u) + Taylor[S_0 − ½S_F](u; u_0) = S_0(u) + 0, whatever the distance from u_0.
+- The secant model's third-order term applies out to reach × the largest step to an earlier answer.
+"""
+
+import numpy as np
+import pytest
+from support import simulate
+
+from spatialfed.algorithm import stale
+from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
+from spatialfed.model.local import LocalModel
+from spatialfed.model.stats import site_statistics
+
+U1 = np.log([8.0, 0.8, 0.08])
+
+
+@pytest.fixture(scope="module")
+def site():
+    models, _, _ = simulate(J=1, n=50, side=3, residual="full", seed=5)
+    return models[0]
+
+
+def test_control_variate_through_copies_of_the_stale_site_is_exact(site):
+    lm = site
+    copies = [lm, LocalModel(lm.locs, lm.z, lm.X, lm.knots, lm.kernel, lm.residual),
+              LocalModel(lm.locs, lm.z, lm.X, lm.knots, lm.kernel, lm.residual)]
+    u2 = U1 + np.array([-0.4, 0.3, 0.35])  # far: the plain Taylor model errs visibly here
+    stats = {j: site_statistics(m, U1) for j, m in enumerate(copies)}
+    rounds = {}
+    for j in stats:
+        stale.remember(rounds, stats, j, [])
+    for j in (1, 2):
+        stats[j] = site_statistics(copies[j], u2)
+        stale.remember(rounds, stats, j, [])
+    exact = sum_statistics([site_statistics(m, u2) for m in copies])
+    cv = stale.site_models(stats, rounds, [0, 1, 2], 1.0, control_variates=True)(u2)
+    plain = stale.site_models(stats, rounds, [0, 1, 2], 1.0, control_variates=False)(u2)
+    scale = np.max(np.abs(exact["S"]))
+    assert np.max(np.abs(plain["S"] - exact["S"])) > 1e-4 * scale  # the Taylor model alone is not exact
+    for key in ("S", "dS", "d2S"):
+        np.testing.assert_allclose(cv[key], exact[key], rtol=1e-9, atol=1e-9 * np.max(np.abs(exact[key])),
+                                   err_msg=key)
+    assert cv["n"] == exact["n"] and cv["d"] == pytest.approx(exact["d"], rel=1e-9)
+    # a scale multiplies the whole model
+    half = stale.site_models(stats, rounds, [0, 1, 2], 0.5)(u2)
+    np.testing.assert_allclose(half["S"], 0.5 * cv["S"], rtol=1e-12)
+
+
+def test_secant_radius_is_reach_times_the_largest_step(site):
+    st = site_statistics(site, U1)
+    steps = ([-0.02, -0.05, -0.1], [-0.01, -0.02, -0.03])  # largest |Δu| 0.1 and 0.03
+    earlier = [site_statistics(site, U1 + np.array(d)) for d in steps]
+    for reach in (3.0, 2.0):
+        model = stale.secant(st, earlier, reach=reach)
+        assert model["d3_radius"] == pytest.approx(reach * 0.1)
+    model = stale.secant(st, earlier)
+    assert model["d3_radius"] == pytest.approx(0.3)  # the default reach is 3
+    # between reach × the smallest step (0.09) and reach × the largest (0.3) the third-order term is used:
+    # the model differs from the second-order one, and is the closer of the two to the exact statistics
+    ahead = U1 + np.array([0.02, 0.08, 0.2])
+    exact = site_statistics(site, ahead)
+    second = taylor_statistics(st, ahead)["S"]
+    third = taylor_statistics(model, ahead)["S"]
+    assert np.max(np.abs(third - exact["S"])) < 0.5 * np.max(np.abs(second - exact["S"]))
+    # beyond the radius: the second-order model
+    beyond = U1 + np.array([0.0, 0.0, 0.31])
+    np.testing.assert_array_equal(taylor_statistics(model, beyond)["S"], taylor_statistics(st, beyond)["S"])
+
+
+# --- edges the mutation run found unguarded (docs/contributing.md) ---------------------------------------------------
+
+def test_site_models_without_a_usable_control_fall_back_to_the_taylor_model(site):
+    u2 = U1 + np.array([-0.2, 0.1, 0.1])
+    stats = {0: site_statistics(site, U1), 1: site_statistics(site, U1)}
+    plain = sum_statistics([taylor_statistics(stats[0], u2), taylor_statistics(stats[1], u2)])
+    # no record of the round (rounds not kept), or a co-answering site that is not among the used ones
+    np.testing.assert_allclose(stale.site_models(stats, {}, [0, 1], 1.0)(u2)["S"], plain["S"], rtol=1e-12)
+    rounds = {}
+    for j in stats:
+        stale.remember(rounds, stats, j, [])
+    stats[1] = site_statistics(site, u2)
+    stale.remember(rounds, stats, 1, [U1])
+    only = stale.site_models(stats, rounds, [0], 1.0)(u2)
+    np.testing.assert_allclose(only["S"], taylor_statistics(stats[0], u2)["S"], rtol=1e-12)
+
+
+def test_refine_points_without_a_scaling_direction_step_along_all_three(site):
+    st = dict(site_statistics(site, U1))
+    lower, upper = np.full(3, -20.0), np.full(3, 20.0)
+    for c in (None, np.zeros(3)):
+        if c is None:
+            st.pop("c")
+        else:
+            st["c"] = c
+        points = stale.refine_points(st, 0.03, lower, upper)
+        np.testing.assert_allclose(np.array(points) - U1, 0.03 * np.eye(3), atol=1e-15)
+    st["c"] = np.array([0.0, 0.0, 1.0])  # the scaling direction is skipped wherever it lies
+    np.testing.assert_allclose(np.array(stale.refine_points(st, 0.03, lower, upper)) - U1,
+                               0.03 * np.eye(3)[:2], atol=1e-15)
+    upper = U1 + np.array([0.03, 1.0, 1.0])  # +h lands exactly on the bound: still inside the box
+    assert stale.refine_points(st, 0.03, lower, upper)[0][0] == U1[0] + 0.03
+
+
+def test_refined_radius_is_three_times_the_largest_step(site):
+    st = site_statistics(site, U1)
+    nearby = [site_statistics(site, p) for p in stale.refine_points(st, 0.02, np.full(3, -20.0), np.full(3, 20.0))]
+    assert stale.refined(st, nearby)["d3_radius"] == pytest.approx(0.06)
+

@@ -1,0 +1,179 @@
+"""The Vecchia residual (SPEC §2c, issue 29): with every earlier point as neighbours it is the full residual; its
+derivatives are those of its own statistics; its message and memory do not grow with n_j; kriging on the k nearest
+points is the dense kriging when k covers the site."""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from spatialfed.model import vecchia
+from spatialfed.model.local import resolve_residual
+from spatialfed.model.stats import PAIRS, message_size, site_statistics, stats_flops
+from spatialfed.model.vecchia_order import VECCHIA_AUTO_N, maxmin_order, ordered_neighbours, vecchia_plan
+from support import one_site
+
+KEYS = ("S", "dS", "d2S", "d", "dd", "d2d")
+
+
+def make(n=70, m=9, residual="vecchia", nu=0.5, seed=0, **kw):
+    return one_site(n, m, residual, nu, seed, **kw)
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+@pytest.mark.parametrize("ordering", ["maxmin", "coord"])
+@pytest.mark.parametrize("nu", [0.5, 1.5, 0.8])
+def test_every_earlier_point_gives_the_full_statistics(ordering, nu):
+    full, par = make(residual="full", nu=nu)
+    vec, _ = make(nu=nu, vecchia_k=full.n - 1, vecchia_ordering=ordering)
+    a, b = site_statistics(full, par), site_statistics(vec, par)
+    for key in KEYS:
+        assert rel(b[key], a[key]) < 1e-8, key
+    np.testing.assert_array_equal(b["c"], a["c"])
+
+
+def test_every_earlier_point_gives_the_full_block_quantities():
+    """mu_sigma, gamma and value through the Vecchia whitened data equal the dense ones (k = n − 1)."""
+    full, par = make(residual="full")
+    vec, _ = make(vecchia_k=full.n - 1)
+    for step in ("mu_sigma", "gamma", "value"):
+        a, b = full.quantity(step, par), vec.quantity(step, par)
+        for key in a:
+            assert rel(b[key], a[key]) < 1e-8, (step, key)
+
+
+@pytest.mark.parametrize("nu", [0.5, 2.5])
+def test_derivatives_match_central_differences(nu):
+    """∂S, ∂²S, ∂d, ∂²d of the Vecchia statistics (k = 5 ≪ n: not the full residual's) against central differences
+    of its own S, d and ∂S, ∂d."""
+    lm, par = make(n=60, nu=nu, vecchia_k=5)
+    u, h = par.u, 1e-5
+    st = site_statistics(lm, u)
+    assert rel(site_statistics(make(n=60, nu=nu, residual="full")[0], u)["S"], st["S"]) > 1e-6  # an approximation
+    for a in range(3):
+        e = np.zeros(3)
+        e[a] = h
+        up, dn = site_statistics(lm, u + e), site_statistics(lm, u - e)
+        assert rel((up["S"] - dn["S"]) / (2 * h), st["dS"][a]) < 1e-6, a
+        assert abs((up["d"] - dn["d"]) / (2 * h) - st["dd"][a]) < 1e-6 * np.abs(st["dd"]).max(), a
+        for b in range(3):
+            p = PAIRS.index((min(a, b), max(a, b)))
+            assert rel((up["dS"][b] - dn["dS"][b]) / (2 * h), st["d2S"][p]) < 1e-6, (a, b)
+            assert abs((up["dd"][b] - dn["dd"][b]) / (2 * h) - st["d2d"][p]) < 1e-6 * np.abs(st["d2d"]).max()
+
+
+def test_exact_scaling_direction_holds():
+    """R(u + s·c) = e^{−s}R(u) for c = (1, −1, 0): the Vecchia S scales by e^{s} exactly, as the server assumes."""
+    lm, par = make(vecchia_k=4)
+    s = 0.3
+    a, b = site_statistics(lm, par.u), site_statistics(lm, par.u + s * np.array([1.0, -1.0, 0.0]))
+    assert rel(b["S"], np.exp(s) * a["S"]) < 1e-10
+
+
+def test_message_size_and_kept_memory_do_not_grow_with_n():
+    small, par = make(n=40, vecchia_k=6)
+    large, _ = make(n=400, vecchia_k=6)
+    assert message_size(site_statistics(small, par)) == message_size(site_statistics(large, par))
+    for lm in (small, large):
+        lm.quantity("mu_sigma", par)
+        assert all(arr.size < lm.n * 20 for arr in lm.cached_arrays())  # O(n_j(k + m + p)): no n_j × n_j array
+        lm.clear_cache()
+        assert lm.cached_nbytes() == lm.vecchia_plan.nbytes  # the neighbours stay (locations only)
+
+
+@pytest.mark.parametrize("ordering", ["maxmin", "coord"])
+def test_neighbours_are_the_nearest_earlier_points(ordering):
+    rng = np.random.default_rng(3)
+    locs = rng.uniform(size=(3000, 2))
+    plan = vecchia_plan(locs, 7, ordering)
+    assert np.array_equal(np.sort(plan.order), np.arange(3000))
+    pos = np.empty(3000, dtype=int)
+    pos[plan.order] = np.arange(3000)
+    for i in (0, 1, 5, 100, 1500, 2999):  # brute force at a few positions (the search blocks at 1024 positions)
+        earlier = plan.order[:i]
+        d = cdist(locs[plan.order[i]][None], locs[earlier])[0]
+        want = earlier[np.argsort(d)[: min(7, i)]]
+        got = plan.nbrs[i][plan.nbrs[i] >= 0]
+        assert set(got) == set(want), i
+        assert np.all(pos[got] < i)
+
+
+def test_blocked_search_equals_one_block():
+    rng = np.random.default_rng(4)
+    locs_o = rng.uniform(size=(2500, 2))[maxmin_order(rng.uniform(size=(2500, 2)))]
+    np.testing.assert_array_equal(np.sort(ordered_neighbours(locs_o, 9, block=200), 1),
+                                  np.sort(ordered_neighbours(locs_o, 9, block=10**6), 1))
+
+
+def test_maxmin_starts_coarse():
+    """The first points of the max-min ordering are spread out: the 16th is farther from the first 15 than a typical
+    nearest-neighbour distance of the whole set."""
+    locs = np.random.default_rng(5).uniform(size=(4000, 2))
+    order = maxmin_order(locs)
+    assert cdist(locs[order[15]][None], locs[order[:15]]).min() > 0.08  # typical spacing 1/√4000 ≈ 0.016
+
+
+def test_kriging_on_every_point_is_the_dense_kriging():
+    full, par = make(residual="full")
+    vec, _ = make(vecchia_k=full.n)
+    locs0 = np.random.default_rng(9).uniform(size=(11, 2))
+    a, b = full.residual_kriging(locs0, par), vec.residual_kriging(locs0, par)
+    for key in a:
+        assert rel(b[key], a[key]) < 1e-8, key
+
+
+def test_block_theta_is_refused_in_one_line():
+    lm, par = make(vecchia_k=5)
+    with pytest.raises(ValueError, match="preset='stats'"):
+        lm.theta(par)
+
+
+def test_auto_is_full_for_small_sites_and_vecchia_above():
+    assert resolve_residual("auto", VECCHIA_AUTO_N) == "full"
+    assert resolve_residual("auto", VECCHIA_AUTO_N + 1) == "vecchia"
+    assert resolve_residual("mpp", 10**6) == "mpp"
+    with pytest.raises(ValueError, match="residual must be one of"):
+        resolve_residual("vechia", 10)
+
+
+def test_bad_k_and_ordering_are_refused():
+    with pytest.raises(ValueError, match="vecchia_k"):
+        make(vecchia_k=0)
+    with pytest.raises(ValueError, match="vecchia_ordering"):
+        make(vecchia_ordering="hilbert")
+
+
+def test_a_singular_residual_names_the_cause():
+    lm, par = make(n=30, vecchia_k=5)
+    lm.locs[3] = lm.locs[2]  # a duplicate location with a vanishing nugget: a zero conditional variance
+    with pytest.raises(np.linalg.LinAlgError, match="duplicate locations"):
+        site_statistics(lm, par.u + np.array([40.0, 0.0, 0.0]))
+
+
+def test_batches_do_not_change_the_statistics(monkeypatch):
+    lm, par = make(n=120, vecchia_k=6)
+    one = site_statistics(lm, par)
+    monkeypatch.setattr(vecchia, "BATCH_BYTES", 1)  # 16 points per batch
+    many = site_statistics(lm, par)
+    for key in KEYS:
+        assert rel(many[key], one[key]) < 1e-11, key
+
+
+def test_the_virtual_clock_charges_the_vecchia_cost():
+    """stats_flops of the Vecchia residual: linear in n_j, about (k+1)² per point in its local products, charged with
+    the site's own k; it crosses the full residual's between 500 and 2,000 points (measured: near 1,000)."""
+    from spatialfed.algorithm.protocol import Augmented
+    from spatialfed.runtime.virtual import FlopCost
+
+    assert stats_flops(20_000, 100, 1, "vecchia", 15) == pytest.approx(2 * stats_flops(10_000, 100, 1, "vecchia", 15))
+    assert stats_flops(10_000, 100, 1, "vecchia", 30) > 2 * stats_flops(10_000, 100, 1, "vecchia", 10)
+    assert stats_flops(500, 100, 1, "vecchia", 15) > stats_flops(500, 100, 1, "full")
+    assert stats_flops(2_000, 100, 1, "vecchia", 15) < stats_flops(2_000, 100, 1, "full")
+    assert stats_flops(5_000, 100, 1, "vecchia", 15) < 0.05 * stats_flops(5_000, 100, 1, "full")
+    lm5, par = make(n=200, vecchia_k=5)
+    lm30, _ = make(n=200, vecchia_k=30)
+    p = Augmented(par, 0, "stats")
+    assert FlopCost().seconds(lm30, p, 0.0) > 3 * FlopCost().seconds(lm5, p, 0.0)
