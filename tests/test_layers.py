@@ -179,3 +179,12 @@ def test_the_package_root_loads_the_estimator_only_when_asked():
     code = "import spatialfed; print(spatialfed.FederatedGP.__module__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "spatialfed.api.estimator"
+
+
+#: the house rule: a module that grows past this is split by concern (one concept per module)
+MAX_LINES = 500
+
+
+def test_no_module_is_over_the_line_limit():
+    over = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"

@@ -66,12 +66,6 @@ def test_sums_are_forgotten_when_nothing_refers_to_them(sites):
     assert set(rounds) == {stale.u_key(u2)}
 
 
-@pytest.mark.parametrize("times, slow", [
-    ([1.0, 1.0, 1.0, 1.0], []),
-    ([1.0, 1.1, 0.9, 20.0], [3]),
-    ([1.0, 1.5, 2.0, 6.5, 20.0], [3, 4]),
-    ([1.0, 1.0], []),  # too few sites to tell
-])
 def test_refine_points_step_across_the_scaling_direction_and_stay_in_the_box(sites):
     u = np.log([8.0, 0.8, 0.08])
     st = site_statistics(sites[0], u)  # full: c = (1, −1, 0), G depends on log δ + log σ² and log β only
