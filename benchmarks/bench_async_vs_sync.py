@@ -11,21 +11,27 @@ wall seconds on Dask), so both include the φ₀ pass.
         --n-per-worker 200,500 --partition random,area [--sizes equal,aligned,unaligned] [--jobs 2]
         [--workers 10] [--knots 100] [--nu 0.5] [--range 0.1] [--residual full|mpp|pp]
         [--preset stats|tuned|paper|basic] [--runtime simulated|dask|both] [--async-options JSON] [--max-iter 300]
+        [--rows rows.jsonl [--summary-only]]
 
 `--seeds` takes ranges and lists (0-4,7); `--sizes` takes named layouts (equal; aligned, unaligned, inverse: Figure
 7's sizes from 1.5·n_j down to 0.5·n_j on the workers in order of speed, shuffled, or reversed) or one explicit list
 of J sizes (100,150,...; ';' separates several lists). `--jobs N` runs N stores at once in worker processes: on the
-virtual clock a run's times do not depend on the machine's load. `--seed S` is `--seeds S`; `--store PATH` writes
-(or reuses) the one store of a single combination there.
+virtual clock a run's times do not depend on the machine's load. `--rows PATH` keeps the rows as JSON lines as each
+store finishes; the same command again runs only the stores missing there, and with `--summary-only` it summarizes
+what is there (a grid still running, or one that was stopped). `--seed S` is `--seeds S`; `--store PATH` writes (or
+reuses) the one store of a single combination there.
 
-Prints one JSON document on stdout, progress on stderr:
-{"settings": {...}, "rows": [...], "summary": {"by_group": [...], "by_profile": [...]}, "wall_s": ...}
+Prints one JSON document on stdout, progress on stderr (ending with the summary as a Markdown table):
+{"settings": {...}, "rows": [...], "summary": {"by_group": [...], "by_profile": [...], "bounds": [...]}, "wall_s": ...}
 - a row per (seed, partition, sizes, profile, n_per_worker) with sync_s, async_s, ratio = async_s / sync_s (null
   when a run never settled), settled (both did), dloglik = ℓ(async) − ℓ(reference), sync_dloglik, sync_rounds and
   async_rounds (for --preset stats: the statistics round trips of the synchronous run, the answers per site of the
   asynchronous one, whose aggregations are in async_aggregations), and the wall seconds it took;
 - a summary per (profile, n_per_worker, partition, sizes) and per profile: runs, settled, on_optimum
-  (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst.
+  (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst;
+- bounds: issue 27's "Done when" bounds (every run settled on the synchronous optimum, no ratio above 1.05,
+  balanced ≤ 1.02, mean over straggler and graded ≤ 0.5, over graded:12 ≤ 0.85), each with its value and whether
+  it holds (an unsettled run counts as an infinite ratio there).
 
 `--preset stats` (the default) runs algorithm/stats_server.StatsServer (one round trip per iteration, SPEC §2b) on
 the virtual clock (FlopCost: deterministic) through the same store → runtime.site → runtime.driver path as the
@@ -527,7 +533,72 @@ def summarize(rows, profiles) -> dict:
     for row in sorted(rows, key=lambda r: (order[r["profile"]], r["n_per_worker"], r["partition"], r["sizes"])):
         groups.setdefault(tuple(row[k] for k in keys), []).append(row)
     return {"by_group": [{**dict(zip(keys, key)), **stats_of(rs)} for key, rs in groups.items()],
-            "by_profile": [{"profile": p, **stats_of([r for r in rows if r["profile"] == p])} for p in profiles]}
+            "by_profile": [{"profile": p, **stats_of([r for r in rows if r["profile"] == p])} for p in profiles],
+            "bounds": bounds(rows)}
+
+
+def bounds(rows) -> list[dict]:
+    """Issue 27's "Done when" bounds, each with the value these rows give (those of profiles not run are left out):
+    every run settled on the synchronous optimum, no ratio above 1.05, balanced ≤ 1.02, the mean over straggler and
+    graded ≤ 0.5, the mean over graded:12 ≤ 0.85. An unsettled run fails every bound on its profile."""
+    def ratios(names):
+        return [np.inf if r["ratio"] is None else r["ratio"] for r in rows if names is None or r["profile"] in names]
+
+    out = [{"bound": "every run settled, |dloglik| <= 1e-6",
+            "value": sum(bool(r["settled"]) and abs(r["dloglik"]) <= LOGLIK_TOL for r in rows), "limit": len(rows)}]
+    out[0]["holds"] = out[0]["value"] == len(rows)
+    for name, names, how, limit in (("worst ratio", None, max, 1.05), ("worst balanced", {"balanced"}, max, 1.02),
+                                    ("mean straggler+graded", {"straggler", "graded"}, np.mean, 0.5),
+                                    ("mean graded:12", {"graded:12"}, np.mean, 0.85)):
+        got = ratios(names)
+        if got:
+            value = float(how(got))
+            out.append({"bound": f"{name} <= {limit}", "value": value if np.isfinite(value) else None,
+                        "limit": limit, "holds": bool(value <= limit)})
+    return out
+
+
+def kept_rows(path, specs, setting, preset, profiles, runtimes) -> tuple[dict, list]:
+    """From a --rows file: {spec: its rows} for the stores of `specs` whose rows are all there (same setting and
+    preset, every profile and runtime), and the file's rows of other stores and settings (kept when the file is
+    rewritten)."""
+    if path is None or not Path(path).exists():
+        return {}, []
+    try:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        wanted = set(specs)
+        mine, others = {}, []
+        for row in rows:
+            spec = StoreSpec(row["seed"], row["n_per_worker"], row["partition"], row["sizes"])
+            same = row["preset"] == preset and all(row[k] == v for k, v in asdict(setting).items())
+            if same and spec in wanted and row["profile"] in profiles and row["runtime"] in runtimes:
+                mine.setdefault(spec, []).append(row)
+            else:
+                others.append(row)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a rows file of this benchmark ({type(exc).__name__}: {exc}); give another "
+                         "path") from None
+    complete = {spec: rs for spec, rs in mine.items() if len(rs) == len(profiles) * len(runtimes)}
+    return complete, others  # the rows of an incomplete store are replaced when it runs
+
+
+def table(summary) -> str:
+    """The summary as a Markdown table (profile × n_j × partition × sizes, then per profile, then the bounds)."""
+    def num(v):
+        return "—" if v is None else f"{v:.3g}"
+
+    lines = ["| profile | n_j | partition | sizes | runs | settled | on optimum | mean | worst (seed) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g in summary["by_group"] + [dict(p, n_per_worker="all", partition="all", sizes="all")
+                                    for p in summary["by_profile"]]:
+        seed = "" if g["worst_run"] is None else f" ({g['worst_run']['seed']})"
+        lines.append(f"| {g['profile']} | {g['n_per_worker']} | {g['partition']} | {g['sizes']} | {g['runs']} | "
+                     f"{g['settled']} | {g['on_optimum']} | {num(g['mean'])} | {num(g['worst'])}{seed} |")
+    for bound in summary["bounds"]:
+        value = bound["value"]
+        value = f"{value} of {bound['limit']} runs" if isinstance(value, int) else num(value)
+        lines.append(f"- {bound['bound']}: {value} ({'holds' if bound['holds'] else 'fails'})")
+    return "\n".join(lines)
 
 
 def store_specs(seeds, sizes_per_worker, partitions, layouts) -> list[StoreSpec]:
@@ -582,6 +653,11 @@ def main(argv=None) -> int:
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "
                     "(one combination of seed, n_j, partition and sizes only)")
+    ap.add_argument("--rows", default=None, metavar="PATH",
+                    help="keep the rows here as JSON lines, rewritten (atomically) as each store finishes; a rerun "
+                    "with the same options takes the stores already there from it instead of running them again")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="with --rows: print the rows found there for these options and their summary, run nothing")
     args = ap.parse_args(argv)
 
     from spatialfed.data import partition as partitions
@@ -628,6 +704,8 @@ def main(argv=None) -> int:
         ap.error("--dask-slowdown-scale applies to --preset stats with --runtime dask or both")
     if args.jobs > 1 and args.runtime != "simulated":
         ap.error("--jobs runs stores in parallel on the virtual clock only; use --jobs 1 with --runtime dask")
+    if args.summary_only and not args.rows:
+        ap.error("--summary-only summarizes the rows of a --rows file; give --rows PATH")
     specs = store_specs(seeds, ns, partition_names, layouts)
     if args.store and len(specs) > 1:
         ap.error(f"--store holds one data set, but the options give {len(specs)} (seed, n_j, partition, sizes); "
@@ -637,18 +715,33 @@ def main(argv=None) -> int:
     common = dict(setting=setting, profiles=profiles, runtimes=runtimes, preset=args.preset, max_iter=args.max_iter,
                   options=args.async_options, dask_workers=args.dask_workers or setting.workers,
                   slowdown_scale=args.dask_slowdown_scale, store=args.store)
-    say(f"{len(specs)} stores × {len(profiles)} profiles, {args.jobs} job(s)")
+    try:
+        kept, others = kept_rows(args.rows, specs, setting, args.preset, profiles, runtimes)
+    except ValueError as exc:
+        ap.error(f"--rows: {exc}")
+    todo = [] if args.summary_only else [spec for spec in specs if spec not in kept]
+    rows = [row for spec in specs for row in kept.get(spec, [])]
+    say(f"{len(specs)} stores × {len(profiles)} profiles: {len(specs) - len(todo)} found in {args.rows}, "
+        f"{len(todo)} to run in {args.jobs} job(s)" if args.rows else f"{len(specs)} stores × {len(profiles)} "
+        f"profiles, {args.jobs} job(s)")
     tic = time.perf_counter()
-    rows: list[dict] = []
+
+    def finished(new):
+        rows.extend(new)
+        if args.rows:
+            from spatialfed.atomic import write_text
+
+            write_text(args.rows, "".join(json.dumps(r) + "\n" for r in others + rows))
+        say(f"[{len(rows) // (len(profiles) * len(runtimes))}/{len(specs)} stores done, "
+            f"{time.perf_counter() - tic:.0f} s]")
+
     if args.jobs == 1:
-        for spec in specs:
-            rows += run_store(spec, **common)
-    else:
+        for spec in todo:
+            finished(run_store(spec, **common))
+    elif todo:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_store, spec, **common) for spec in specs]
-            for done, future in enumerate(as_completed(futures), 1):
-                rows += future.result()
-                say(f"[{done}/{len(specs)} stores done, {time.perf_counter() - tic:.0f} s]")
+            for future in as_completed([pool.submit(run_store, spec, **common) for spec in todo]):
+                finished(future.result())
     order = {p: i for i, p in enumerate(profiles)}
     rows.sort(key=lambda r: (r["seed"], r["n_per_worker"], r["partition"], r["sizes"], order[r["profile"]],
                              r["runtime"]))
@@ -657,6 +750,7 @@ def main(argv=None) -> int:
                         "runtimes": runtimes, "async_options": args.async_options, "max_iter": args.max_iter,
                         "rtol": RTOL, "loglik_tol": LOGLIK_TOL, "jobs": args.jobs},
            "rows": rows, "summary": summarize(rows, profiles), "wall_s": round(time.perf_counter() - tic, 1)}
+    say(table(out["summary"]))
     print(json.dumps(out, indent=1))
     return 0
 

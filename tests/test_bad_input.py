@@ -103,6 +103,9 @@ def _write_data(d: Path) -> None:
                                                       for i, (a, b) in enumerate(pts)])
     _csv(d / "locs_text.csv", "x,y,x1,x2,x3,x4,x5", [[f"{a:.4f}", f"{b:.4f}", "low", 0, 0, 0, 0] for a, b in pts])
     (d / "locs_empty.csv").write_text("x,y,x1,x2,x3,x4,x5\n")
+    _csv(d / "knots_outside.csv", "X,Y", [[0.2, 0.2], [0.8, 0.2], [0.5, 0.8], [1.5, 0.5]])
+    _csv(d / "knots_dup.csv", "lon,lat", [[0.2, 0.2], [0.8, 0.2], [0.5, 0.8], [0.8, 0.2]])
+    _csv(d / "knots_ab.csv", "a,b", [[0.2, 0.2], [0.8, 0.2], [0.5, 0.8]])
     g = np.linspace(0.0, 1.0, 41)
     _csv(d / "cov_grid.csv", "x,y,x1,x2,x3,x4,x5", [[f"{a:.4f}", f"{b:.4f}", 0, 0, 0, 0, 0] for a in g for b in g])
     # vector files that are not a polygon domain
@@ -458,7 +461,20 @@ CLI_CASES = [
      r"knots must be a positive integer m .*got -3", None),
     ("fit-knots-huge", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "1000000000"],
      r"knots=1000000000 would need about .* GB.*use fewer knots", None),
-    ("fit-knots-float", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "2.5"], r"--knots: invalid int", None),
+    ("fit-knots-float", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "2.5"], r"--knots: invalid int value '2\.5': give a whole number of knots or a file", None),
+    ("fit-knots-file-missing", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "{D}/nope.csv"],
+     r"points file .*nope\.csv does not exist", None),
+    ("fit-knots-file-outside", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "{D}/knots_outside.csv"],
+     r"1 of 4 knots lie outside the domain: #3 \(1\.5, 0\.5\).*--domain FILE", None),
+    ("fit-knots-file-duplicate", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "{D}/knots_dup.csv"],
+     r"1 knot\(s\) repeat another knot's location .*drop the duplicates", None),
+    ("fit-knots-file-no-columns", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots", "{D}/knots_ab.csv"],
+     r"knots_ab\.csv has no coordinate columns .*--x COL --y COL", None),
+    ("fit-knots-file-crs-on-planar-store", ["fit", "{S}", "--out", "{T}/out", *FIT, "--knots",
+                                            "{D}/knots_dup.csv", "--crs", "EPSG:4326"],
+     r"knots_dup\.csv is in EPSG:4326 but the store has planar units .*drop --crs", None),
+    ("fit-knots-columns-without-file", ["fit", "{S}", "--out", "{T}/out", *FIT, "--x", "lon", "--y", "lat"],
+     r"--x, --y describe the points of --knots FILE", None),
     ("fit-nu-0", ["fit", "{S}", "--out", "{T}/out", *FIT, "--nu", "0"], r"\bnu\b.*> 0", None),
     ("fit-nu-neg", ["fit", "{S}", "--out", "{T}/out", *FIT, "--nu", "-1"], r"\bnu\b.*> 0", None),
     ("fit-nu-huge", ["fit", "{S}", "--out", "{T}/out", *FIT, "--nu", "1e6"],
@@ -614,6 +630,13 @@ CLI_CASES = [
                                  "--out", "{T}/out.csv", *PRED], r"no points in locs_empty\.csv", None),
     ("predict-locations-missing", ["predict", "{F}", "--store", "{S}", "--locations", "{D}/nope.csv",
                                    "--out", "{T}/out.csv", *PRED], r"nope\.csv does not exist", None),
+    ("predict-locations-named-columns-missing", ["predict", "{F}", "--store", "{S}", "--locations",
+                                                 "{D}/locs_nocov.csv", "--x", "east", "--y", "north",
+                                                 "--out", "{T}/out.csv", *PRED],
+     r"locs_nocov\.csv has no columns 'east' and 'north' among \['x', 'y'\]; name them with --x COL --y COL", None),
+    ("predict-locations-one-column-named", ["predict", "{F}", "--store", "{S}", "--locations",
+                                            "{D}/locs_nocov.csv", "--x", "x", "--out", "{T}/out.csv", *PRED],
+     r"name both coordinate columns of .*locs_nocov\.csv \(--x COL --y COL\)", None),
     ("predict-out-no-extension", ["predict", "{F}", "--store", "{S}", "--out", "{T}/out", *PRED],
      r"\(no extension\) is not one of \.csv, \.gpkg, \.parquet", "out_file"),
     ("predict-out-under-file", ["predict", "{F}", "--store", "{S}", "--out", "{FILE}/out.csv", *PRED],
@@ -840,7 +863,30 @@ def _frame(**columns):
     return lambda: pd.DataFrame(base)
 
 
+def _fit_frame(frame_fn, **kw):
+    """FederatedGP(**kw).fit(frame, "z") on an in-memory table (written to a temporary store, never to T)."""
+    def run(w, T):
+        _gp(**kw).fit(frame_fn(), "z")
+    return run
+
+
+_Z = np.random.default_rng(4).normal(size=30)
+
+
 API_CASES = [
+    ("api-covariates-id-column", _fit_frame(_frame(record=np.arange(30), elev=np.linspace(0, 1, 30) ** 2)),
+     r"X's column 'record' is named like an identifier.*pass covariates=\['elev'\]"),
+    ("api-covariates-row-sequence", _fit_frame(_frame(n=np.arange(1, 31).astype(float))),
+     r"X's column 'n' is the row sequence 1\.\.30 .*covariates=\[\]"),
+    ("api-covariates-distinct-integers", _fit_frame(_frame(code=np.random.default_rng(1).permutation(30) * 7)),
+     r"X's column 'code' holds 30 distinct integers, one per row"),
+    ("api-covariates-copy-of-y", _fit_frame(_frame(z=_Z, joker=2 * _Z + 1e-6 * np.arange(30))),
+     r"X's column 'joker' is a near-copy of y \(correlation 1\.0000\).*pass covariates=\[\]"),
+    ("api-covariates-missing", _fit_frame(_frame(elev=np.ones(30)), covariates=["elev", "slope"]),
+     r"covariates=\['elev', 'slope'\]: column\(s\) \['slope'\] are not among X's columns \['elev'\]"),
+    ("api-covariates-string", _fit_frame(_frame(elev=np.ones(30)), covariates="elev"),
+     r"covariates must be a list of column names, e.g\. covariates=\['elev'\]"),
+    ("api-covariates-with-store", _fit("S", covariates=[]), r"X is a store path .* drop covariates="),
     ("api-unknown-mode", _fit("S", mode="semi"), r"mode must be one of"),
     ("api-unknown-method", _fit("S", method="kriging"), r"method must be one of"),
     ("api-unknown-residual", _fit("S", residual="diag"), r"residual must be one of"),

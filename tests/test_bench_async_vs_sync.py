@@ -83,6 +83,26 @@ def test_summary_counts_unsettled_and_off_optimum_runs():
     assert whole["worst_run"]["partition"] == "area"
     assert [(g["partition"], g["runs"], g["worst"]) for g in summary["by_group"]] == [("area", 1, 1.2),
                                                                                       ("random", 3, 0.9)]
+    settled, worst = summary["bounds"][:2]  # graded only: no balanced, straggler+graded or graded:12 bound
+    assert len(summary["bounds"]) == 3 and (settled["value"], settled["holds"]) == (2, False)
+    assert worst["value"] is None and not worst["holds"]  # the unsettled run is the worst
+    assert summary["bounds"][2]["bound"].startswith("mean straggler+graded") and summary["bounds"][2]["value"] is None
+    text = bench.table(summary)  # the Markdown table on stderr
+    assert "| graded | all | all | all | 4 | 3 | 2 | 0.867 | 1.2 (0) |" in text
+    assert "| graded | 40 | area | equal | 1 | 1 | 1 | 1.2 | 1.2 (0) |" in text
+    assert "- every run settled, |dloglik| <= 1e-6: 2 of 4 runs (fails)" in text
+
+
+def test_bounds_of_settled_rows():
+    base = {"n_per_worker": 40, "partition": "random", "sizes": "equal", "runtime": "simulated", "settled": True,
+            "dloglik": 0.0}
+    rows = [dict(base, seed=0, profile="balanced", ratio=1.01), dict(base, seed=0, profile="straggler", ratio=0.3),
+            dict(base, seed=0, profile="graded", ratio=0.6), dict(base, seed=0, profile="graded:12", ratio=0.8),
+            dict(base, seed=1, profile="graded:12", ratio=1.06)]
+    got = {b["bound"]: (b["value"], b["holds"]) for b in bench.bounds(rows)}
+    assert got == {"every run settled, |dloglik| <= 1e-6": (5, True), "worst ratio <= 1.05": (1.06, False),
+                   "worst balanced <= 1.02": (1.01, True), "mean straggler+graded <= 0.5": (pytest.approx(0.45), True),
+                   "mean graded:12 <= 0.85": (pytest.approx(0.93), False)}
 
 
 def test_one_store_per_data_set(monkeypatch, capsys):
@@ -98,13 +118,13 @@ def test_one_store_per_data_set(monkeypatch, capsys):
 
     monkeypatch.setattr(simulate, "simulate_store", counted)
     # graded:62 slows no site (62 cores each): a second profile that costs what balanced costs
-    out = run(capsys, ["--workers", "3", "--n-per-worker", "40", "--knots", "16", "--seeds", "3",
+    out = run(capsys, ["--workers", "3", "--n-per-worker", "60", "--knots", "25", "--range", "0.2", "--seeds", "3",
                        "--profiles", "balanced,graded:62", "--partition", "random,area", "--sizes", "equal,inverse"])
     assert len(made) == 4 and len(set(map(str, made))) == 4
-    assert (3, "area", [20, 40, 60]) in made  # Figure 7's inverse layout: 0.5·n_j up to 1.5·n_j
+    assert (3, "area", [30, 60, 90]) in made  # Figure 7's inverse layout: 0.5·n_j up to 1.5·n_j
     assert len(out["rows"]) == 8
     inverse = [r for r in out["rows"] if r["sizes"] == "inverse"]
-    assert all(r["site_sizes"] == [20, 40, 60] for r in inverse)
+    assert all(r["site_sizes"] == [30, 60, 90] for r in inverse)
     assert {(g["partition"], g["sizes"]) for g in out["summary"]["by_group"]} == {
         (p, s) for p in ("random", "area") for s in ("equal", "inverse")}
 
@@ -137,3 +157,38 @@ def test_bad_options_are_one_line(capsys, argv, flag):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert flag in err and "Traceback" not in err
+
+
+def test_rows_file_resumes(tmp_path, monkeypatch, capsys):
+    """--rows keeps each finished store's rows; a rerun takes them from the file and simulates nothing."""
+    import spatialfed.data.simulate as simulate
+
+    rows_file = tmp_path / "rows.jsonl"
+    argv = ["--workers", "3", "--n-per-worker", "40", "--knots", "16", "--seeds", "0-1",
+            "--profiles", "balanced,graded:62", "--rows", str(rows_file)]
+    first = run(capsys, argv[:7] + ["0"] + argv[8:])  # seed 0 only
+    assert len(rows_file.read_text().splitlines()) == 2
+    made = []
+    real = simulate.simulate_store
+    monkeypatch.setattr(simulate, "simulate_store", lambda path, *a, **kw: made.append(kw["seed"]) or real(path, *a,
+                                                                                                        **kw))
+    both = run(capsys, argv)
+    assert made == [1] and both["rows"][:2] == first["rows"]
+    assert len(rows_file.read_text().splitlines()) == 4
+    again = run(capsys, argv + ["--summary-only"])
+    assert made == [1] and again["rows"] == both["rows"] and again["summary"] == both["summary"]
+    other = run(capsys, argv[:7] + ["0"] + argv[8:] + ["--nu", "1.5"])  # another setting: its own rows, kept beside
+    assert made == [1, 0] and other["rows"][0]["nu"] == 1.5
+    assert len(rows_file.read_text().splitlines()) == 6
+
+
+def test_parallel_jobs_give_the_same_rows(tiny, capsys):
+    """--jobs 2 runs the stores in two worker processes; the virtual clock makes every number the same, in the
+    same order."""
+    par = run(capsys, TINY + ["--jobs", "2"])
+    strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in par["rows"]]
+    for got, want in zip(strip, tiny["rows"], strict=True):
+        for key, value in got.items():
+            assert value == pytest.approx(want[key], rel=1e-9, abs=1e-12) if isinstance(value, float) else \
+                value == want[key], key
+    assert par["settings"]["jobs"] == 2

@@ -12,6 +12,7 @@ Every estimator option defaults to None ("not given"): the estimator's own defau
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -40,9 +41,13 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         NAME, help=HELP,
-        description="Fits the knot-based low-rank spatial GP across the store's workers with the block-wise "
-                    "algorithm, synchronously or asynchronously, on Dask (each partition is read and kept on the "
-                    "Dask worker that serves it) or on a virtual clock; writes fit.json, model.zarr and trace.csv.")
+        description="Fits the knot-based low-rank spatial GP across the store's sites, synchronously or "
+                    "asynchronously. By default (--preset stats) each iteration is one round trip in which every "
+                    "site sends the sufficient statistics of its data at the current parameters and the server "
+                    "takes an exact profile-likelihood Newton step (async: a slow site's last statistics stand in "
+                    "as a model until it answers); --preset tuned/paper/basic/section5 run the paper's block-wise "
+                    "Algorithms 1-3 instead. Runs on Dask (each partition is read and kept on the Dask worker that "
+                    "serves it) or in this process on a virtual clock; writes fit.json, model.zarr and trace.csv.")
     p.add_argument("store", metavar="STORE.zarr", nargs="?", default=None,
                    help="partitioned Zarr store (spatialfed simulate / ingest); with --resume, default: the "
                         "checkpoint's store")
@@ -56,11 +61,20 @@ def register(subparsers) -> None:
                         "modified or plain predictive process")
     p.add_argument("--vecchia-k", type=int, default=None, metavar="K",
                    help="neighbours per point of the Vecchia residual (default 15)")
-    p.add_argument("--knots", type=int, default=None, help="number of knots m (default 100)")
+    p.add_argument("--knots", type=knots_arg, default=None, metavar="M|FILE",
+                   help="number of knots m (default 100: a jittered grid over the domain), or a file of knot points "
+                        "(CSV, GeoPackage, GeoParquet; columns --x/--y or detected, in --crs or the file's own CRS, "
+                        "else the store's), reprojected to the store's CRS")
+    p.add_argument("--x", default=None, metavar="COL", help="x / longitude column of --knots FILE (default: "
+                   "detected, any case: x/y, lon/lat, longitude/latitude, easting/northing; or the point geometry)")
+    p.add_argument("--y", default=None, metavar="COL", help="y / latitude column of --knots FILE")
+    p.add_argument("--crs", default=None, metavar="CRS",
+                   help="CRS of --knots FILE, e.g. EPSG:4326 (default: the file's own, else the store's)")
     p.add_argument("--nu", type=float, default=None, help="Matérn smoothness ν (default 0.5)")
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",
-                   help="async: aggregate once A new quantities of the current step arrived (1..J; default "
-                        "ceil(0.2·J))")
+                   help="async: aggregate once A new answers arrived (1..J; default 1 with the default preset "
+                        "stats, where each answer is a whole site's statistics; ceil(0.2·J) with the block "
+                        "presets tuned/paper/basic/section5)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="how an iteration reaches the sites: stats (default: one round trip of sufficient "
                         "statistics per iteration, exact Newton steps; stale sites as second-order models in async "
@@ -130,6 +144,36 @@ def register(subparsers) -> None:
                    help="serve a live monitoring page on 127.0.0.1 while the fit runs (its address is printed)")
     add_quiet(p)
     p.set_defaults(handler=run)
+
+
+def knots_arg(text: str):
+    """--knots: an integer m, or the path of a file of knot points (read once the store's CRS is known)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        float(text)
+    except ValueError:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid int value {text!r}: give a whole number of knots or a file of knot "
+                                     "points")
+
+
+def knot_points(args):
+    """The knots of --knots FILE as an (m, 2) array in the store's CRS (data.points: the table-of-points reader of
+    predict --locations), or --knots M unchanged; --x/--y/--crs without a knots file are refused."""
+    if not isinstance(args.knots, str):
+        used = [flag(name) for name in ("x", "y", "crs") if getattr(args, name) is not None]
+        if used:
+            raise ValueError(f"{', '.join(used)} describe the points of --knots FILE; give --knots FILE or drop them")
+        return args.knots
+    from spatialfed.data.points import read_point_table
+    from spatialfed.data.store import open_store
+
+    if args.store is None:
+        raise ValueError("--knots FILE needs STORE.zarr (its CRS is where the knots are placed)")
+    return read_point_table(args.knots, x=args.x, y=args.y, crs=args.crs).in_crs(open_store(args.store).crs)
 
 
 def run(args) -> None:
@@ -243,6 +287,8 @@ def check_resumable(checkpoint, settings) -> None:
 def estimator_settings(args) -> dict:
     """FederatedGP keyword arguments of the options given on the command line (progress always: --quiet)."""
     settings = {**given(args, ESTIMATOR_OPTIONS), **dask_settings(args)}
+    if args.knots is not None or args.x or args.y or args.crs:
+        settings["knots"] = knot_points(args)
     derived = {"jobqueue": jobqueue_settings(args), "tls": tls_setting(args), "live": args.live or None,
                "fgpr": fgpr_settings(args), "strategies": strategy_settings(args), "privacy": privacy_settings(args)}
     settings.update({name: value for name, value in derived.items() if value is not None})

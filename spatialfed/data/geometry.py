@@ -289,7 +289,8 @@ def knots_in_domain(knots, domain: Domain) -> np.ndarray:
         shown = ", ".join(f"#{i} ({knots[i, 0]:.6g}, {knots[i, 1]:.6g})" for i in outside[:5])
         raise DataError(
             f"{outside.size} of {len(knots)} knots lie outside the domain: {shown}"
-            f"{' …' if outside.size > 5 else ''}; build knots with regular_knots/jittered_knots on this domain"
+            f"{' …' if outside.size > 5 else ''}; give knots inside the domain (by default the sites' bounding boxes) "
+            "or a domain that contains them (domain= in Python, --domain FILE on the command line)"
         )
     return knots
 

@@ -11,6 +11,7 @@ never leaves a partial store behind.
 from __future__ import annotations
 
 import csv
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,8 @@ class IngestReport:
         out.append(f"crs: {crs_name(self.crs_out) or 'none (planar units)'}")
         if self.n_test:
             out.append(f"held out {self.n_test} rows as the test set")
-        out.append(f"{sum(self.sizes)} rows over {len(self.sizes)} workers: sizes {self.sizes}")
+        shown = self.sizes if len(self.sizes) <= 10 else f"{min(self.sizes)}..{max(self.sizes)}"
+        out.append(f"{sum(self.sizes)} rows over {len(self.sizes)} workers: sizes {shown}")
         return out
 
 
@@ -211,8 +213,12 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
 def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, y: str | None = None, covariates=(),
                  crs=None, target_crs=None, partition: str = "area", n_workers: int | None = None, sizes=None,
                  test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
-                 overwrite: bool = False, extra_attrs: dict | None = None) -> tuple[StoreInfo, IngestReport]:
-    """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`."""
+                 overwrite: bool = False, extra_attrs: dict | None = None,
+                 sites_option: str = "--workers") -> tuple[StoreInfo, IngestReport]:
+    """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`; J defaults to
+    `partition.default_sites` (about 500 rows per site, 4 to 64 sites), and a chosen J (not a column partition) that
+    leaves sites under `partition.MIN_SITE_ROWS` rows is warned about once, naming `sites_option` (the caller's name
+    for J)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise DataError(f"{out} already exists; choose another output path or pass --overwrite")
@@ -246,13 +252,16 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
                             "drop --workers for a column partition")
         attrs["worker_labels"] = worker_labels
     else:
-        n_workers = 4 if n_workers is None and sizes is None else n_workers
+        n_workers = partitions.default_sites(len(z)) if n_workers is None and sizes is None else n_workers
         if len(z) < (n_workers or len(sizes)):
             raise DataError(f"only {len(z)} rows remain for {n_workers or len(sizes)} workers; use fewer workers "
                             "(--workers) or a smaller --test-fraction")
         labels = partitions.partition(locs, partition, n_workers, sizes=sizes, seed=rng)
     parts = [(locs[i], z[i], X[i]) for i in partitions.split(labels, labels.max() + 1)]
     report.n_test, report.sizes = n_test, [len(p[1]) for p in parts]
+    small = None if kind == "column" else partitions.small_sites_warning(report.sizes, sites_option)
+    if small:  # a column partition is the data's real ownership (one agency per site), not a chosen J
+        warnings.warn(small, stacklevel=2)
     info = write_store(out, parts, partition=partition, crs=crs_out, covariate_names=names, test=test,
                        overwrite=overwrite, extra_attrs=attrs)
     return info, report

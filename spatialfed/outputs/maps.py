@@ -58,8 +58,9 @@ def covariates_at(points, table: pd.DataFrame, names: list[str], tolerance: floa
     return design_matrix(table.iloc[idx].reset_index(drop=True), names, source)
 
 
-def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None) -> np.ndarray:
-    """Design matrix at the grid's cells: intercept only, or values looked up in the covariate table file."""
+def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, columns=None) -> np.ndarray:
+    """Design matrix at the grid's cells: intercept only, or values looked up in the covariate table file (its
+    coordinate columns and CRS `columns` = {"x", "y", "crs"}, as for tables.read_points)."""
     names = list(info.covariate_names)
     if covariates is None:
         needed = [c for c in names if c != INTERCEPT]
@@ -67,7 +68,7 @@ def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None) 
             raise DataError(f"the model uses covariate(s) {needed}; give their values on the map with --covariates "
                             "FILE (points with x, y and those columns, e.g. the dataset's prediction grid)")
         return np.ones((int(grid.mask.sum()), len(names)))
-    table = read_points(covariates, info.crs)
+    table = read_points(covariates, info.crs, **(columns or {}))
     return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
 
 
@@ -248,12 +249,14 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
     return frame
 
 
-def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, units="", title=None,
-             overlay=None, overlay_label="", sites=True, show_owners=False, predictor=None, worker=None,
-             runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
+def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, x=None, y=None, crs=None,
+             units="", title=None, overlay=None, overlay_label="", sites=True, show_owners=False, predictor=None,
+             worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
              progress: bool = False) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
-    `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin lines.
+    `x`, `y`, `crs`: the coordinate columns and CRS of the `covariates` table (default: detected, its own CRS or
+    the store's). `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin
+    lines.
 
     Cells are predicted in batches (`prediction.predict_batches`, `batch` cells per round; default `batch_size`),
     each batch's cells appended to grid.gpkg in the staged output directory as it finishes, with a tqdm bar and ETA
@@ -272,7 +275,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
                           n_dask_workers=n_dask_workers) as workers:
             dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
             grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
-            X0 = map_design(grid, info, covariates)
+            X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs})
             pred = _predict_grid(workers, model, grid, X0, predictor, worker,
                                  batch_size(len(model.knots), batch), tmp / GRID_GPKG, progress)
             locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \

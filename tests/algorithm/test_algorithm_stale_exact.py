@@ -69,3 +69,53 @@ def test_secant_radius_is_reach_times_the_largest_step(site):
     # beyond the radius: the second-order model
     beyond = U1 + np.array([0.0, 0.0, 0.31])
     np.testing.assert_array_equal(taylor_statistics(model, beyond)["S"], taylor_statistics(st, beyond)["S"])
+
+
+# --- edges the mutation run found unguarded (docs/contributing.md) ---------------------------------------------------
+
+def test_site_models_without_a_usable_control_fall_back_to_the_taylor_model(site):
+    u2 = U1 + np.array([-0.2, 0.1, 0.1])
+    stats = {0: site_statistics(site, U1), 1: site_statistics(site, U1)}
+    plain = sum_statistics([taylor_statistics(stats[0], u2), taylor_statistics(stats[1], u2)])
+    # no record of the round (rounds not kept), or a co-answering site that is not among the used ones
+    np.testing.assert_allclose(stale.site_models(stats, {}, [0, 1], 1.0)(u2)["S"], plain["S"], rtol=1e-12)
+    rounds = {}
+    for j in stats:
+        stale.remember(rounds, stats, j, [])
+    stats[1] = site_statistics(site, u2)
+    stale.remember(rounds, stats, 1, [U1])
+    only = stale.site_models(stats, rounds, [0], 1.0)(u2)
+    np.testing.assert_allclose(only["S"], taylor_statistics(stats[0], u2)["S"], rtol=1e-12)
+
+
+def test_refine_points_without_a_scaling_direction_step_along_all_three(site):
+    st = dict(site_statistics(site, U1))
+    lower, upper = np.full(3, -20.0), np.full(3, 20.0)
+    for c in (None, np.zeros(3)):
+        if c is None:
+            st.pop("c")
+        else:
+            st["c"] = c
+        points = stale.refine_points(st, 0.03, lower, upper)
+        np.testing.assert_allclose(np.array(points) - U1, 0.03 * np.eye(3), atol=1e-15)
+    st["c"] = np.array([0.0, 0.0, 1.0])  # the scaling direction is skipped wherever it lies
+    np.testing.assert_allclose(np.array(stale.refine_points(st, 0.03, lower, upper)) - U1,
+                               0.03 * np.eye(3)[:2], atol=1e-15)
+    upper = U1 + np.array([0.03, 1.0, 1.0])  # +h lands exactly on the bound: still inside the box
+    assert stale.refine_points(st, 0.03, lower, upper)[0][0] == U1[0] + 0.03
+
+
+def test_refined_radius_is_three_times_the_largest_step(site):
+    st = site_statistics(site, U1)
+    nearby = [site_statistics(site, p) for p in stale.refine_points(st, 0.02, np.full(3, -20.0), np.full(3, 20.0))]
+    assert stale.refined(st, nearby)["d3_radius"] == pytest.approx(0.06)
+
+
+def test_slow_sites_compare_statistics_times_once_every_site_has_one_and_at_the_edges():
+    n_j = dict.fromkeys(range(3), 5)
+    durations = {"variogram": {0: 1.0, 1: 1.0, 2: 1.0}, "stats": {0: 1.0, 1: 1.0, 2: 10.0}}
+    assert stale.slow_sites(durations, [0, 1, 2], n_j, 3.0, 0.5, "stats") == [2]  # the variogram times do not vote
+    durations["stats"][2] = 3.0  # exactly ratio × the median: not slow
+    assert stale.slow_sites(durations, [0, 1, 2], n_j, 3.0, 0.5, "stats") == []
+    durations["stats"][2] = 10.0  # the others hold exactly min_coverage of the observations: enough
+    assert stale.slow_sites(durations, [0, 1, 2], {0: 5, 1: 5, 2: 10}, 3.0, 0.5, "stats") == [2]

@@ -82,3 +82,20 @@ def test_flops_grow_as_the_operations_do():
     assert stats_flops(10**6, 16, 3, "full") / 1e18 == pytest.approx(3.0, rel=1e-3)
     k = 16 + 3 + 1
     assert stats_flops(10**6, 16, 3, "mpp") == pytest.approx(1e6 * (14 * 16**2 + 28 * k * k), rel=1e-12)
+
+
+@pytest.mark.parametrize("n, m, p", [(7, 3, 2), (50, 16, 1)])
+def test_flops_are_the_sum_of_the_listed_operations(n, m, p):
+    """Every term, at sizes where the lower-order ones matter: a×b by b×c costs 2abc."""
+    k = m + p + 1
+    product = lambda a, b, c: 2.0 * a * b * c  # noqa: E731
+    grams = 14 * product(n, k, k)  # n×k by k×k Gram products
+    full = (product(n, m, n)       # R_j = σ²(C − BKBᵀ) + εI: an n×m by m×n product
+            + n**3 / 3 + 2 * n**3 / 3  # potrf, potri
+            + product(n, n, n)     # PR_β
+            + 7 * product(n, n, k)  # P, R_β against the n×k blocks
+            + grams)
+    diagonal = product(n, m, m) + 6 * product(n, m, m) + grams  # R_j's diagonal and the m×m blocks of the basis
+    assert stats_flops(n, m, p, "full") == pytest.approx(full, rel=1e-12)
+    for residual in ("mpp", "pp"):
+        assert stats_flops(n, m, p, residual) == pytest.approx(diagonal, rel=1e-12)
