@@ -721,7 +721,8 @@ def main(argv=None) -> int:
         ap.error(f"--rows: {exc}")
     todo = [] if args.summary_only else [spec for spec in specs if spec not in kept]
     rows = [row for spec in specs for row in kept.get(spec, [])]
-    say(f"{len(specs)} stores × {len(profiles)} profiles: {len(specs) - len(todo)} found in {args.rows}, "
+    missing = [asdict(spec) for spec in specs if spec not in kept and args.summary_only]
+    say(f"{len(specs)} stores × {len(profiles)} profiles: {len(kept)} found in {args.rows}, "
         f"{len(todo)} to run in {args.jobs} job(s)" if args.rows else f"{len(specs)} stores × {len(profiles)} "
         f"profiles, {args.jobs} job(s)")
     tic = time.perf_counter()
@@ -750,6 +751,9 @@ def main(argv=None) -> int:
                         "runtimes": runtimes, "async_options": args.async_options, "max_iter": args.max_iter,
                         "rtol": RTOL, "loglik_tol": LOGLIK_TOL, "jobs": args.jobs},
            "rows": rows, "summary": summarize(rows, profiles), "wall_s": round(time.perf_counter() - tic, 1)}
+    if missing:  # --summary-only: the stores not (yet) in the rows file
+        out["missing_stores"] = missing
+        say(f"{len(missing)} of the {len(specs)} stores are not in {args.rows}: the summary covers the others")
     say(table(out["summary"]))
     print(json.dumps(out, indent=1))
     return 0

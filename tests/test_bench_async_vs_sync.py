@@ -177,6 +177,10 @@ def test_rows_file_resumes(tmp_path, monkeypatch, capsys):
     assert len(rows_file.read_text().splitlines()) == 4
     again = run(capsys, argv + ["--summary-only"])
     assert made == [1] and again["rows"] == both["rows"] and again["summary"] == both["summary"]
+    assert "missing_stores" not in again
+    partial = run(capsys, argv[:7] + ["0-2"] + argv[8:] + ["--summary-only"])  # seed 2 was never run
+    assert made == [1] and partial["rows"] == both["rows"]
+    assert partial["missing_stores"] == [{"seed": 2, "n_per_worker": 40, "partition": "random", "sizes": "equal"}]
     other = run(capsys, argv[:7] + ["0"] + argv[8:] + ["--nu", "1.5"])  # another setting: its own rows, kept beside
     assert made == [1, 0] and other["rows"][0]["nu"] == 1.5
     assert len(rows_file.read_text().splitlines()) == 6
