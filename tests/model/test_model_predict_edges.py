@@ -1,4 +1,5 @@
-"""model.predict names the prediction locations when they are malformed (found by the mutation run)."""
+"""model.predict at its edges: malformed inputs are named, variances at the knots are not negative (found by the
+mutation run)."""
 
 import numpy as np
 import pytest
@@ -20,3 +21,17 @@ def test_malformed_prediction_locations_are_named(locs0, what):
         federated_predict([lm], locs0, np.ones((1, 1)), PARAMS, KNOTS, Matern(0.5), "full")
     with pytest.raises(ValueError, match=f"^prediction locations.*({what})"):
         lowrank_prior(locs0, KNOTS, Matern(0.5), PARAMS)
+
+
+def test_prior_residual_variance_is_zero_not_negative_at_the_knots():
+    """At a knot the residual variance c(0) − b₀ᵀKb₀ is 0; in floating point 1 − b₀ᵀr₀ comes out −2e-16 there."""
+    b0, prior = lowrank_prior(KNOTS, KNOTS, Matern(1.5), PARAMS)
+    np.testing.assert_allclose(b0, np.eye(3), atol=1e-12)
+    assert np.all(prior >= 0.0) and np.all(prior < 1e-12)
+
+
+def test_malformed_prediction_covariates_are_named():
+    from spatialfed.model.predict import combine_prediction
+
+    with pytest.raises(ValueError, match="^prediction covariates contains 1 non-finite"):
+        combine_prediction(KNOTS[:1], [[np.nan]], PARAMS, KNOTS, Matern(0.5), "pp", {})
