@@ -21,7 +21,7 @@ store finishes; the same command again runs only the stores missing there, and w
 what is there (a grid still running, or one that was stopped). `--seed S` is `--seeds S`; `--store PATH` writes (or
 reuses) the one store of a single combination there.
 
-Prints one JSON document on stdout, progress on stderr:
+Prints one JSON document on stdout, progress on stderr (ending with the summary as a Markdown table):
 {"settings": {...}, "rows": [...], "summary": {"by_group": [...], "by_profile": [...], "bounds": [...]}, "wall_s": ...}
 - a row per (seed, partition, sizes, profile, n_per_worker) with sync_s, async_s, ratio = async_s / sync_s (null
   when a run never settled), settled (both did), dloglik = ℓ(async) − ℓ(reference), sync_dloglik, sync_rounds and
@@ -582,6 +582,25 @@ def kept_rows(path, specs, setting, preset, profiles, runtimes) -> tuple[dict, l
     return complete, others  # the rows of an incomplete store are replaced when it runs
 
 
+def table(summary) -> str:
+    """The summary as a Markdown table (profile × n_j × partition × sizes, then per profile, then the bounds)."""
+    def num(v):
+        return "—" if v is None else f"{v:.3g}"
+
+    lines = ["| profile | n_j | partition | sizes | runs | settled | on optimum | mean | worst (seed) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for g in summary["by_group"] + [dict(p, n_per_worker="all", partition="all", sizes="all")
+                                    for p in summary["by_profile"]]:
+        seed = "" if g["worst_run"] is None else f" ({g['worst_run']['seed']})"
+        lines.append(f"| {g['profile']} | {g['n_per_worker']} | {g['partition']} | {g['sizes']} | {g['runs']} | "
+                     f"{g['settled']} | {g['on_optimum']} | {num(g['mean'])} | {num(g['worst'])}{seed} |")
+    for bound in summary["bounds"]:
+        value = bound["value"]
+        value = f"{value} of {bound['limit']} runs" if isinstance(value, int) else num(value)
+        lines.append(f"- {bound['bound']}: {value} ({'holds' if bound['holds'] else 'fails'})")
+    return "\n".join(lines)
+
+
 def store_specs(seeds, sizes_per_worker, partitions, layouts) -> list[StoreSpec]:
     """Every (seed, n_j, partition, sizes); an explicit size list stands for itself once, whatever n_j."""
     specs = []
@@ -702,7 +721,8 @@ def main(argv=None) -> int:
         ap.error(f"--rows: {exc}")
     todo = [] if args.summary_only else [spec for spec in specs if spec not in kept]
     rows = [row for spec in specs for row in kept.get(spec, [])]
-    say(f"{len(specs)} stores × {len(profiles)} profiles: {len(specs) - len(todo)} found in {args.rows}, "
+    missing = [asdict(spec) for spec in specs if spec not in kept and args.summary_only]
+    say(f"{len(specs)} stores × {len(profiles)} profiles: {len(kept)} found in {args.rows}, "
         f"{len(todo)} to run in {args.jobs} job(s)" if args.rows else f"{len(specs)} stores × {len(profiles)} "
         f"profiles, {args.jobs} job(s)")
     tic = time.perf_counter()
@@ -731,6 +751,10 @@ def main(argv=None) -> int:
                         "runtimes": runtimes, "async_options": args.async_options, "max_iter": args.max_iter,
                         "rtol": RTOL, "loglik_tol": LOGLIK_TOL, "jobs": args.jobs},
            "rows": rows, "summary": summarize(rows, profiles), "wall_s": round(time.perf_counter() - tic, 1)}
+    if missing:  # --summary-only: the stores not (yet) in the rows file
+        out["missing_stores"] = missing
+        say(f"{len(missing)} of the {len(specs)} stores are not in {args.rows}: the summary covers the others")
+    say(table(out["summary"]))
     print(json.dumps(out, indent=1))
     return 0
 

@@ -87,6 +87,10 @@ def test_summary_counts_unsettled_and_off_optimum_runs():
     assert len(summary["bounds"]) == 3 and (settled["value"], settled["holds"]) == (2, False)
     assert worst["value"] is None and not worst["holds"]  # the unsettled run is the worst
     assert summary["bounds"][2]["bound"].startswith("mean straggler+graded") and summary["bounds"][2]["value"] is None
+    text = bench.table(summary)  # the Markdown table on stderr
+    assert "| graded | all | all | all | 4 | 3 | 2 | 0.867 | 1.2 (0) |" in text
+    assert "| graded | 40 | area | equal | 1 | 1 | 1 | 1.2 | 1.2 (0) |" in text
+    assert "- every run settled, |dloglik| <= 1e-6: 2 of 4 runs (fails)" in text
 
 
 def test_bounds_of_settled_rows():
@@ -173,6 +177,22 @@ def test_rows_file_resumes(tmp_path, monkeypatch, capsys):
     assert len(rows_file.read_text().splitlines()) == 4
     again = run(capsys, argv + ["--summary-only"])
     assert made == [1] and again["rows"] == both["rows"] and again["summary"] == both["summary"]
+    assert "missing_stores" not in again
+    partial = run(capsys, argv[:7] + ["0-2"] + argv[8:] + ["--summary-only"])  # seed 2 was never run
+    assert made == [1] and partial["rows"] == both["rows"]
+    assert partial["missing_stores"] == [{"seed": 2, "n_per_worker": 40, "partition": "random", "sizes": "equal"}]
     other = run(capsys, argv[:7] + ["0"] + argv[8:] + ["--nu", "1.5"])  # another setting: its own rows, kept beside
     assert made == [1, 0] and other["rows"][0]["nu"] == 1.5
     assert len(rows_file.read_text().splitlines()) == 6
+
+
+def test_parallel_jobs_give_the_same_rows(tiny, capsys):
+    """--jobs 2 runs the stores in two worker processes; the virtual clock makes every number the same, in the
+    same order."""
+    par = run(capsys, TINY + ["--jobs", "2"])
+    strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in par["rows"]]
+    for got, want in zip(strip, tiny["rows"], strict=True):
+        for key, value in got.items():
+            assert value == pytest.approx(want[key], rel=1e-9, abs=1e-12) if isinstance(value, float) else \
+                value == want[key], key
+    assert par["settings"]["jobs"] == 2

@@ -53,6 +53,11 @@ log = logging.getLogger("spatialfed.api")
 class FederatedGP(RegressorMixin, BaseEstimator):
     """Federated low-rank spatial GP (SPEC §1–4), fitted synchronously or asynchronously; a scikit-learn regressor.
 
+    By default (``preset`` None = "stats", SPEC §2b, ``algorithm/stats_server.py``) each iteration is one round trip:
+    every site sends the sufficient statistics of its data at the current (δ, σ², β) and the server takes an exact
+    profile-likelihood Newton step (async: a slow site's last statistics stand in as a second-order model until it
+    answers). The paper's block-wise Algorithms 1–3 are the presets "tuned", "paper", "basic" and "section5".
+
     Parameters
     ----------
     method : "lowrank" (the federated low-rank model), "independent" (the independence model of Eq. 3, fitted by
@@ -68,7 +73,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     vecchia_k : neighbours per point of the Vecchia residual (default 15, model/vecchia_order.py VECCHIA_K).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
     nu : Matérn smoothness ν (fixed).
-    agg_threshold : Agg_threshold in 1..J (async; default ceil(0.2·J)); sync always uses J.
+    agg_threshold : Agg_threshold in 1..J (async; default 1 for the default preset "stats", where every answer is
+        a whole site's statistics; ceil(0.2·J) for the block presets); sync always uses J.
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
     runtime : "auto" (default: in this process for small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask
         option given; Dask otherwise: ``runtime.factory.choose_runtime``) | "dask" | "simulated".
@@ -121,8 +127,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     crs : CRS of in-memory coordinates without one (arrays, DataFrame columns), e.g. "EPSG:4326" for lon/lat (then
         projected to metres as by ``spatialfed ingest``) or "planar"; a GeoDataFrame's own CRS takes precedence.
         Also the CRS of prediction locations given without one. Not used for a store path (the store records its CRS).
-    n_sites : number of sites J of the automatic area partition of in-memory data without ``groups``
-        (default: about 500 rows per site, 2 to 64 sites).
+    n_sites : number of sites J of the automatic area partition of in-memory data without ``groups`` (default, as
+        for ``spatialfed ingest``: about 500 rows per site, 4 to 64 sites, none under 20 rows;
+        ``data.partition.default_sites``).
+    covariates : the columns of a DataFrame X that are covariates, e.g. ``["elevation"]`` (an intercept is always
+        added; ``[]`` = intercept only), as ``spatialfed ingest --covariates``. None (default): every other numeric
+        column, listed in a warning and the summary, with identifiers (named id/record/index/fid..., all-distinct
+        integers, a 0..n−1 or 1..n sequence) and near-copies of y (|corr| > 0.999) refused (``api.covariates``).
+        Not for a store path (its covariates were fixed at ingest) or an array X (every column is one).
     Further asynchronous options go in ``strategies`` (FitConfig fields): ``staleness_bound`` (VAFL's D),
     ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
     "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
@@ -134,7 +146,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
     n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
-    n_workers_, slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
+    n_workers_, covariate_names_ (['intercept', ...]), covariates_inferred_ (True when ``covariates`` was None and X
+    had other columns), slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
     discarded_stale_ (quantities discarded for staleness > D), dashboard_link_, assignment_ (Dask worker of each
     federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
     checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_, boundary_
@@ -147,7 +160,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
-                 privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None):
+                 privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None,
+                 covariates=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -183,6 +197,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.crs = crs
         self.n_sites = n_sites
         self.vecchia_k = vecchia_k
+        self.covariates = covariates
 
     # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
     def __sklearn_clone__(self) -> "FederatedGP":
@@ -231,8 +246,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         X : the path of a partitioned Zarr store (SPEC §5: the federated contract; y, coords, groups not given), or
             in-memory data (written to a temporary store, ``api.inputs``): a DataFrame or GeoDataFrame (coordinates
-            from ``coords=``, the geometry, or x/y, lon/lat columns; every other column a covariate), or an (n, p)
-            array of covariates (or None) with ``coords`` (n, 2).
+            from ``coords=``, the geometry, or x/y, lon/lat columns in any case; the covariates named by
+            ``covariates``, else every other column, announced), or an (n, p) array of covariates (or None) with
+            ``coords`` (n, 2).
         y : the observed values (n,), or the name of a column of X.
         coords : an (n, 2) array of x/y (in ``crs``), or a pair of column names of X.
         groups : the sites (partition) of in-memory data: site labels (n,) or the name of a column of X, e.g.
@@ -244,8 +260,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         old = self.__dict__.pop("_temporary_store", None)
         if old is not None:
             old.cleanup()      # the previous in-memory fit's store
-        store, self._temporary_store = inputs.fit_store(X, y, coords=coords, groups=groups, crs=self.crs,
-                                                        n_sites=self.n_sites, seed=self.seed)
+        store, self._temporary_store, self.covariates_inferred_ = inputs.fit_store(
+            X, y, coords=coords, groups=groups, crs=self.crs, n_sites=self.n_sites, seed=self.seed,
+            covariates=self.covariates)
         self.groups_column_ = groups if isinstance(groups, str) else None
         return self._fit_store(store, resume)
 
@@ -415,11 +432,17 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 
-    def save(self, out_dir) -> Path:
+    def save(self, out_dir, overwrite: bool = False) -> Path:
         """Write fit.json, model.zarr, trace.csv (SPEC §6) and report.html (a written summary above the monitor's
-        plots) as one atomic set; returns the dir."""
+        plots) as one atomic set; returns the dir. An existing `out_dir` holding anything but this fit's own
+        checkpoint is refused unless `overwrite=True`, which replaces the result files (other files stay)."""
+        from spatialfed.atomic import refuse_existing
         from spatialfed.outputs.results import write_results
 
+        own = Path(self.checkpoint) if self.checkpoint else None
+        if Path(out_dir).is_dir():  # a file in the way is write_results' error
+            refuse_existing(out_dir, overwrite,
+                            keep=(own.name,) if own and own.resolve().parent == Path(out_dir).resolve() else ())
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))

@@ -6,13 +6,14 @@ store with ``spatialfed.data.ingest.ingest_frame`` (same checks, projection and 
 which lives as long as the estimator that fitted it (prediction needs the sites' data for the residual part).
 
 Coordinates come from, in order: ``coords=`` (an n×2 array or a pair of column names), a GeoDataFrame's point
-geometry (with its CRS), or the columns x/y, lon/lat or longitude/latitude of a DataFrame. Every other column of a
-DataFrame is a covariate (an intercept is added), except the partition column named by ``groups="agency"``.
+geometry (with its CRS), or the columns x/y, lon/lat or longitude/latitude of a DataFrame, in any case
+(``data.points.coordinate_columns``, the detection ``spatialfed predict --locations`` uses). Every other column of a
+DataFrame is a covariate (an intercept is added), except the partition column named by ``groups="agency"``, unless
+``covariates=[...]`` names them; inferred covariates are screened and announced (``api.covariates``).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -25,12 +26,10 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 
-from spatialfed.data import geometry
+from spatialfed.api import covariates as covariates_module
+from spatialfed.data import geometry, points
 from spatialfed.errors import DataError
 
-COORD_COLUMNS = (("x", "y"), ("lon", "lat"), ("longitude", "latitude"))
-ROWS_PER_SITE = 500     # automatic area partition: about this many rows per site
-MAX_AUTO_SITES = 64
 VALUE, SITE = "__value__", "__site__"   # the temporary store's value and partition columns (never covariates)
 
 
@@ -80,13 +79,6 @@ def is_store_path(X) -> bool:
     return isinstance(X, (str, os.PathLike))
 
 
-def auto_sites(n: int) -> int:
-    """J for an automatic area partition: about ROWS_PER_SITE rows per site, at least 2 (1 below 40 rows), at most
-    MAX_AUTO_SITES, and never fewer than 20 rows per site."""
-    J = min(max(2, math.ceil(n / ROWS_PER_SITE)), MAX_AUTO_SITES)
-    return max(1, min(J, n // 20))
-
-
 def read_points(X, coords=None, crs=None, *, drop=()) -> Points:
     """Points from a DataFrame/GeoDataFrame (coordinates as described in the module docstring; columns in `drop`
     left out of the covariates) or from arrays (X n×p covariates or None, coords n×2)."""
@@ -133,11 +125,11 @@ def _frame_points(frame: pd.DataFrame, coords, crs, drop) -> Points:
         if len(xy) != len(frame):
             raise DataError(f"coords has {len(xy)} rows but X has {len(frame)}")
     else:
-        pair = tuple(coords) if coords is not None else next(
-            (p for p in COORD_COLUMNS if all(c in frame.columns for c in p)), None)
-        if pair is None or any(c not in frame.columns for c in pair):
-            raise DataError(f"X has no coordinate columns {pair or 'x/y, lon/lat or longitude/latitude'}; name them "
-                            "with coords=('east', 'north'), give coords= an (n, 2) array, or pass a GeoDataFrame")
+        pair = points.coordinate_columns(frame.columns, *(coords if coords is not None else (None, None)))
+        if pair is None:
+            wanted = tuple(coords) if coords is not None else "x/y, lon/lat or longitude/latitude (any case)"
+            raise DataError(f"X has no coordinate columns {wanted}; name them with coords=('east', 'north'), give "
+                            "coords= an (n, 2) array, or pass a GeoDataFrame")
         xy = frame[list(pair)].apply(pd.to_numeric, errors="coerce").to_numpy(float)
         rest, names = pd.DataFrame(frame.drop(columns=list(pair))), pair
     rest = rest.drop(columns=[c for c in drop if c is not None and c in rest.columns])
@@ -149,8 +141,9 @@ def numeric_covariates(cov: pd.DataFrame) -> pd.DataFrame:
     """The covariate columns as floats; one DataError naming the non-numeric ones."""
     bad = [c for c in cov.columns if not (pd.api.types.is_numeric_dtype(cov[c]) or pd.api.types.is_bool_dtype(cov[c]))]
     if bad:
-        raise DataError(f"X has non-numeric column(s) {bad}; every column of X other than the coordinates and the "
-                        "groups column is a covariate: drop them (X.drop(columns=[...])) or encode them as numbers")
+        raise DataError(f"X has non-numeric column(s) {bad}; every column of X other than the coordinates, y and "
+                        "the groups column is a covariate unless you name them: pass covariates=[...], drop them "
+                        "(X.drop(columns=[...])) or encode them as numbers")
     return cov.astype(float)
 
 
@@ -162,25 +155,37 @@ def check_crs_given(points: Points) -> None:
                         "planar units")
 
 
-def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, seed=0):
-    """(store path, TemporaryStore or None): `X` itself when it is a store path, else a temporary store written by
-    ingest_frame from the table or arrays (see the module docstring)."""
+def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, seed=0, covariates=None):
+    """(store path, TemporaryStore or None, whether the covariates were inferred): `X` itself when it is a store
+    path, else a temporary store written by ingest_frame from the table or arrays (see the module docstring), with
+    the `covariates` named (None: inferred and screened, ``api.covariates``)."""
     if is_store_path(X):
         given = [name for name, v in (("y", y), ("coords", coords), ("groups", groups)) if v is not None]
         if given:
             raise DataError(f"X is a store path ({X}); {', '.join(given)}= apply to in-memory data only: the store "
                             "already holds the values, locations and partition")
-        return X, None
+        if covariates is not None:
+            raise DataError(f"X is a store path ({X}); its covariates were fixed when it was written (ingest's "
+                            "covariates=): drop covariates=, or fit a DataFrame")
+        return X, None, False
     from spatialfed.data.ingest import ingest_frame  # in-memory data only: a store path needs none of it
 
     group_col = groups if isinstance(groups, str) else None
     y_col = y if isinstance(y, str) else None
     points = read_points(X, coords, crs, drop=(group_col, y_col))
     check_crs_given(points)
-    cov = numeric_covariates(points.covariates)
     n = len(points.xy)
     frame = X.reset_index(drop=True) if isinstance(X, pd.DataFrame) else None
     z = _column(frame, y_col, "y") if y_col else _vector(y, n, "y")
+    if points.from_arrays:   # an array X is its own explicit list of covariates
+        if covariates is not None:
+            raise DataError("covariates= names columns of a DataFrame X; with an array X every column is a covariate")
+        cov, inferred = numeric_covariates(points.covariates), False
+    else:
+        chosen, inferred = covariates_module.select(points.covariates, z, covariates)
+        cov = numeric_covariates(chosen)
+        if inferred:
+            covariates_module.announce(cov.columns)
     labels = None if groups is None else (_column(frame, group_col, "groups", numeric=False) if group_col
                                           else _vector(groups, n, "groups", numeric=False))
     xname, yname = (str(c) for c in points.coord_names)
@@ -191,16 +196,16 @@ def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, se
         table[SITE] = labels
     store = TemporaryStore()
     partition = f"column:{SITE}" if labels is not None else "area"
-    J = None if labels is not None else (n_sites or auto_sites(n))
+    J = None if labels is not None else n_sites   # None: partition.default_sites, as for spatialfed ingest
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         _, report = ingest_frame(table, store.path, value=VALUE, x=xname, y=yname, covariates=list(cov.columns),
                                  crs=points.crs if points.crs is not None else crs, partition=partition, n_workers=J,
-                                 seed=seed)
+                                 seed=seed, sites_option="n_sites=")
     if report.n_dropped:
         warnings.warn(f"{report.n_dropped} of {report.n_read} rows have missing values and were left out of the fit",
                       stacklevel=3)
-    return store.path, store
+    return store.path, store, inferred and cov.shape[1] > 0
 
 
 def _column(frame, name, what, numeric=True) -> np.ndarray:
@@ -218,23 +223,15 @@ def _vector(v, n: int, what: str, numeric=True) -> np.ndarray:
     return arr if numeric else np.array([str(a) for a in arr], dtype=object)
 
 
-def to_store_crs(points: Points, store_crs) -> np.ndarray:
-    """The points' x/y in the store's CRS (reprojected when they have another CRS), with one-line refusals."""
-    store = geometry.parse_crs(store_crs)
-    xy = geometry.check_coordinates(points.xy, what="prediction coordinates")
-    if points.crs is None:
-        if store is not None and store.is_projected and geometry.looks_geographic(xy[:, 0], xy[:, 1],
-                                                                                  points.coord_names):
-            raise DataError(f"the prediction coordinates look like longitude/latitude but the fit's store is in "
-                            f"{geometry.crs_name(store)}; pass a GeoDataFrame with its CRS or set "
-                            f"FederatedGP(crs='EPSG:4326')")
-        return xy
-    if store is None:
-        raise DataError(f"the prediction points are in {geometry.crs_name(points.crs)} but the fit's store has planar "
-                        "units (no CRS); give points in the store's units without a CRS")
-    if points.crs == store:
-        return xy
-    return geometry.project(xy, points.crs, store).xy
+PYTHON = points.Hints(columns="coords=('east', 'north')", crs="crs=", lonlat="FederatedGP(crs='EPSG:4326')")
+
+
+def to_store_crs(given: Points, store_crs, what: str = "the prediction points") -> np.ndarray:
+    """The points' x/y in the store's CRS (reprojected when they have another CRS), with one-line refusals
+    (``data.points.PointTable.in_crs``)."""
+    xy = geometry.check_coordinates(given.xy, what="prediction coordinates")
+    table = points.PointTable(xy, given.crs, tuple(given.coord_names), given.covariates, what, PYTHON)
+    return table.in_crs(store_crs)
 
 
 def prediction_design(points: Points, covariate_names) -> np.ndarray:

@@ -43,8 +43,12 @@ def layout(knots, domain, info, runtime, *, seed: int = 0):
         raise DataError(f"knots={len(points)}: the low-rank model needs at least 2 knots spread over the domain; use "
                         "more knots (the default is 100)")
     points = geometry.knots_in_domain(points, domain)
-    if len(np.unique(np.round(points, 12), axis=0)) != len(points):
-        raise DataError("knots contain duplicate locations; K would be singular")
+    _, first, counts = np.unique(np.round(points, 12), axis=0, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        i = int(first[np.argmax(counts > 1)])
+        raise DataError(f"{int((counts[counts > 1] - 1).sum())} knot(s) repeat another knot's location (e.g. "
+                        f"({points[i, 0]:.6g}, {points[i, 1]:.6g}), knot #{i}); K would be singular: drop the "
+                        "duplicates")
     return points, domain
 
 

@@ -65,6 +65,30 @@ def slowdowns_text(s) -> str:
     return np.array2string(s, precision=2, separator=",", threshold=12, edgeitems=3)
 
 
+#: the trace rows shown as lines: the starting values, each iteration's step, and the final row
+SHOWN_STEPS = ("init", "theta", "fgpr", "stats", "final")
+ITER_STEPS = ("theta", "fgpr", "stats")
+
+
+def row_line(row: dict, last: int | None = None) -> str:
+    """One trace row as a progress line: "init" (φ₀, before iteration 0), "iter t" (an iteration's step) or
+    "final" (the estimate after `iter` iterations, numbered 0..iter−1; `last`, the last iteration printed, names the
+    ones after it: a closing pass that asks every site again at the estimate, which prints no line of its own)."""
+    if row["step"] == "init":
+        head = "init    "
+    elif row["step"] == "final":
+        n = int(row["iter"])
+        closing = "" if last is None or last >= n - 1 else \
+            f" (iter {last + 1}{'' if last + 1 == n - 1 else f'–{n - 1}'}: the closing pass at every site)"
+        head = f"final after {n} iterations{closing}:"
+    else:
+        head = f"iter {row['iter']:>3}"
+    return (f"{head}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  β={row['beta']:.4g}  "
+            f"γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  max staleness {row['max_staleness']}"
+            + (f"  loglik{'=' if row['step'] == 'final' else '≈'}{row['loglik']:.8g}"
+               if row.get("loglik") is not None else ""))
+
+
 class Progress:
     """The fit's progress on `stream` (module docstring): the phase running now and the iterations, as tqdm bars on a
     terminal or in a notebook, else as lines; nothing when not `enabled`. A context manager: leaving it closes the
@@ -82,6 +106,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.every_s = float(every_s)
         self.seen = 0
+        self.last_iter = None  # the last iteration printed
         self.tty = interactive(self.stream)
         self.bar = None  # the iterations (terminal, notebook)
         self.pbar = None  # the phase running now (terminal, notebook)
@@ -294,19 +319,18 @@ class Progress:
         rows = server.trace[self.seen:]
         self.seen = len(server.trace)
         for row in rows:
-            if row["step"] not in ("init", "theta", "fgpr", "stats"):
+            if row["step"] not in SHOWN_STEPS:
                 continue
-            text = (f"iter {row['iter']:>3}  t={row['time_s']:7.2f}s  δ={row['delta']:.4g}  σ²={row['sigma2']:.4g}  "
-                    f"β={row['beta']:.4g}  γ=[{', '.join(f'{g:.3g}' for g in row['gamma'])}]  "
-                    f"max staleness {row['max_staleness']}"
-                    + (f"  loglik≈{row['loglik']:.8g}" if row.get("loglik") is not None else ""))
+            text = row_line(row, self.last_iter)
             done = int(row["iter"])
+            if row["step"] in ITER_STEPS:
+                self.last_iter = done
             if self.bar is not None:
                 self.bar.set_description("fit" if done else "init", refresh=False)
-                self.bar.set_postfix_str(text.split(maxsplit=2)[2], refresh=False)  # without "iter N"
+                self.bar.set_postfix_str("t=" + text.split("  t=", 1)[1], refresh=False)  # without "iter N"
                 self.bar.update(max(0, min(done, self.total or done) - self.bar.n))
             else:
-                later = eta(time.perf_counter() - self.tic, done, self.total)
+                later = eta(time.perf_counter() - self.tic, done, self.total) if row["step"] in ITER_STEPS else ""
                 print(text + (f"  {later}" if later else ""), file=self.stream, flush=True)
                 self.last_out = time.perf_counter()
         state = (str(server.phase), int(server.t), len(server.trace))
@@ -339,6 +363,12 @@ class Progress:
             state = "converged" if gp.converged_ else f"stopped ({gp.stop_reason_})"
             loglik = "n/a" if gp.loglik_ is None else f"{gp.loglik_:.6g}"
             self.line(f"{state} after {gp.n_iter_} iterations in {gp.wall_time_s_:.2f} s; loglik = {loglik}")
+            names = list(getattr(gp, "covariate_names_", []))
+            if getattr(gp, "covariates_inferred_", False) and len(names) > 1:
+                self.line(f"covariates: {', '.join(names)} (INFERRED from X's other columns: name them with "
+                          "covariates=[...])")
+            else:
+                self.line(f"covariates: {', '.join(names) or 'none'}")
             vp = getattr(gp, "variogram_params_", None)
             if vp is not None:
                 from spatialfed.api.units import describe, on_bound

@@ -155,11 +155,27 @@ def add_fitted(p, runtimes: tuple, predictors: tuple) -> None:
                         "data, see --worker) or ols (pooled least squares)")
     p.add_argument("--worker", type=int, default=None, metavar="J", help="the worker for --predictor personal")
     p.add_argument("--domain", default=None, metavar="FILE",
-                   help="polygon file (GeoPackage, shapefile, GeoJSON) in the store's CRS; default: the union of "
-                        "the workers' bounding boxes ([0,1]² for simulated stores)")
+                   help="polygon file (GeoPackage, shapefile, GeoJSON), reprojected to the store's CRS when it has "
+                        "another; default: the union of the sites' hulls ([0,1]² for simulated stores)")
     add_dask(p, runtimes, "auto (default: in this process for small stores, observations × knots ≤ 500,000, else "
                           "Dask), dask (each worker's part runs where its partition lives) or simulated (loads the "
                           "partitions in this process)")
+
+
+def add_point_columns(p, what: str) -> None:
+    """--x, --y, --crs: the coordinate columns and CRS of the table of points `what` names (as for ingest)."""
+    p.add_argument("--x", default=None, metavar="COL",
+                   help=f"x / longitude column of {what} (default: detected, any case: x/y, lon/lat, long/lat, "
+                        "lng/lat, longitude/latitude, easting/northing; or the point geometry)")
+    p.add_argument("--y", default=None, metavar="COL", help=f"y / latitude column of {what}")
+    p.add_argument("--crs", default=None, metavar="CRS",
+                   help=f"CRS of {what}, e.g. EPSG:4326 (reprojected to the store's CRS); default: the file's own "
+                        "(GeoPackage, GeoParquet), else the store's")
+
+
+def point_columns(args) -> dict:
+    """{"x", "y", "crs"} of add_point_columns."""
+    return {"x": args.x, "y": args.y, "crs": args.crs}
 
 
 def fitted_settings(args) -> dict:
@@ -168,8 +184,12 @@ def fitted_settings(args) -> dict:
 
 
 def store_summary(info) -> str:
-    """One line describing a written store (simulate, ingest)."""
+    """One line describing a written store (simulate, ingest); the CRS by its short name (an EPSG code or the CRS's
+    own name, never its WKT)."""
+    from spatialfed.data.crs import crs_name
+
     sizes = info.sizes if len(info.sizes) <= 10 else f"{min(info.sizes)}..{max(info.sizes)}"
     return (f"wrote {info.path}: {info.n_workers} workers, {sum(info.sizes)} rows (sizes {sizes}), "
-            f"partition {info.partition}, crs {info.crs}, covariates {info.covariate_names}"
+            f"partition {info.partition}, crs {crs_name(info.crs) or 'none (planar units)'}, "
+            f"covariates {info.covariate_names}"
             f"{', with test group' if info.has_test else ''}")

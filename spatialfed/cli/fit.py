@@ -12,6 +12,7 @@ Every estimator option defaults to None ("not given"): the estimator's own defau
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -40,14 +41,21 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         NAME, help=HELP,
-        description="Fits the knot-based low-rank spatial GP across the store's workers with the block-wise "
-                    "algorithm, synchronously or asynchronously, on Dask (each partition is read and kept on the "
-                    "Dask worker that serves it) or on a virtual clock; writes fit.json, model.zarr and trace.csv.")
+        description="Fits the knot-based low-rank spatial GP across the store's sites, synchronously or "
+                    "asynchronously. By default (--preset stats) each iteration is one round trip in which every "
+                    "site sends the sufficient statistics of its data at the current parameters and the server "
+                    "takes an exact profile-likelihood Newton step (async: a slow site's last statistics stand in "
+                    "as a model until it answers); --preset tuned/paper/basic/section5 run the paper's block-wise "
+                    "Algorithms 1-3 instead. Runs on Dask (each partition is read and kept on the Dask worker that "
+                    "serves it) or in this process on a virtual clock; writes fit.json, model.zarr and trace.csv.")
     p.add_argument("store", metavar="STORE.zarr", nargs="?", default=None,
                    help="partitioned Zarr store (spatialfed simulate / ingest); with --resume, default: the "
                         "checkpoint's store")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory for the result files (required unless --resume, whose DIR is the default)")
+                   help="output directory for the result files (required unless --resume, whose DIR is the default); "
+                        "an existing one is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the result files of an existing DIR (atomically, once the new fit is complete)")
     p.add_argument("--method", choices=METHODS, default=None, help="model (default lowrank)")
     p.add_argument("--mode", choices=MODES, default=None, help="synchronous or asynchronous (default async)")
     p.add_argument("--residual", choices=RESIDUAL_CHOICES, default=None,
@@ -56,11 +64,20 @@ def register(subparsers) -> None:
                         "modified or plain predictive process")
     p.add_argument("--vecchia-k", type=int, default=None, metavar="K",
                    help="neighbours per point of the Vecchia residual (default 15)")
-    p.add_argument("--knots", type=int, default=None, help="number of knots m (default 100)")
+    p.add_argument("--knots", type=knots_arg, default=None, metavar="M|FILE",
+                   help="number of knots m (default 100: a jittered grid over the domain), or a file of knot points "
+                        "(CSV, GeoPackage, GeoParquet; columns --x/--y or detected, in --crs or the file's own CRS, "
+                        "else the store's), reprojected to the store's CRS")
+    p.add_argument("--x", default=None, metavar="COL", help="x / longitude column of --knots FILE (default: "
+                   "detected, any case: x/y, lon/lat, longitude/latitude, easting/northing; or the point geometry)")
+    p.add_argument("--y", default=None, metavar="COL", help="y / latitude column of --knots FILE")
+    p.add_argument("--crs", default=None, metavar="CRS",
+                   help="CRS of --knots FILE, e.g. EPSG:4326 (default: the file's own, else the store's)")
     p.add_argument("--nu", type=float, default=None, help="Matérn smoothness ν (default 0.5)")
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",
-                   help="async: aggregate once A new quantities of the current step arrived (1..J; default "
-                        "ceil(0.2·J))")
+                   help="async: aggregate once A new answers arrived (1..J; default 1 with the default preset "
+                        "stats, where each answer is a whole site's statistics; ceil(0.2·J) with the block "
+                        "presets tuned/paper/basic/section5)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="how an iteration reaches the sites: stats (default: one round trip of sufficient "
                         "statistics per iteration, exact Newton steps; stale sites as second-order models in async "
@@ -132,6 +149,36 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run)
 
 
+def knots_arg(text: str):
+    """--knots: an integer m, or the path of a file of knot points (read once the store's CRS is known)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        float(text)
+    except ValueError:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid int value {text!r}: give a whole number of knots or a file of knot "
+                                     "points")
+
+
+def knot_points(args):
+    """The knots of --knots FILE as an (m, 2) array in the store's CRS (data.points: the table-of-points reader of
+    predict --locations), or --knots M unchanged; --x/--y/--crs without a knots file are refused."""
+    if not isinstance(args.knots, str):
+        used = [flag(name) for name in ("x", "y", "crs") if getattr(args, name) is not None]
+        if used:
+            raise ValueError(f"{', '.join(used)} describe the points of --knots FILE; give --knots FILE or drop them")
+        return args.knots
+    from spatialfed.data.points import read_point_table
+    from spatialfed.data.store import open_store
+
+    if args.store is None:
+        raise ValueError("--knots FILE needs STORE.zarr (its CRS is where the knots are placed)")
+    return read_point_table(args.knots, x=args.x, y=args.y, crs=args.crs).in_crs(open_store(args.store).crs)
+
+
 def run(args) -> None:
     """Handler of `spatialfed fit`: FederatedGP(**given options).fit(STORE), or FederatedGP.resume(checkpoint,
     **given options); then save DIR and print one summary line."""
@@ -145,7 +192,7 @@ def run(args) -> None:
     else:
         checkpoint, out = None, args.out
     settings = estimator_settings(args)
-    check_out(out)
+    check_out(out, overwrite=args.overwrite or bool(args.resume))
     settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)  # always: a lost cluster or Ctrl-C can be resumed
     implicit = not args.resume and args.checkpoint_every is None  # nobody asked to keep it after the fit
     existed, before = Path(out).exists(), identity(Path(settings["checkpoint"]))
@@ -156,9 +203,9 @@ def run(args) -> None:
         else:
             gp = FederatedGP(**settings).fit(args.store)
     except KeyboardInterrupt:
-        if Path(settings["checkpoint"]).exists():
-            print(f"spatialfed fit: the checkpoint {settings['checkpoint']} keeps the fit so far; continue it with "
-                  f"`{resume_command(out)}`", file=sys.stderr)
+        if Path(settings["checkpoint"]).exists():  # main prints "spatialfed fit: interrupted; <this>"
+            raise KeyboardInterrupt(f"resume with `{resume_command(out)}` (the checkpoint {settings['checkpoint']} "
+                                    "keeps the fit so far)") from None
         raise
     except Exception as exc:
         from spatialfed.runtime.driver import ClusterLostError
@@ -175,9 +222,11 @@ def run(args) -> None:
         Path(settings["checkpoint"]).unlink(missing_ok=True)  # fit.json holds the result now
 
 
-def check_out(out) -> None:
-    """Refuse an --out that exists and is not a directory, or lies under a file, before anything runs (the
-    checkpoint goes there too)."""
+def check_out(out, overwrite: bool = False) -> None:
+    """Refuse an --out that exists and is not a directory, or lies under a file, or (unless `overwrite`) holds
+    anything, before anything runs (the checkpoint goes there too)."""
+    from spatialfed.atomic import refuse_existing
+
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"cannot write results to {out}: it exists and is a file, not a directory; choose another "
@@ -185,6 +234,9 @@ def check_out(out) -> None:
     above = next((parent for parent in out.parents if parent.exists()), None)
     if above is not None and not above.is_dir():
         raise OutputError(f"cannot write results to {out}: {above} is a file, not a directory; choose another --out")
+    resumable = (out / CHECKPOINT_NAME).is_file()
+    refuse_existing(out, overwrite, alternative=f", or continue the fit it keeps with `{resume_command(out)}`"
+                    if resumable else "")
 
 
 def resume_command(out) -> str:
@@ -243,6 +295,8 @@ def check_resumable(checkpoint, settings) -> None:
 def estimator_settings(args) -> dict:
     """FederatedGP keyword arguments of the options given on the command line (progress always: --quiet)."""
     settings = {**given(args, ESTIMATOR_OPTIONS), **dask_settings(args)}
+    if args.knots is not None or args.x or args.y or args.crs:
+        settings["knots"] = knot_points(args)
     derived = {"jobqueue": jobqueue_settings(args), "tls": tls_setting(args), "live": args.live or None,
                "fgpr": fgpr_settings(args), "strategies": strategy_settings(args), "privacy": privacy_settings(args)}
     settings.update({name: value for name, value in derived.items() if value is not None})
@@ -295,7 +349,7 @@ def parse_clip(text: str):
 
 def report(gp, out_dir) -> None:
     """Save the fit into `out_dir` and print its summary (and the privacy loss when noise was added)."""
-    out = gp.save(out_dir)
+    out = gp.save(out_dir, overwrite=True)  # check_out refused an existing DIR before the fit unless told
     p = gp.params_
     state = "converged" if gp.converged_ else f"not converged ({gp.stop_reason_})"
     print(f"wrote {out}: loglik {gp.loglik_:.6g}, δ={p['delta']:.6g} σ²={p['sigma2']:.6g} β={p['beta']:.6g}, "

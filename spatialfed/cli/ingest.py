@@ -29,7 +29,9 @@ def register(subparsers) -> None:
                    help="area (default: spatially compact blocks, one region per site: geographic ownership, and "
                         "4-5 percent better predictions than random on the real data we measured) | random | "
                         "neighbor | column:NAME (docs/user-guide.md)")
-    p.add_argument("--workers", type=int, help="number of workers J (default 4; not used with column:NAME)")
+    p.add_argument("--workers", type=int,
+                   help="number of sites J (default: about 500 rows per site, 4 to 64 sites, none under 20 rows, as "
+                        "in Python; not used with column:NAME); sites under 20 rows are warned about")
     p.add_argument("--sizes", type=int_list, help="unequal rows per worker, e.g. 50,100 (random/area/neighbor)")
     p.add_argument("--test-fraction", type=float, default=0.0, help="share of rows held out as test group")
     p.add_argument("--duplicates", choices=["error", "merge", "keep"], default="error",

@@ -6,7 +6,7 @@ import sys
 import time
 import warnings
 
-from spatialfed.cli.args import add_fitted, add_quiet, fitted_settings
+from spatialfed.cli.args import add_fitted, add_point_columns, add_quiet, fitted_settings, point_columns
 
 NAME = "predict"
 HELP = "predict at new locations (or the store's test group) with uncertainty"
@@ -19,16 +19,20 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         NAME, help=HELP,
         description="Federated kriging from a fitted model: the low-rank part from the server's state, the residual "
-                    "part by the worker holding the nearest observation. Writes x, y, mean, sd (sd of a new "
-                    "observation) [, observed], sd_latent, owner, outside_domain; with the test group also "
-                    "metrics.json (RMSE, MAE, CRPS, 95 percent coverage) beside PRED.csv.")
+                    "part by the worker holding the nearest observation. Writes x, y (store CRS), mean, sd (sd of a "
+                    "new observation) [, observed], sd_latent, owner, outside_domain, preceded by the coordinates "
+                    "as given when they were in other columns or another CRS (e.g. lon, lat); with the test group "
+                    "also metrics.json (RMSE, MAE, CRPS, 95 percent coverage) beside PRED.csv.")
     add_fitted(p, RUNTIMES, PREDICTORS)
-    p.add_argument("--locations", default=None, metavar="FILE.csv",
-                   help="CSV with columns x, y (store CRS) and the fitted covariates ('intercept' is added), or a "
-                        "point GeoPackage/GeoParquet in the store's CRS; default: the store's test group")
+    p.add_argument("--locations", default=None, metavar="FILE",
+                   help="points to predict at with the fitted covariates ('intercept' is added): a CSV (coordinate "
+                        "columns --x/--y or detected; in --crs, else the store's CRS) or a point GeoPackage/"
+                        "GeoParquet (its own CRS), reprojected to the store's CRS; default: the store's test group")
+    add_point_columns(p, "--locations")
     p.add_argument("--out", required=True, metavar="PRED.csv",
                    help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at "
-                        "the end")
+                        "the end; an existing one is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace PRED.csv if it exists")
     add_batch(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -50,7 +54,8 @@ def run(args) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         done = predict_to_file(args.fit_dir, args.store, args.out, locations=args.locations, batch=args.batch,
-                               progress=not args.quiet, **fitted_settings(args))
+                               **point_columns(args),
+                               progress=not args.quiet, overwrite=args.overwrite, **fitted_settings(args))
     for w in caught:
         print(f"spatialfed predict: warning: {w.message}", file=sys.stderr)
     print(f"wrote {done['out']}: {done['n']} predictions in {time.perf_counter() - tic:.1f} s "

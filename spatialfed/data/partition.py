@@ -13,6 +13,32 @@ from scipy.spatial import cKDTree
 from spatialfed.errors import DataError
 
 SCHEMES = ("random", "area", "neighbor")
+#: the default number of sites, for `spatialfed ingest` and the estimator's in-memory data alike (`default_sites`)
+ROWS_PER_SITE = 500
+DEFAULT_SITES = (4, 64)
+#: the smallest site worth having: each site's within-site pairs are its only contribution to the starting variogram
+#: (20 rows give 190 pairs, over 10 for each of its 15 bins), and its summaries (XᵀX, Xᵀz, the local covariance
+#: blocks) should not be as many numbers as the p + 3 rows they summarise
+MIN_SITE_ROWS = 20
+
+
+def default_sites(n: int) -> int:
+    """J when none is given: about ROWS_PER_SITE rows per site, between DEFAULT_SITES (4 and 64), and fewer sites
+    where that would leave a site under MIN_SITE_ROWS rows (1 below 40 rows)."""
+    J = int(np.clip(np.ceil(n / ROWS_PER_SITE), *DEFAULT_SITES))
+    return max(1, min(J, n // MIN_SITE_ROWS))
+
+
+def small_sites_warning(sizes, flag: str = "--workers") -> str | None:
+    """One line when a site has fewer than MIN_SITE_ROWS rows (None otherwise), naming the fix (`flag`)."""
+    sizes = np.asarray(sizes)
+    small = int((sizes < MIN_SITE_ROWS).sum())
+    if not small:
+        return None
+    return (f"{small} of {sizes.size} sites have fewer than {MIN_SITE_ROWS} rows (smallest {int(sizes.min())}): "
+            f"such sites add almost no pairs to the starting variogram and their summaries nearly reveal their rows; "
+            f"use at most {max(1, int(sizes.sum()) // MIN_SITE_ROWS)} sites ({flag}), or leave it out for the "
+            f"default of about {ROWS_PER_SITE} rows per site")
 
 
 def worker_sizes(n: int, n_workers: int | None = None, sizes=None) -> np.ndarray:

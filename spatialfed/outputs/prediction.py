@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from spatialfed.atomic import write_text
-from spatialfed.data import geometry
+from spatialfed.atomic import refuse_existing, write_text
+from spatialfed.data import geometry, points
 from spatialfed.data.store import StoreInfo, load_test, open_store
-from spatialfed.errors import DataError, WorkerTaskError
+from spatialfed.errors import DataError, WorkerTaskError, option
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
@@ -94,7 +94,8 @@ def load_model(fit_dir) -> FittedModel:
     try:
         fit = load_fit(fit_dir)
     except FileNotFoundError as exc:
-        raise DataError(f"{exc}; give the --out directory of `spatialfed fit`") from None
+        where = option("the directory FederatedGP.save wrote", "the --out directory of `spatialfed fit`")
+        raise DataError(f"{exc}; give {where}") from None
     knots = np.asarray(fit.knots, dtype=float).reshape(-1, 2)
     m = len(knots)
     if fit.method == "lowrank" and (fit.mu is None or fit.Sigma is None or m == 0):
@@ -189,7 +190,8 @@ def check_predictor(predictor: str, worker: int | None, n_workers: int) -> None:
     if predictor not in PREDICTORS:
         raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
     if predictor == "personal" and (worker is None or not 0 <= int(worker) < n_workers):
-        raise ValueError(f"personalised prediction needs a worker index 0..{n_workers - 1} (--worker J), "
+        raise ValueError(f"personalised prediction needs a worker index 0..{n_workers - 1} "
+                         f"({option('worker=J', '--worker J')}), "
                          f"got {worker!r}")
 
 
@@ -199,7 +201,8 @@ def batch_size(m: int, batch: int | None = None) -> int:
     batch in row blocks of ≈ 32 MB (`LocalModel.residual_kriging`), so its memory never grows with the batch."""
     if batch is not None:
         if isinstance(batch, bool) or int(batch) != batch or batch < 1:
-            raise ValueError(f"the batch size (--batch) must be a positive integer, got {batch!r}")
+            raise ValueError(f"the batch size ({option('batch=', '--batch')}) must be a positive integer, "
+                             f"got {batch!r}")
         return int(batch)
     return int(np.clip(BATCH_BUDGET // max(int(m), 1), *BATCH_RANGE))
 
@@ -228,8 +231,9 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
         for i in range(0, len(locs0), batch):
             yield i, ols_prediction(mom, X0[i:i + batch])
         return
-    # the seamless band: one number per site, asked once (pp has no residual part, nothing to blend)
-    h = seamless.band_width(workers) if predictor == "seamless" and model.residual != "pp" else None
+    # the seamless band: one number per site, asked once (pp has no residual part and mpp's is uncorrelated between
+    # distinct locations, a surface without seams: nothing to blend)
+    h = seamless.band_width(workers) if predictor == "seamless" and model.residual not in ("pp", "mpp") else None
     for i in range(0, len(locs0), batch):
         yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, h)
 
@@ -305,11 +309,18 @@ def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worke
 
 @dataclass
 class Targets:
-    """Prediction locations (n₀×2, store CRS), their design matrix X (n₀×p) and, for the test group, observed z."""
+    """Prediction locations (n₀×2, store CRS), their design matrix X (n₀×p), for the test group observed z, and for
+    locations given in other columns or another CRS their coordinates as given (`PointTable.given_columns`)."""
 
     locs: np.ndarray
     X: np.ndarray
     observed: np.ndarray | None = None
+    given: pd.DataFrame | None = None
+
+    def rows(self, part: slice) -> "Targets":
+        """The targets of the rows `part` (one batch)."""
+        return Targets(self.locs[part], self.X[part], None if self.observed is None else self.observed[part],
+                       None if self.given is None else self.given.iloc[part].reset_index(drop=True))
 
 
 def design_matrix(frame: pd.DataFrame, names: list[str], source: str) -> np.ndarray:
@@ -328,13 +339,15 @@ def design_matrix(frame: pd.DataFrame, names: list[str], source: str) -> np.ndar
     return X
 
 
-def table_targets(path, info: StoreInfo) -> Targets:
-    """Targets from a locations file with x, y and the fitted covariates."""
-    frame = tables.read_points(path, info.crs)  # reprojected to the store's CRS when the file has one
-    locs = frame[["x", "y"]].to_numpy(float)
-    if not np.all(np.isfinite(locs)):
-        raise DataError(f"{path}: some x/y coordinates are missing or not numbers")
-    return Targets(locs, design_matrix(frame, list(info.covariate_names), str(path)))
+def table_targets(path, info: StoreInfo, *, x=None, y=None, crs=None) -> Targets:
+    """Targets from a locations file (`data.points`: coordinate columns `x`, `y` or detected, its CRS or `crs`,
+    reprojected to the store's) with the fitted covariates; the coordinates as given are kept when they differ
+    from the store's x, y (other column names or another CRS)."""
+    table = points.read_point_table(path, x=x, y=y, crs=crs)
+    locs = table.in_crs(info.crs)
+    moved = not np.array_equal(locs, table.xy) or (not table.from_geometry and table.names != ("x", "y"))
+    given = table.given_columns(taken=("x", "y")) if moved else None
+    return Targets(locs, design_matrix(table.columns, list(info.covariate_names), str(path)), given=given)
 
 
 def heldout_targets(info: StoreInfo) -> Targets:
@@ -371,8 +384,11 @@ def outside_domain(locs, domain: geometry.Domain) -> np.ndarray:
 
 
 def prediction_frame(targets: Targets, pred: dict, outside: np.ndarray) -> pd.DataFrame:
-    """Columns x, y, mean, sd (sd of a new observation), [observed], sd_latent, owner, outside_domain."""
+    """Columns [the coordinates as given,] x, y (store CRS), mean, sd (sd of a new observation), [observed],
+    sd_latent, owner, outside_domain."""
     frame = pd.DataFrame({"x": targets.locs[:, 0], "y": targets.locs[:, 1], "mean": pred["mean"], "sd": pred["sd"]})
+    if targets.given is not None:
+        frame = pd.concat([targets.given.reset_index(drop=True), frame], axis=1)
     if targets.observed is not None:
         frame["observed"] = targets.observed
     return frame.assign(sd_latent=pred["sd_latent"], owner=pred["owner"], outside_domain=outside)
@@ -383,25 +399,29 @@ def default_predictor(model: FittedModel) -> str:
     return "seamless" if model.method == "lowrank" else "independent"
 
 
-def _prepare(fit_dir, store, locations, predictor, worker):
-    """(model, store info, targets, predictor) of a predict run, every check done before a site starts."""
+def _prepare(fit_dir, store, locations, predictor, worker, columns):
+    """(model, store info, targets, predictor) of a predict run, every check done before a site starts; `columns`:
+    {"x", "y", "crs"} of the locations file."""
     model = load_model(fit_dir)
     info = open_store(store)
     check_store(model, info)
     if locations is None and not info.has_test:
-        raise DataError(f"store {info.path} has no test group; give prediction locations with --locations FILE.csv")
-    targets = heldout_targets(info) if locations is None else table_targets(locations, info)
+        raise DataError(f"store {info.path} has no test group; give prediction locations with "
+                        f"{option('locations=', '--locations FILE.csv')}")
+    targets = heldout_targets(info) if locations is None else table_targets(locations, info, **columns)
     predictor = predictor or default_predictor(model)
     check_predictor(predictor, worker, info.n_workers)
     return model, info, targets, predictor
 
 
-def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, worker=None, runtime="auto",
-            client=None, scheduler=None, n_dask_workers=None, batch=None,
+def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None, worker=None,
+            runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
             progress: bool = False) -> tuple[pd.DataFrame, dict | None]:
-    """Predict at a locations file, or at the store's test group; returns the table and held-out scores (or None).
-    The whole table is in memory: for 10⁵–10⁶ locations use `predict_to_file`, which streams it to disk."""
-    model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker)
+    """Predict at a locations file (coordinate columns `x`, `y` or detected; in its own CRS or `crs`, else the
+    store's), or at the store's test group; returns the table and held-out scores (or None). The whole table is in
+    memory: for 10⁵–10⁶ locations use `predict_to_file`, which streams it to disk."""
+    model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
+                                               {"x": x, "y": y, "crs": crs})
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
         dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
@@ -416,17 +436,20 @@ def predict(fit_dir, store, *, locations=None, domain=None, predictor=None, work
     return frame, scores
 
 
-def predict_to_file(fit_dir, store, out, *, locations=None, domain=None, predictor=None, worker=None,
-                    runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-                    progress: bool = True) -> dict:
+def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None,
+                    worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
+                    progress: bool = True, overwrite: bool = False) -> dict:
     """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
     `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
     the store's test group also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
+    An existing `out` is refused unless `overwrite` (`atomic.refuse_existing`).
 
     Returns {"out", "metrics" (path or None), "n", "batch", "outside" (count), "scores" (or None)}. Memory: the
     targets plus one batch's matrices (`batch_size`), whatever the number of locations."""
     tables.check_writer(out)  # an output format we cannot write is refused before any site starts
-    model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker)
+    refuse_existing(out, overwrite)
+    model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
+                                               {"x": x, "y": y, "crs": crs})
     n = len(targets.locs)
     size = batch_size(len(model.knots), batch)
     scoring = targets.observed is not None
@@ -442,9 +465,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, domain=None, predict
                     rows = slice(i, i + len(part["mean"]))
                     outside = ~dom.contains(targets.locs[rows])
                     n_outside += int(outside.sum())
-                    piece = Targets(targets.locs[rows], targets.X[rows],
-                                    None if not scoring else targets.observed[rows])
-                    stream.append(prediction_frame(piece, part, outside))
+                    stream.append(prediction_frame(targets.rows(rows), part, outside))
                     if scoring:
                         mean[rows], sd[rows] = part["mean"], part["sd"]
                     if bar is not None:
@@ -462,9 +483,12 @@ def predict_to_file(fit_dir, store, out, *, locations=None, domain=None, predict
     return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}
 
 
-def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=None) -> tuple[Path, Path | None]:
+def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=None, *,
+                     overwrite: bool = False) -> tuple[Path, Path | None]:
     """The prediction table in the format its extension names (.csv, .gpkg, .parquet; points in `crs`, the
-    store's) and, with scores, metrics.json beside it — both atomic."""
+    store's) and, with scores, metrics.json beside it — both atomic; an existing `out` is refused unless
+    `overwrite`."""
+    refuse_existing(out, overwrite)
     out = tables.write_table(frame, out, crs=crs if crs is not None else frame.attrs.get("crs"))
     metrics_path = out.with_name("metrics.json")
     return out, (None if scores is None else write_text(metrics_path, json.dumps(scores, indent=1) + "\n"))

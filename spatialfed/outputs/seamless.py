@@ -19,7 +19,8 @@ claims more precision than its parts. docs/maps.md, "Seamless prediction".
 
 Band: h = BAND × the data's sampling spacing (the median over sites of each site's median nearest-neighbour
 distance, `geometry.spacing`; one number per site crosses the network). Sites answer only for the locations of
-their band; what they return is sized by those locations, never by n_j.
+their band; what they return is sized by those locations, never by n_j. Fits with residual pp or mpp have no
+correlated residual to blend: `prediction.predict_batches` gives them the owner predictor.
 """
 
 from __future__ import annotations

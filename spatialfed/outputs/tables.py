@@ -1,9 +1,9 @@
 """Point tables in and out, GIS conventions kept: inputs reprojected to the store's CRS, output format by extension.
 
-- `read_points(path, store_crs)`: prediction locations or covariate points from a CSV (x, y in the store's CRS, or in
-  `crs=` when given), a GeoPackage / GeoJSON / shapefile / FlatGeobuf or a GeoParquet (point geometry); any input with
-  a CRS is reprojected to the store's (pyproj via geopandas), so a GeoPackage in EPSG:4326 works with a store in
-  metres. Returns a DataFrame with columns x, y (store CRS) and the file's other columns.
+- `read_points(path, store_crs, x=, y=, crs=)`: prediction locations or covariate points from a CSV, a GeoPackage /
+  GeoJSON / shapefile / FlatGeobuf or a GeoParquet, read by the shared reader `spatialfed.data.points` (coordinate
+  columns named or detected in any case, or the point geometry; any input with a CRS, the file's or `crs`, is
+  reprojected to the store's). Returns a DataFrame with columns x, y (store CRS) and the file's other columns.
 - `write_table(frame, path, crs=None)`: `.csv`, `.gpkg` (GeoPackage, point geometry from x/y) or `.parquet`
   (GeoParquet); any other extension is refused with the list. Written through `spatialfed.atomic.write_atomic`,
   so a reader never sees a partial file.
@@ -20,89 +20,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import geopandas as gpd
-import numpy as np
 import pandas as pd
 
 from spatialfed.atomic import staged, write_atomic
-from spatialfed.data import geometry
+from spatialfed.data import geometry, points
 from spatialfed.errors import DataError
 
-CSV_SUFFIXES = (".csv", ".txt")
-VECTOR_SUFFIXES = (".gpkg", ".geojson", ".json", ".shp", ".fgb")
-PARQUET_SUFFIXES = (".parquet", ".geoparquet")
 WRITERS = (".csv", ".gpkg", ".parquet")
 
 
-def _read(path: Path) -> pd.DataFrame:
-    """The table as read by pandas (CSV, plain Parquet) or geopandas (vector files, GeoParquet)."""
-    suffix = path.suffix.lower()
-    known = CSV_SUFFIXES + VECTOR_SUFFIXES + PARQUET_SUFFIXES
-    if suffix not in known:
-        raise DataError(f"cannot read points from {path}: unknown extension {suffix or '(none)'}; use one of "
-                        f"{', '.join(known)}")
-    try:
-        if suffix in CSV_SUFFIXES:
-            return pd.read_csv(path)
-        if suffix in PARQUET_SUFFIXES:
-            try:
-                return gpd.read_parquet(path)
-            except ValueError:  # plain Parquet without geo metadata
-                return pd.read_parquet(path)
-        return gpd.read_file(path)
-    except Exception as exc:  # parsers raise many unrelated types
-        raise DataError(f"cannot read points from {path}: {exc}") from None
-
-
-def read_points(path, store_crs, *, crs=None) -> pd.DataFrame:
-    """Points in the store's CRS: columns x, y and the file's other columns (geometry dropped).
-
-    A file with a CRS (GeoPackage, GeoParquet…) is reprojected to `store_crs`; a CSV's x/y (or a file without a
-    CRS) are taken in `crs` when given, else in the store's CRS, and refused when they look like lon/lat while the
-    store is projected. A store without a CRS (planar units) accepts only points without one."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"points file {path} does not exist")
-    store = geometry.parse_crs(store_crs)
-    frame = _read(path)
-    if isinstance(frame, gpd.GeoDataFrame):
-        kinds = set(frame.geom_type.dropna())
-        if kinds - {"Point"} or frame.geometry.isna().any() or frame.geometry.is_empty.any():
-            raise DataError(f"{path} must hold point geometries (prediction locations), found "
-                            f"{sorted(kinds) or 'empty geometries'}; convert polygons to centroids first")
-        source = frame.crs if frame.crs is not None else geometry.parse_crs(crs)
-        xy = np.column_stack([frame.geometry.x, frame.geometry.y])
-        table = pd.DataFrame(frame.drop(columns=frame.geometry.name))
-    else:
-        missing = [c for c in ("x", "y") if c not in frame.columns]
-        if missing:
-            raise DataError(f"{path} lacks column(s) {missing}; give the coordinates in columns x and y (in the "
-                            f"store's CRS {geometry.crs_name(store) or 'planar units'}) or use a GeoPackage with its "
-                            "CRS")
-        source = geometry.parse_crs(crs)
-        xy = np.column_stack([pd.to_numeric(frame[c], errors="coerce").to_numpy(float) for c in ("x", "y")])
-        table = frame.drop(columns=["x", "y"])
-    xy = geometry.check_coordinates(xy, what=f"points in {path.name}")
-    xy = _to_store(xy, source, store, path)
-    return table.assign(x=xy[:, 0], y=xy[:, 1])
-
-
-def _to_store(xy: np.ndarray, source, store, path: Path) -> np.ndarray:
-    """xy from `source` to the store's CRS, with one-line errors for the combinations that cannot be right."""
-    store_name = geometry.crs_name(store)
-    if source is None:
-        if store is not None and store.is_projected and geometry.looks_geographic(xy[:, 0], xy[:, 1]):
-            raise DataError(f"the x/y of {path} look like longitude/latitude but the store is in {store_name} "
-                            f"(metres); save the points as a GeoPackage in EPSG:4326 (reprojected on reading) or "
-                            f"convert them to {store_name}")
-        return xy
-    if store is None:
-        raise DataError(f"{path} is in {geometry.crs_name(source)} but the store has planar units (no CRS); give "
-                        "points without a CRS, in the store's units")
-    if source == store:
-        return xy
-    if source.is_geographic:
-        geometry.check_lonlat(xy[:, 0], xy[:, 1])
-    return geometry.project(xy, source, store).xy
+def read_points(path, store_crs, *, x=None, y=None, crs=None) -> pd.DataFrame:
+    """Points in the store's CRS: the file's other columns and x, y (`data.points`: coordinate columns named by
+    `x`, `y` or detected in any case, or the point geometry; reprojected from the file's CRS or `crs` when either is
+    known, else taken in the store's CRS)."""
+    table = points.read_point_table(path, x=x, y=y, crs=crs)
+    xy = table.in_crs(store_crs)
+    return table.columns.assign(x=xy[:, 0], y=xy[:, 1])
 
 
 def _geo(frame: pd.DataFrame, crs, path: Path) -> gpd.GeoDataFrame:

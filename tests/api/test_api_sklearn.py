@@ -159,7 +159,7 @@ def test_arrays_with_groups_fit_like_the_store(tmp_path):
 def test_arrays_without_groups_are_partitioned_into_areas():
     _, locs, z, X, _ = _arrays()
     gp = FederatedGP(**FAST).fit(X, z, coords=locs)
-    assert gp.n_workers_ == 2  # 120 rows: the automatic J (at least 2 sites, about 500 rows each)
+    assert gp.n_workers_ == 4  # 120 rows: partition.default_sites (4 to 64 sites of about 500 rows, none under 20)
     three = FederatedGP(n_sites=3, **FAST).fit(X, z, coords=locs)
     assert three.n_workers_ == 3
     mean, sd = three.predict(X[:4], coords=locs[:4], return_std=True)

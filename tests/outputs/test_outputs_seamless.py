@@ -143,11 +143,12 @@ def test_sites_answer_from_their_own_data_only(fitted):
     assert np.all(np.abs(after["mean"][w1 > 0.05] - before["mean"][w1 > 0.05]) > 0)
 
 
-def test_pp_fits_have_nothing_to_blend(fitted):
+@pytest.mark.parametrize("residual", ["pp", "mpp"])
+def test_pp_and_mpp_fits_have_nothing_to_blend(fitted, residual):
     import dataclasses
 
     store, _, model = fitted
-    model = dataclasses.replace(model, residual="pp")
+    model = dataclasses.replace(model, residual=residual)
     locs0, _, X0 = load_test(store)
     with pr.open_workers(open_store(store), model, "simulated") as workers:
         got = pr.predict_at(workers, model, locs0, X0, "seamless")
@@ -175,3 +176,50 @@ def test_seam_ratio():
     assert np.isnan(seam_ratio(step, np.where(x >= 20, -1.0, 0.0)))  # one owner left: no pair across
     with pytest.raises(ValueError, match="one shape"):
         seam_ratio(step, owner[:, :5])
+
+
+@pytest.mark.slow
+def test_the_docs_figure_pipeline(tmp_path):
+    """pipelines/seamless_map.py (docs/maps.md's picture) runs and finds the seam it was written to show."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "pipelines" / "seamless_map.py"
+    spec = importlib.util.spec_from_file_location("seamless_map", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--out", str(tmp_path)]) == 0
+    seam = json.loads((tmp_path / "summary.json").read_text())["seam"]
+    assert seam["lowrank"] > 2.0 and seam["seamless"] < 1.5
+    assert (tmp_path / "seamless_map.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_map_draws_the_owners_boundaries_only_on_request(fitted, tmp_path, monkeypatch):
+    """`spatialfed map` draws no boundary lines by default; --show-owners draws the owners' edges on map.png."""
+    from spatialfed.outputs import maps
+
+    store, fit, model = fitted
+    real, drawn = maps.build_map_figure, []
+
+    def spy(*args, **kw):
+        drawn.append(kw.get("owner"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(maps, "build_map_figure", spy)
+    cov = tmp_path / "cov.csv"
+    c = (np.arange(20) + 0.5) / 20
+    xx, yy = np.meshgrid(c, c)
+    pts = {"x": xx.ravel(), "y": yy.ravel(), **{f"x{k}": np.zeros(400) for k in range(1, 6)}}
+    import pandas as pd
+
+    pd.DataFrame(pts).to_csv(cov, index=False)
+    for extra in ([], ["--show-owners"]):
+        assert main(["map", str(fit), "--store", str(store), "--out", str(tmp_path / f"map{len(extra)}"),
+                     "--runtime", "simulated", "--resolution", "0.05", "--covariates", str(cov), "--quiet",
+                     *extra]) == 0
+    assert drawn[0] is None
+    grid_owner = np.asarray(drawn[1])
+    assert set(np.unique(grid_owner)) == {0, 1}
+    png = (tmp_path / "map1" / "map.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and png != (tmp_path / "map0" / "map.png").read_bytes()
