@@ -61,7 +61,7 @@ def run(name, store, out_dir, runtime, client, truth, **settings):
     tic = time.perf_counter()
     gp.fit(store)
     total = time.perf_counter() - tic
-    fit_dir = gp.save(Path(out_dir) / name)
+    fit_dir = gp.save(Path(out_dir) / name, overwrite=True)
     _, scores = predict(fit_dir, store, runtime="simulated")
     p = gp.params_
     row = {

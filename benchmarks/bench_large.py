@@ -222,7 +222,7 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
         tic = time.perf_counter()
         gp.fit(store)
         fit_s = time.perf_counter() - tic
-        gp.save(fit_dir)
+        gp.save(fit_dir, overwrite=True)
         p = gp.params_
         say(f"[{tag}] fit {fit_s:.1f} s, {gp.n_iter_} iterations, converged={gp.converged_} ({gp.stop_reason_}); "
             f"delta={p['delta']:.4g} sigma2={p['sigma2']:.4g} beta={p['beta']:.4g} gamma={np.round(p['gamma'], 3)}")

@@ -90,7 +90,8 @@ def child(args) -> None:
 
     tic, cpu0, load0 = time.perf_counter(), _cpu(), os.getloadavg()[0]
     done = predict_to_file(args.fit, args.store, args.out, locations=args.locations, runtime=args.runtime,
-                           batch=args.batch, progress=not args.quiet, predictor=args.predictor)
+                           batch=args.batch, progress=not args.quiet, predictor=args.predictor,
+                           overwrite=True)
     seconds = time.perf_counter() - tic
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # KiB on Linux
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest finished child

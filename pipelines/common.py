@@ -52,14 +52,15 @@ def fit_and_score(store, out, client, *, domain, knots: int, nu: float, mode: st
     domain.to_geoseries().to_file(out / "domain.gpkg")
     gp = FederatedGP(mode=mode, residual="full", knots=knots, nu=nu, domain=domain, client=client,
                      progress=False, **(fit_options or {})).fit(store)
-    gp.save(out / "fit_lowrank")
+    gp.save(out / "fit_lowrank", overwrite=True)  # a re-run replaces its results
     FederatedGP(method="independent", mode="sync", nu=nu, domain=domain, client=client, progress=False,
-                max_iter=(fit_options or {}).get("max_iter", 50)).fit(store).save(out / "fit_independent")
+                max_iter=(fit_options or {}).get("max_iter", 50)).fit(store).save(out / "fit_independent",
+                                                                                overwrite=True)
     frames, scores = {}, {}
     for label, (fit, predictor) in COMPARED.items():
         frames[label], scores[label] = predict(out / fit, store, domain=out / "domain.gpkg", predictor=predictor,
                                                client=client)
-        write_prediction(frames[label], out / f"heldout_{predictor}.csv")
+        write_prediction(frames[label], out / f"heldout_{predictor}.csv", overwrite=True)
     write_json(out / "metrics.json", scores)
     return gp, frames, scores
 
@@ -92,7 +93,7 @@ def run_pipeline(name: str, store, out, *, domain, map_inputs: dict, knots: int,
         gp, frames, scores = fit_and_score(store, out, handle.client, domain=domain, knots=knots, nu=nu, mode=mode,
                                            fit_options=fit_options)
         maps = {predictor: make_map(out / fit, store, out / f"map_{predictor}", domain=out / "domain.gpkg",
-                                    predictor=predictor, client=handle.client,
+                                    predictor=predictor, client=handle.client, overwrite=True,
                                     **{**map_inputs, "title": f"{map_inputs['title']} — {label}"})
                 for label, (fit, predictor) in list(COMPARED.items())[:2]}
     heldout = heldout_figure(out / "heldout.png", frames, map_inputs["units"],

@@ -14,6 +14,10 @@ no space, permission denied, a path component that is a file, a missing parent) 
 naming the path, the cause and the fix. `write_atomic(path, write)`, `write_text` and `write_bytes` are the
 one-call forms; `staged_entries(directory, last=("fit.json",))` stages pieces to put into a directory that may hold
 other files (a fit's OUT); `replace_path(src, dst)` is the rename step alone.
+
+One overwrite rule for every output (a store, a fit directory, a prediction table, a map directory):
+`refuse_existing(path, overwrite)` refuses one that exists (an empty directory does not count) in one line naming the
+fix, `overwrite=True` from Python and `--overwrite` on the command line; with it the writer replaces it atomically.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from spatialfed.errors import OutputError
+from spatialfed.errors import OutputError, option
 
 _FIXES = {
     errno.EROFS: ("the file system is read-only", "choose an output path on a writable disk"),
@@ -39,6 +43,20 @@ _FIXES = {
     errno.ENAMETOOLONG: ("the file name is too long", "choose a shorter path"),
     errno.EMFILE: ("too many open files", "raise the open-file limit (ulimit -n) or close other programs"),
 }
+
+
+def refuse_existing(path, overwrite: bool, *, error: type[Exception] = OutputError, keep: tuple[str, ...] = (),
+                    alternative: str = "") -> None:
+    """Raise `error` (one line naming the fix) when the output `path` exists and `overwrite` is false. An empty
+    directory, or one holding only the entries named in `keep` (e.g. the fit's own checkpoint), is not an output
+    yet. `alternative` is a further way out to offer (e.g. how to continue a checkpointed fit)."""
+    path = Path(path)
+    if overwrite or not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir() and not path.is_symlink() and all(entry.name in keep for entry in path.iterdir()):
+        return
+    raise error(f"{path} already exists; choose another path or pass {option('overwrite=True', '--overwrite')} to "
+                f"replace it{alternative}")
 
 
 def output_error(path, exc: OSError, what: str = "write") -> OutputError:

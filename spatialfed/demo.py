@@ -81,11 +81,11 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None) -> dict:
                      domain=domain_from_bbox(*BBOX, crs=CRS), max_iter=60, seed=seed, n_dask_workers=n_dask_workers)
     gp.fit(store)
     fit_dir = out / "fit"
-    gp.save(fit_dir)
+    gp.save(fit_dir, overwrite=True)  # the demo's own directory: a second run replaces the first
     maps = make_map(fit_dir, store, out / "map", resolution=MAP_RESOLUTION_M,
                     covariates=write_covariate_table(out / "covariates.csv"), units="log NO₂ (log µg/m³)",
                     title="Simulated NO₂ over five monitoring networks — federated low-rank GP",
-                    n_dask_workers=n_dask_workers)
+                    n_dask_workers=n_dask_workers, overwrite=True)
     return {"store": store, "fit": fit_dir / "fit.json", "report": fit_dir / "report.html", "map": maps["png"],
             "mean": maps["mean"], "sd": maps["sd"], "wall_time_s": time.perf_counter() - tic}
 

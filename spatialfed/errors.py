@@ -1,8 +1,39 @@
-"""Input validation shared by every layer: errors that name the offending input and the fix."""
+"""Input validation shared by every layer: errors that name the offending input and the fix.
+
+A fix names the option the caller can change, as the caller's interface spells it: `option("duplicates='merge'",
+"--duplicates merge")` is the Python keyword argument when a library function is called from Python, and the flag
+while the `spatialfed` command runs (`command_line()`, entered by spatialfed.cli.main).
+"""
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+
 import numpy as np
+
+#: "cli" while the `spatialfed` command runs; an environment variable, so the Dask worker processes it starts agree
+INTERFACE_ENV = "SPATIALFED_INTERFACE"
+
+
+def option(python: str, cli: str) -> str:
+    """The option a message advises, in the caller's spelling: `cli` (e.g. "--overwrite") under the `spatialfed`
+    command (`command_line`), else `python` (e.g. "overwrite=True")."""
+    return cli if os.environ.get(INTERFACE_ENV) == "cli" else python
+
+
+@contextmanager
+def command_line():
+    """Messages raised inside this block advise command-line flags (`option`); the previous setting is restored."""
+    before = os.environ.get(INTERFACE_ENV)
+    os.environ[INTERFACE_ENV] = "cli"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(INTERFACE_ENV, None)
+        else:
+            os.environ[INTERFACE_ENV] = before
 
 
 class SpatialFedError(Exception):

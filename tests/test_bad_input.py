@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -219,7 +220,23 @@ def world(tmp_path_factory):
     w["LINE"] = str(ingest(base / "data" / "collinear.csv", base / "line.zarr", x="x", y="y", value="z",
                            n_workers=3)[0].path)
     w["listing"] = _listing(base)
-    return w
+    with _tls_scheduler(tmp_path_factory.mktemp("tls_certs")) as address:  # a scheduler that wants TLS
+        w["TLSADDR"], w["TCPADDR"] = address, address.replace("tls://", "tcp://")
+        yield w
+
+
+@contextmanager
+def _tls_scheduler(cert_dir: Path):
+    """The address of a real Dask scheduler (and one in-process worker) requiring TLS with certificates in
+    `cert_dir`, as `dask scheduler --tls-ca-file ... --tls-cert ... --tls-key ...` starts one."""
+    from distributed import LocalCluster
+
+    from spatialfed.runtime.security import tls_security, write_tls_files
+
+    security = tls_security(write_tls_files(cert_dir))
+    with LocalCluster(protocol="tls", host="127.0.0.1", security=security, n_workers=1, threads_per_worker=1,
+                      processes=False, dashboard_address=None, silence_logs=50) as cluster:
+        yield cluster.scheduler_address
 
 
 # --- running a case ---------------------------------------------------------------------------------------------------
@@ -240,6 +257,11 @@ def _prepare(setup, world, T: Path):
     """Per-case setup inside the case's own directory T."""
     if setup == "out_file":
         (T / "out").write_text("keep me\n")
+    elif setup == "out_dir":  # an earlier output: a directory that is not empty
+        (T / "out").mkdir()
+        (T / "out" / "notes.txt").write_text("keep me\n")
+    elif setup == "out_csv":
+        (T / "out.csv").write_text("x,y,mean\n0,0,1\n")
     elif setup == "ckdir":
         shutil.copytree(world["CK"], T / "ck")
     elif setup == "ck_only":  # a checkpoint without the rest of the fit directory
@@ -306,7 +328,7 @@ CLI_CASES = [
      r"number of workers must be a positive integer, got -2",
      None),
     ("simulate-no-workers", [*SIM, "--n-per-worker", "30"],
-     r"give n_workers and n_per_worker \(--workers, --n-per-worker\)", None),
+     r"give --workers and --n-per-worker, or --sizes", None),
     ("simulate-n-0", [*SIM, "--workers", "3", "--n-per-worker", "0"],
      r"n_per_worker must be a positive integer, got 0",
      None),
@@ -326,6 +348,8 @@ CLI_CASES = [
     ("simulate-unknown-partition", [*SIM, "--workers", "3", "--n-per-worker", "30",
                                     "--partition", "hexagons"], r"--partition.*invalid choice", None),
     ("simulate-out-exists", ["simulate", "{T}/out", "--quiet", *J3], r"exists", "out_file"),
+    ("simulate-out-dir-exists", ["simulate", "{T}/out", "--quiet", *J3],
+     r"out already exists; choose another path or pass --overwrite to replace it", "out_dir"),
     ("simulate-out-under-file", ["simulate", "{FILE}/out.zarr", "--quiet", *J3],
      r"not a directory|is a file|file\.txt", None),
     # ingest: the table
@@ -450,7 +474,7 @@ CLI_CASES = [
     ("fit-store-no-root-metadata", ["fit", "{NO_ROOT}", "--out", "{T}/out", *FIT], r"not a Zarr v3 store", None),
     ("fit-store-bad-root-json", ["fit", "{BAD_ROOT_JSON}", "--out", "{T}/out", *FIT], r"cannot open .* Zarr group",
      None),
-    ("fit-store-on-a-line", ["fit", "{LINE}", "--out", "{T}/out", *FIT], r"strip .*collinear.*--domain", None),
+    ("fit-store-on-a-line", ["fit", "{LINE}", "--out", "{T}/out", *FIT], r"strip .*collinear.*\(--domain FILE\)", None),
     ("fit-no-store", ["fit", "--out", "{T}/out", *FIT], r"needs STORE\.zarr", None),
     ("fit-no-out", ["fit", "{S}", *FIT], r"--out DIR", None),
     # fit: the options
@@ -525,7 +549,7 @@ CLI_CASES = [
     ("fit-checkpoint-every-0", ["fit", "{S}", "--out", "{T}/out", *FIT, "--checkpoint-every", "0"],
      r"checkpoint_every must be a positive integer", None),
     ("fit-dask-workers-0", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--dask-workers", "0"],
-     r"--dask-workers\) must be a positive integer, got 0", None),
+     r"--dask-workers must be a positive integer, got 0", None),
     ("fit-scheduler-and-jobqueue", ["fit", "{S}", "--out", "{T}/out", "--scheduler", "tcp://127.0.0.1:1",
                                     "--jobqueue", "slurm"], r"give either --scheduler or --jobqueue", None),
     ("fit-simulated-with-scheduler", ["fit", "{S}", "--out", "{T}/out", *FIT, "--scheduler", "tcp://127.0.0.1:1"],
@@ -587,6 +611,19 @@ CLI_CASES = [
     ("fit-tls-with-simulated", ["fit", "{S}", "--out", "{T}/out", *FIT, "--tls"],
      r"tls applies to the Dask connections; runtime='simulated' has none",
      None),
+    ("fit-tls-scheduler-without-tls-dir", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--scheduler", "{TLSADDR}"],
+     r"scheduler tls://127\.0\.0\.1:\d+ uses TLS: pass --tls-dir DIR with the certificates .*docs/hpc\.md", None),
+    ("fit-tcp-address-at-tls-scheduler", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--scheduler", "{TCPADDR}"],
+     r"scheduler at tcp://127\.0\.0\.1:(\d+) wants TLS: give --scheduler tls://127\.0\.0\.1:\1 and --tls-dir DIR",
+     None),
+    ("fit-tls-scheduler-other-certificates", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--scheduler",
+                                              "{TLSADDR}", "--tls"],
+     r"did not accept this client's certificate .*pass --tls-dir DIR", None),
+    ("fit-out-exists", ["fit", "{S}", "--out", "{T}/out", *FIT],
+     r"out already exists; choose another path or pass --overwrite to replace it$", "out_dir"),
+    ("fit-out-holds-a-checkpoint", ["fit", "{S}", "--out", "{T}/ck", *FIT],
+     r"ck already exists; .*--overwrite to replace it, or continue the fit it keeps with `spatialfed fit --resume "
+     r".*/ck`", "ck_only"),
     # fit --resume
     ("resume-no-checkpoint", ["fit", "--resume", "{T}/ck", "--quiet"],
      r"no checkpoint at .*ck/checkpoint\.pkl", "nock"),
@@ -630,6 +667,8 @@ CLI_CASES = [
                                  "--out", "{T}/out.csv", *PRED], r"no points in locs_empty\.csv", None),
     ("predict-locations-missing", ["predict", "{F}", "--store", "{S}", "--locations", "{D}/nope.csv",
                                    "--out", "{T}/out.csv", *PRED], r"nope\.csv does not exist", None),
+    ("predict-out-exists", ["predict", "{F}", "--store", "{S}", "--out", "{T}/out.csv", *PRED],
+     r"out\.csv already exists; choose another path or pass --overwrite to replace it", "out_csv"),
     ("predict-locations-named-columns-missing", ["predict", "{F}", "--store", "{S}", "--locations",
                                                  "{D}/locs_nocov.csv", "--x", "east", "--y", "north",
                                                  "--out", "{T}/out.csv", *PRED],
@@ -676,6 +715,8 @@ CLI_CASES = [
      None),
     ("map-out-is-file", ["map", "{F}", "--store", "{S}", "--out", "{T}/out", *MAPCOV, "--resolution", "0.1"],
      r"out exists and is not a directory", "out_file"),
+    ("map-out-exists", ["map", "{F}", "--store", "{S}", "--out", "{T}/out", *MAPCOV, "--resolution", "0.1"],
+     r"out already exists; choose another path or pass --overwrite to replace it", "out_dir"),
     ("map-out-under-file", ["map", "{F}", "--store", "{S}", "--out", "{FILE}/out", *MAPCOV, "--resolution", "0.1"],
      r"file\.txt/out: .*file\.txt is a file, not a directory", None),
     # other commands
@@ -833,6 +874,41 @@ def _save_over_file(w, T):
     _gp().fit(w["S"]).save(T / "out")
 
 
+def _prior(T: Path) -> Path:
+    """An earlier output in T/prior (a directory holding notes.txt) that a call must refuse to replace."""
+    (T / "prior").mkdir()
+    (T / "prior" / "notes.txt").write_text("keep me\n")
+    return T / "prior"
+
+
+def _save_over_output(w, T):
+    _gp().fit(w["S"]).save(_prior(T))
+
+
+def _map_over_output(w, T):
+    from spatialfed.outputs.maps import make_map
+
+    make_map(w["F"], w["S"], _prior(T), runtime="simulated", covariates=Path(w["D"]) / "cov_grid.csv",
+             resolution=0.1)
+
+
+def _predict_over_output(w, T):
+    from spatialfed.outputs.prediction import predict_to_file
+
+    (_prior(T) / "pred.csv").write_text("x,y,mean\n0,0,1\n")
+    predict_to_file(w["F"], w["S"], T / "prior" / "pred.csv", runtime="simulated", progress=False)
+
+
+def _simulate_over_output(w, T):
+    from spatialfed.data.simulate import simulate_store
+
+    simulate_store(_prior(T), 3, 30)
+
+
+def _fit_scheduler(key):
+    return lambda w, T: _gp(runtime="dask", scheduler=w[key]).fit(w["S"])
+
+
 def _resume_other_store(w, T):
     from spatialfed.api import FederatedGP
 
@@ -945,7 +1021,7 @@ API_CASES = [
     ("api-fit-one-location-raw", _fit_raw(lambda: _parts(np.tile([[0.3, 0.4]], (60, 1)))),
      r"all observations lie at one location \(0\.3, 0\.4\)"),
     ("api-fit-collinear-raw", _fit_raw(lambda: _parts(np.column_stack([_LOCS[:, 0], np.full(60, 0.25)]))),
-     r"strip .*collinear.*--domain"),
+     r"strip .*collinear.*\(domain=\.\.\.\)"),
     ("api-fit-zero-variance-raw", _fit_raw(lambda: _parts(_LOCS, z=2.5)), r"covariates explain z exactly"),
     ("api-fit-few-points-raw", _fit_raw(lambda: _parts(_LOCS[:4], J=2)), r"5 parameters .* only N=4 observations"),
     ("api-fit-dependent-covariates-raw", _fit_raw(_dependent), r"covariates are linearly dependent"),
@@ -962,6 +1038,21 @@ API_CASES = [
      r"fit was made on store .*s\.zarr .*o\.zarr is a different store"),
     ("api-map-covariates-lacking", _map("F", "S", resolution=0.1, covariates="locs_nocov.csv"),
      r"locs_nocov\.csv lacks covariate column"),
+    # one overwrite rule (issue 28): an existing output is refused, naming overwrite=True
+    ("api-save-over-output", _save_over_output, r"prior already exists; choose another path or pass overwrite=True"),
+    ("api-map-over-output", _map_over_output, r"prior already exists; .* pass overwrite=True to replace it"),
+    ("api-predict-over-output", _predict_over_output, r"pred\.csv already exists; .* pass overwrite=True"),
+    ("api-simulate-over-output", _simulate_over_output, r"prior already exists; .* pass overwrite=True"),
+    # advice names the Python parameter (the CLI cases name the flag)
+    ("api-ingest-duplicates", _ingest_frame(_frame(x=np.r_[500.0, 500.0, _RNG.uniform(0, 100, 28)],
+                                                   y=np.r_[700.0, 700.0, _RNG.uniform(0, 100, 28)])),
+     r"pass duplicates='merge' to average them or duplicates='keep' to keep them all"),
+    ("api-ingest-lonlat-without-crs", _ingest_frame(_frame(x=_RNG.uniform(5, 6, 30), y=_RNG.uniform(50, 52, 30))),
+     r"look like longitude/latitude .*pass crs='EPSG:4326' .*or crs='planar'"),
+    ("api-tls-scheduler-without-tls", _fit_scheduler("TLSADDR"),
+     r"scheduler tls://127\.0\.0\.1:\d+ uses TLS: pass tls='CERT_DIR' with the certificates"),
+    ("api-tcp-address-at-tls-scheduler", _fit_scheduler("TCPADDR"),
+     r"wants TLS: give scheduler='tls://127\.0\.0\.1:\d+' and tls='CERT_DIR'"),
 ]
 
 
@@ -973,7 +1064,10 @@ def test_api_refuses_bad_input(world, tmp_path, call, pattern):
     message = str(info.value)
     assert "\n" not in message.strip() and message.strip(), f"not one line: {message!r}"
     assert re.search(pattern, message, re.IGNORECASE), f"{pattern!r} not in {message!r}"
-    left = {p for p in _listing(T) if p.split("/")[0] not in ("raw.zarr", "ck")}  # the case's own inputs
+    assert not re.search(r"(^|[\s(])--[a-z]", message), f"Python advised a command-line flag: {message!r}"
+    if (T / "prior").exists():  # an earlier output stays as it was
+        assert _listing(T / "prior") >= {"notes.txt"} and (T / "prior" / "notes.txt").read_text() == "keep me\n"
+    left = {p for p in _listing(T) if p.split("/")[0] not in ("raw.zarr", "ck", "prior")}  # the case's own inputs
     if (T / "out").is_file():  # a file that existed before the call stays as it was
         assert (T / "out").read_text() == "keep me\n"
         left.discard("out")

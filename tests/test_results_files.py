@@ -123,7 +123,7 @@ def test_out_naming_a_file_is_one_line(tmp_path):
     from spatialfed.errors import OutputError
 
     (tmp_path / "f").write_text("x")
-    with pytest.raises(OutputError, match=r"exists and is a file, not a directory; choose another --out"):
+    with pytest.raises(OutputError, match=r"exists and is a file, not a directory; choose another out_dir"):
         write_results(tmp_path / "f", make_result())
     with pytest.raises(OutputError, match="is a file, not a directory"):
         write_results(tmp_path / "f" / "sub", make_result())

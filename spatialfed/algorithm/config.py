@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
+from spatialfed.errors import option
+
 
 class Mode(StrEnum):
     """Synchronous (Agg_threshold = J, Section 3.1) or asynchronous (Section 4) aggregation."""
@@ -33,6 +35,7 @@ BLOCK_ONLY = ("alpha", "alpha_rule", "correction", "adaptive_weights", "moving_a
               "staleness_bound", "a", "T_c", "omega", "t_M", "hessian", "mean_step")
 #: the preset when privacy noise is asked for and no preset is named: the noise is calibrated for the block scheme
 PRIVACY_PRESET = "tuned"
+TUNED = "preset='tuned'"  # how Python asks for the block scheme's strategies (spatialfed.errors.option)
 
 
 def preset_name(name: str | None, privacy=None) -> str:
@@ -164,7 +167,7 @@ class FitConfig:
             block = sorted(k for k in BLOCK_ONLY if k in settings and settings[k] != inert[k])
             if block:
                 raise ValueError(f"{', '.join(block)} set(s) the block scheme's strategies, which preset 'stats' does "
-                                 "not use: add preset='tuned' (--preset tuned) or drop them")
+                                 f"not use: add {option(TUNED, '--preset tuned')} or drop them")
             config = cls.stats(mode=mode, **settings)
         elif name == "paper" or mode == "sync":
             config = cls(mode=mode, **settings)

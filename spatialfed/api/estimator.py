@@ -432,11 +432,17 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 
-    def save(self, out_dir) -> Path:
+    def save(self, out_dir, overwrite: bool = False) -> Path:
         """Write fit.json, model.zarr, trace.csv (SPEC §6) and report.html (a written summary above the monitor's
-        plots) as one atomic set; returns the dir."""
+        plots) as one atomic set; returns the dir. An existing `out_dir` holding anything but this fit's own
+        checkpoint is refused unless `overwrite=True`, which replaces the result files (other files stay)."""
+        from spatialfed.atomic import refuse_existing
         from spatialfed.outputs.results import write_results
 
+        own = Path(self.checkpoint) if self.checkpoint else None
+        if Path(out_dir).is_dir():  # a file in the way is write_results' error
+            refuse_existing(out_dir, overwrite,
+                            keep=(own.name,) if own and own.resolve().parent == Path(out_dir).resolve() else ())
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))

@@ -165,8 +165,8 @@ def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, se
             raise DataError(f"X is a store path ({X}); {', '.join(given)}= apply to in-memory data only: the store "
                             "already holds the values, locations and partition")
         if covariates is not None:
-            raise DataError(f"X is a store path ({X}); its covariates were fixed when it was written (spatialfed "
-                            "ingest --covariates): drop covariates=, or fit a DataFrame")
+            raise DataError(f"X is a store path ({X}); its covariates were fixed when it was written (ingest's "
+                            "covariates=): drop covariates=, or fit a DataFrame")
         return X, None, False
     from spatialfed.data.ingest import ingest_frame  # in-memory data only: a store path needs none of it
 

@@ -12,10 +12,11 @@ import argparse
 import atexit
 import gc
 import sys
+import warnings
 
 from spatialfed.cli import cluster_script, demo, fit, ingest, pilot_clip, predict, simulate
 from spatialfed.cli import map as map_command  # the module of `spatialfed map`, not the builtin
-from spatialfed.errors import SpatialFedError
+from spatialfed.errors import SpatialFedError, command_line
 
 #: the commands in the order `spatialfed --help` lists them
 COMMANDS = (simulate, ingest, fit, predict, map_command, demo, cluster_script, pilot_clip)
@@ -51,9 +52,11 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        args.handler(args)
-    except KeyboardInterrupt:
-        print(f"spatialfed {args.command}: interrupted", file=sys.stderr)
+        with command_line(), warnings.catch_warnings():  # advice names flags; a warning is one line
+            warnings.showwarning = _warning_line(args.command)
+            args.handler(args)
+    except KeyboardInterrupt as exc:  # its message, if any, says how to continue (fit: the resume command)
+        print(f"spatialfed {args.command}: interrupted{'; ' + _one_line(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
     except (SpatialFedError, ValueError, OSError) as exc:
         print(f"spatialfed {args.command}: error: {_one_line(exc)}", file=sys.stderr)
@@ -67,6 +70,16 @@ def _skip_exit_collection() -> None:
     (measured on the Meuse ingest and fit), and every file spatialfed writes is closed by then (one atomic writer)."""
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
+
+
+def _warning_line(command: str):
+    """A `warnings.showwarning` printing "spatialfed COMMAND: warning: MESSAGE" on one line (no category, no source
+    line)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"spatialfed {command}: warning: {_one_line(message)}", file=sys.stderr if file is None else file)
+
+    return show
 
 
 def _one_line(exc: BaseException) -> str:

@@ -184,8 +184,12 @@ def fitted_settings(args) -> dict:
 
 
 def store_summary(info) -> str:
-    """One line describing a written store (simulate, ingest)."""
+    """One line describing a written store (simulate, ingest); the CRS by its short name (an EPSG code or the CRS's
+    own name, never its WKT)."""
+    from spatialfed.data.crs import crs_name
+
     sizes = info.sizes if len(info.sizes) <= 10 else f"{min(info.sizes)}..{max(info.sizes)}"
     return (f"wrote {info.path}: {info.n_workers} workers, {sum(info.sizes)} rows (sizes {sizes}), "
-            f"partition {info.partition}, crs {info.crs}, covariates {info.covariate_names}"
+            f"partition {info.partition}, crs {crs_name(info.crs) or 'none (planar units)'}, "
+            f"covariates {info.covariate_names}"
             f"{', with test group' if info.has_test else ''}")

@@ -52,7 +52,10 @@ def register(subparsers) -> None:
                    help="partitioned Zarr store (spatialfed simulate / ingest); with --resume, default: the "
                         "checkpoint's store")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory for the result files (required unless --resume, whose DIR is the default)")
+                   help="output directory for the result files (required unless --resume, whose DIR is the default); "
+                        "an existing one is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the result files of an existing DIR (atomically, once the new fit is complete)")
     p.add_argument("--method", choices=METHODS, default=None, help="model (default lowrank)")
     p.add_argument("--mode", choices=MODES, default=None, help="synchronous or asynchronous (default async)")
     p.add_argument("--residual", choices=RESIDUAL_CHOICES, default=None,
@@ -189,7 +192,7 @@ def run(args) -> None:
     else:
         checkpoint, out = None, args.out
     settings = estimator_settings(args)
-    check_out(out)
+    check_out(out, overwrite=args.overwrite or bool(args.resume))
     settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)  # always: a lost cluster or Ctrl-C can be resumed
     implicit = not args.resume and args.checkpoint_every is None  # nobody asked to keep it after the fit
     existed, before = Path(out).exists(), identity(Path(settings["checkpoint"]))
@@ -200,9 +203,9 @@ def run(args) -> None:
         else:
             gp = FederatedGP(**settings).fit(args.store)
     except KeyboardInterrupt:
-        if Path(settings["checkpoint"]).exists():
-            print(f"spatialfed fit: the checkpoint {settings['checkpoint']} keeps the fit so far; continue it with "
-                  f"`{resume_command(out)}`", file=sys.stderr)
+        if Path(settings["checkpoint"]).exists():  # main prints "spatialfed fit: interrupted; <this>"
+            raise KeyboardInterrupt(f"resume with `{resume_command(out)}` (the checkpoint {settings['checkpoint']} "
+                                    "keeps the fit so far)") from None
         raise
     except Exception as exc:
         from spatialfed.runtime.driver import ClusterLostError
@@ -219,9 +222,11 @@ def run(args) -> None:
         Path(settings["checkpoint"]).unlink(missing_ok=True)  # fit.json holds the result now
 
 
-def check_out(out) -> None:
-    """Refuse an --out that exists and is not a directory, or lies under a file, before anything runs (the
-    checkpoint goes there too)."""
+def check_out(out, overwrite: bool = False) -> None:
+    """Refuse an --out that exists and is not a directory, or lies under a file, or (unless `overwrite`) holds
+    anything, before anything runs (the checkpoint goes there too)."""
+    from spatialfed.atomic import refuse_existing
+
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"cannot write results to {out}: it exists and is a file, not a directory; choose another "
@@ -229,6 +234,9 @@ def check_out(out) -> None:
     above = next((parent for parent in out.parents if parent.exists()), None)
     if above is not None and not above.is_dir():
         raise OutputError(f"cannot write results to {out}: {above} is a file, not a directory; choose another --out")
+    resumable = (out / CHECKPOINT_NAME).is_file()
+    refuse_existing(out, overwrite, alternative=f", or continue the fit it keeps with `{resume_command(out)}`"
+                    if resumable else "")
 
 
 def resume_command(out) -> str:
@@ -341,7 +349,7 @@ def parse_clip(text: str):
 
 def report(gp, out_dir) -> None:
     """Save the fit into `out_dir` and print its summary (and the privacy loss when noise was added)."""
-    out = gp.save(out_dir)
+    out = gp.save(out_dir, overwrite=True)  # check_out refused an existing DIR before the fit unless told
     p = gp.params_
     state = "converged" if gp.converged_ else f"not converged ({gp.stop_reason_})"
     print(f"wrote {out}: loglik {gp.loglik_:.6g}, δ={p['delta']:.6g} σ²={p['sigma2']:.6g} β={p['beta']:.6g}, "

@@ -22,7 +22,9 @@ def register(subparsers) -> None:
         description="Predicts on square cells over the domain and writes mean.tif and sd.tif (GeoTIFF in the "
                     "store's CRS), grid.gpkg (cells with mean, sd, sd_latent, owner), map.png and map.json.")
     add_fitted(p, RUNTIMES, PREDICTORS)
-    p.add_argument("--out", required=True, metavar="MAPDIR", help="output directory")
+    p.add_argument("--out", required=True, metavar="MAPDIR",
+                   help="output directory (an existing one is refused unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace MAPDIR if it exists (atomically, when done)")
     p.add_argument("--resolution", type=float, default=None, metavar="R",
                    help="cell size in the store's CRS units (default: about 150 cells along the longer side)")
     p.add_argument("--covariates", default=None, metavar="FILE",
@@ -52,7 +54,7 @@ def run(args) -> None:
     paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
                      units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
                      sites=not args.no_sites, show_owners=args.show_owners, batch=args.batch,
-                     progress=not args.quiet, **point_columns(args), **fitted_settings(args))
+                     progress=not args.quiet, overwrite=args.overwrite, **point_columns(args), **fitted_settings(args))
     summary = json.loads(paths["json"].read_text())
     print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "
           f"{summary['resolution']:g}) in {time.perf_counter() - tic:.1f} s")

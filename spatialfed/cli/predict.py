@@ -31,7 +31,8 @@ def register(subparsers) -> None:
     add_point_columns(p, "--locations")
     p.add_argument("--out", required=True, metavar="PRED.csv",
                    help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at "
-                        "the end")
+                        "the end; an existing one is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace PRED.csv if it exists")
     add_batch(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -54,7 +55,7 @@ def run(args) -> None:
         warnings.simplefilter("always")
         done = predict_to_file(args.fit_dir, args.store, args.out, locations=args.locations, batch=args.batch,
                                **point_columns(args),
-                               progress=not args.quiet, **fitted_settings(args))
+                               progress=not args.quiet, overwrite=args.overwrite, **fitted_settings(args))
     for w in caught:
         print(f"spatialfed predict: warning: {w.message}", file=sys.stderr)
     print(f"wrote {done['out']}: {done['n']} predictions in {time.perf_counter() - tic:.1f} s "

@@ -15,7 +15,7 @@ from pyproj.crs.coordinate_operation import LambertAzimuthalEqualAreaConversion
 from pyproj.database import query_utm_crs_info
 from pyproj.exceptions import CRSError
 
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, option
 
 PLANAR = ("planar", "none")        # what users write for "planar units, no CRS" (--crs planar)
 LON_NAMES = ("lon", "long", "lng", "longitude", "x_lon", "lon_deg", "longitude_deg")
@@ -164,7 +164,7 @@ def lonlat_projection(lon, lat) -> tuple[CRS, str]:
     note += f"{', ' if note.endswith('exact') else ' ('}distances within {100 * error:.2g}% over the data)"
     if error > 0.02:
         warnings.warn(f"{note}: more than 2% distortion, the data span too much of the globe for one planar CRS; "
-                      "split the study area or give --target-crs", stacklevel=3)
+                      f"split the study area or give {option('target_crs=', '--target-crs')}", stacklevel=3)
     return crs, note
 
 
@@ -183,7 +183,8 @@ def project(xy, crs, target=None) -> Projection:
     crs, target = parse_crs(crs), parse_crs(target)
     if crs is None:
         if target is not None:
-            raise DataError("cannot reproject coordinates with no CRS; give the source CRS (--crs) as well")
+            raise DataError(f"cannot reproject coordinates with no CRS; give the source CRS "
+                            f"({option('crs=', '--crs')}) as well")
         return Projection(xy, None)
     note = None
     if crs.is_geographic:

@@ -21,7 +21,7 @@ from spatialfed.data.crs import (  # noqa: F401 (re-exported: geometry was the C
     LAT_NAMES, LON_NAMES, PLANAR, Projection, check_lonlat, crs_name, crs_string, laea_crs, lonlat_centre,
     lonlat_projection, looks_geographic, parse_crs, project, scale_error, to_projected, utm_crs, utm_zone,
 )
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, option
 
 MAX_ASPECT = 1e4                   # domains longer than this along one axis are strips, not 2-D regions
 MIN_FILL = 1e-3                    # domains filling less of their bounding box make the knot lattice huge
@@ -64,12 +64,17 @@ class Domain:
         return gpd.GeoSeries([self.geometry], crs=self.crs)
 
 
+def _domain() -> str:
+    """The domain option in the caller's spelling."""
+    return option("domain=...", "--domain FILE")
+
+
 def check_domain(domain: Domain) -> tuple[float, float, float, float]:
     """The domain's bounds, or DataError when it cannot carry knots or a grid: empty, non-finite or absurd bounds,
     zero area, a strip (aspect > MAX_ASPECT) or a polygon filling < MIN_FILL of its bounding box."""
     geom = domain.geometry
     if geom is None or geom.is_empty:
-        raise DataError("the domain is empty; give a polygon with positive area (--domain FILE)")
+        raise DataError(f"the domain is empty; give a polygon with positive area ({_domain()})")
     bounds = np.asarray(geom.bounds, dtype=float)
     if not np.isfinite(bounds).all() or np.abs(bounds).max() > MAX_ABS_COORD:
         raise DataError(f"the domain's bounds {bounds.tolist()} are not finite map coordinates within "
@@ -79,10 +84,10 @@ def check_domain(domain: Domain) -> tuple[float, float, float, float]:
     area = float(geom.area)
     if min(width, height) <= 0 or not area > 0:
         raise DataError(f"the domain ({width:.6g} × {height:.6g} map units) has zero area; the points are collinear "
-                        "or coincide: give a domain polygon (--domain FILE)")
+                        f"or coincide: give a domain polygon ({_domain()})")
     if max(width / height, height / width) > MAX_ASPECT:
         raise DataError(f"the domain is a strip of {width:.6g} × {height:.6g} map units (aspect > {MAX_ASPECT:.0e}); "
-                        "the points are (nearly) collinear: give a two-dimensional domain polygon (--domain FILE)")
+                        f"the points are (nearly) collinear: give a two-dimensional domain polygon ({_domain()})")
     if area / (width * height) < MIN_FILL:
         raise DataError(f"the domain fills only {area / (width * height):.2g} of its bounding box (< {MIN_FILL:g}); "
                         "give a more compact domain polygon or split the study area")
@@ -290,7 +295,7 @@ def knots_in_domain(knots, domain: Domain) -> np.ndarray:
         raise DataError(
             f"{outside.size} of {len(knots)} knots lie outside the domain: {shown}"
             f"{' …' if outside.size > 5 else ''}; give knots inside the domain (by default the sites' bounding boxes) "
-            "or a domain that contains them (domain= in Python, --domain FILE on the command line)"
+            f"or a domain that contains them ({_domain()})"
         )
     return knots
 

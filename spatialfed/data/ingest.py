@@ -19,13 +19,17 @@ import geopandas as gpd
 import numpy as np
 import pandas as pd
 
+from spatialfed.atomic import refuse_existing
 from spatialfed.data import partition as partitions
 from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_string, looks_geographic, parse_crs, \
     project
 from spatialfed.data.store import StoreInfo, write_store
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, option
 
 DUPLICATES = ("error", "merge", "keep")
+#: the Python spelling of advice (spatialfed.errors.option): crs= for lon/lat or planar, duplicates= merge or keep
+LONLAT = ("crs='EPSG:4326'", "crs='planar'")
+MERGE = ("duplicates='merge'", "duplicates='keep'")
 GEO_SUFFIXES = (".gpkg", ".geojson", ".json", ".shp", ".fgb")
 PARQUET_SUFFIXES = (".parquet", ".geoparquet")
 
@@ -100,19 +104,25 @@ def _coordinates(frame: pd.DataFrame, x: str | None, y: str | None, crs):
     """x/y columns, or a GeoDataFrame's point geometry, and the CRS they are in."""
     geo_crs = frame.crs if isinstance(frame, gpd.GeoDataFrame) else None
     if crs is not None and geo_crs is not None and parse_crs(crs) != geo_crs:
-        raise DataError(f"the file is in {crs_name(geo_crs)} but --crs says {crs_name(crs) or 'planar'}; drop --crs "
-                        "(the file's CRS is used) or use --target-crs to reproject")
+        flag = option("crs=", "--crs")
+        raise DataError(f"the file is in {crs_name(geo_crs)} but {flag} says {crs_name(crs) or 'planar'}; drop {flag} "
+                        f"(the file's CRS is used) or use {option('target_crs=', '--target-crs')} to reproject")
     crs = parse_crs(crs) if crs is not None else geo_crs
     if x is not None and y is not None:
         return frame[x], frame[y], crs
     if x is not None or y is not None:
-        raise DataError("give both --x and --y (coordinate columns), or neither for a point GeoPackage/GeoParquet")
+        raise DataError(f"give both {_xy()} (coordinate columns), or neither for a point GeoPackage/GeoParquet")
     if not isinstance(frame, gpd.GeoDataFrame):
-        raise DataError("this table has no geometry; name its coordinate columns with --x and --y")
+        raise DataError(f"this table has no geometry; name its coordinate columns with {_xy()}")
     kinds = set(frame.geometry.geom_type.dropna())
     if kinds - {"Point"}:
-        raise DataError(f"the geometry holds {sorted(kinds)}, not points; give --x and --y columns instead")
+        raise DataError(f"the geometry holds {sorted(kinds)}, not points; give {_xy()} columns instead")
     return pd.Series(frame.geometry.x, index=frame.index), pd.Series(frame.geometry.y, index=frame.index), crs
+
+
+def _xy() -> str:
+    """The coordinate column options as the caller spells them."""
+    return option("x= and y=", "--x and --y")
 
 
 def _planar(crs) -> bool:
@@ -140,7 +150,8 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     covariates = list(covariates)
     names = (["intercept"] if intercept else []) + covariates
     if not names:
-        raise DataError("the design matrix would have no columns; keep the intercept or give --covariates")
+        raise DataError(f"the design matrix would have no columns; keep the intercept or give "
+                        f"{option('covariates=', '--covariates')}")
     wanted = [c for c in [x, y, value, *covariates, group] if c is not None]
     missing_cols = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
     if missing_cols:
@@ -170,7 +181,7 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
         raise DataError(f"every row has a missing value in {wanted}; nothing left to ingest")
     if table[value].nunique() == 1:
         raise DataError(f"column '{value}' has the same value ({table[value].iloc[0]:g}) in all {len(table)} rows: "
-                        "zero variance, nothing to model; check the --value column")
+                        f"zero variance, nothing to model; check the {option('value=', '--value')} column")
 
     n_params = len(names) + 3
     xy = check_coordinates(table[["__x", "__y"]].to_numpy(), min_distinct=max(3, n_params + 1),
@@ -178,12 +189,13 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
                            purpose=f"to estimate {n_params} parameters (γ, δ, σ², β) and a 2-D domain")
     if source_crs is None and not _planar(crs) and looks_geographic(xy[:, 0], xy[:, 1], (x, y)):
         raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude but no CRS was "
-                        "given; pass --crs EPSG:4326 (they are then projected to metres), or --crs planar if they are "
-                        "planar units")
+                        f"given; pass {option(LONLAT[0], '--crs EPSG:4326')} (they are then projected to metres), or "
+                        f"{option(LONLAT[1], '--crs planar')} if they are planar units")
     target = parse_crs(target_crs)
     if target is not None and target.is_geographic:  # project() keeps a geographic target equal to the source
-        raise DataError(f"--target-crs {crs_name(target)} is geographic (degrees), but distances need a projected CRS; "
-                        "omit --target-crs (lon/lat is projected to UTM) or give a projected one such as EPSG:3035")
+        flag = option("target_crs=", "--target-crs")
+        raise DataError(f"{flag} {crs_name(target)} is geographic (degrees), but distances need a projected CRS; "
+                        f"omit {flag} (lon/lat is projected to UTM) or give a projected one such as EPSG:3035")
     xy, out_crs, report.crs_note = project(xy, source_crs, target_crs)
     table["__x"], table["__y"] = xy[:, 0], xy[:, 1]
     report.crs_in, report.crs_out = crs_string(source_crs), crs_string(out_crs)
@@ -194,8 +206,9 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
         first = table[dup].iloc[0]
         rows = list(table.index[dup & (table["__x"] == first["__x"]) & (table["__y"] == first["__y"])][:3])
         raise DataError(f"{report.n_duplicates} rows share their coordinates with another row (e.g. rows {rows} at "
-                        f"({first['__x']:.6g}, {first['__y']:.6g})); pass --duplicates merge to average them or "
-                        "--duplicates keep to keep them all")
+                        f"({first['__x']:.6g}, {first['__y']:.6g})); pass "
+                        f"{option(MERGE[0], '--duplicates merge')} to average them or "
+                        f"{option(MERGE[1], '--duplicates keep')} to keep them all")
     if report.n_duplicates and duplicates == "merge":
         aggregations = {c: "mean" for c in table.columns if c not in ("__x", "__y", "__group")}
         if group is not None:
@@ -214,19 +227,18 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
                  crs=None, target_crs=None, partition: str = "area", n_workers: int | None = None, sizes=None,
                  test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
                  overwrite: bool = False, extra_attrs: dict | None = None,
-                 sites_option: str = "--workers") -> tuple[StoreInfo, IngestReport]:
+                 sites_option: str | None = None) -> tuple[StoreInfo, IngestReport]:
     """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`; J defaults to
     `partition.default_sites` (about 500 rows per site, 4 to 64 sites), and a chosen J (not a column partition) that
     leaves sites under `partition.MIN_SITE_ROWS` rows is warned about once, naming `sites_option` (the caller's name
     for J)."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise DataError(f"{out} already exists; choose another output path or pass --overwrite")
+    refuse_existing(out, overwrite, error=DataError)
     kind, column = partitions.parse_scheme(partition)
     if n_workers is not None and (int(n_workers) != n_workers or n_workers <= 0):
-        raise DataError(f"--workers must be a positive integer, got {n_workers!r}")
+        raise DataError(f"{option('n_workers', '--workers')} must be a positive integer, got {n_workers!r}")
     if not 0.0 <= test_fraction < 1.0:
-        raise DataError(f"--test-fraction must be in [0, 1), got {test_fraction!r}")
+        raise DataError(f"{option('test_fraction', '--test-fraction')} must be in [0, 1), got {test_fraction!r}")
     locs, z, X, names, groups, crs_out, report = prepare(
         frame, value=value, x=x, y=y, covariates=covariates, crs=crs, target_crs=target_crs, intercept=intercept,
         duplicates=duplicates, group=column)
@@ -241,25 +253,30 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
         attrs["crs_note"] = report.crs_note          # why this CRS (UTM zone or centred equal-area), for reports
     if kind == "column":
         if sizes is not None:
-            raise DataError(f"--sizes cannot be used with a column partition: the groups of '{column}' fix the sizes")
+            raise DataError(f"{option('sizes', '--sizes')} cannot be used with a column partition: the groups of "
+                            f"'{column}' fix the sizes")
         all_groups = np.unique(groups)
         labels, worker_labels = partitions.column_partition(groups[~held])
         if len(worker_labels) != len(all_groups):
             lost = sorted(set(all_groups) - set(worker_labels))
-            raise DataError(f"holding out the test set emptied group(s) {lost} of '{column}'; lower --test-fraction")
+            raise DataError(f"holding out the test set emptied group(s) {lost} of '{column}'; lower "
+                            f"{option('test_fraction', '--test-fraction')}")
         if n_workers is not None and n_workers != len(worker_labels):
-            raise DataError(f"column '{column}' has {len(worker_labels)} groups but --workers is {n_workers}; "
-                            "drop --workers for a column partition")
+            flag = option("n_workers", "--workers")
+            raise DataError(f"column '{column}' has {len(worker_labels)} groups but {flag} is {n_workers}; "
+                            f"drop {flag} for a column partition")
         attrs["worker_labels"] = worker_labels
     else:
         n_workers = partitions.default_sites(len(z)) if n_workers is None and sizes is None else n_workers
         if len(z) < (n_workers or len(sizes)):
             raise DataError(f"only {len(z)} rows remain for {n_workers or len(sizes)} workers; use fewer workers "
-                            "(--workers) or a smaller --test-fraction")
+                            f"({option('n_workers', '--workers')}) or a smaller "
+                            f"{option('test_fraction', '--test-fraction')}")
         labels = partitions.partition(locs, partition, n_workers, sizes=sizes, seed=rng)
     parts = [(locs[i], z[i], X[i]) for i in partitions.split(labels, labels.max() + 1)]
     report.n_test, report.sizes = n_test, [len(p[1]) for p in parts]
-    small = None if kind == "column" else partitions.small_sites_warning(report.sizes, sites_option)
+    small = None if kind == "column" else partitions.small_sites_warning(
+        report.sizes, sites_option or option("n_workers=", "--workers"))
     if small:  # a column partition is the data's real ownership (one agency per site), not a chosen J
         warnings.warn(small, stacklevel=2)
     info = write_store(out, parts, partition=partition, crs=crs_out, covariate_names=names, test=test,
@@ -269,6 +286,5 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
 
 def ingest(table, out, *, layer: str | None = None, **options) -> tuple[StoreInfo, IngestReport]:
     """Read a CSV / GeoPackage / GeoParquet table and write it as a store (options as in `ingest_frame`)."""
-    if Path(out).exists() and not options.get("overwrite", False):
-        raise DataError(f"{out} already exists; choose another output path or pass --overwrite")
+    refuse_existing(out, options.get("overwrite", False), error=DataError)  # before reading the table
     return ingest_frame(read_table(table, layer), out, **options)

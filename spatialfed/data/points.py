@@ -20,7 +20,7 @@ import pandas as pd
 
 from spatialfed.data.coords import check_coordinates
 from spatialfed.data.crs import check_lonlat, crs_name, looks_geographic, parse_crs, project
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, option
 
 CSV_SUFFIXES = (".csv", ".txt")
 VECTOR_SUFFIXES = (".gpkg", ".geojson", ".json", ".shp", ".fgb")
@@ -40,6 +40,13 @@ class Hints:
 
 
 CLI = Hints()
+#: the keyword arguments of predict, predict_to_file and make_map (the estimator passes its own)
+PYTHON = Hints(columns="x='COL', y='COL'", crs="crs=", lonlat="crs='EPSG:4326'")
+
+
+def caller_hints() -> Hints:
+    """The hints in the spelling of the interface that called (spatialfed.errors.option)."""
+    return option(PYTHON, CLI)
 
 
 @dataclass
@@ -133,8 +140,9 @@ def coordinate_columns(columns, x=None, y=None) -> tuple | None:
 
 
 def point_table(frame: pd.DataFrame, *, x=None, y=None, crs=None, source: str = "the points",
-                hints: Hints = CLI) -> PointTable:
+                hints: Hints | None = None) -> PointTable:
     """A PointTable from a DataFrame (coordinate columns named or detected) or a GeoDataFrame of points."""
+    hints = hints or caller_hints()
     frame = frame.reset_index(drop=True)
     given = parse_crs(crs)
     if (x is None) != (y is None):
@@ -173,6 +181,6 @@ def _own_crs(own, given, source: str, hints: Hints):
     return own if own is not None else given
 
 
-def read_point_table(path, *, x=None, y=None, crs=None, hints: Hints = CLI) -> PointTable:
+def read_point_table(path, *, x=None, y=None, crs=None, hints: Hints | None = None) -> PointTable:
     """`point_table` of a CSV / GeoPackage / GeoParquet / vector file."""
     return point_table(read_file(path), x=x, y=y, crs=crs, source=str(path), hints=hints)

@@ -18,7 +18,8 @@ import numpy as np
 from spatialfed.data import field, partition as partitions
 from spatialfed.data.geometry import jittered_unit_grid
 from spatialfed.data.store import StoreInfo, write_store
-from spatialfed.errors import DataError, check_positive
+from spatialfed.atomic import refuse_existing
+from spatialfed.errors import DataError, check_positive, option
 from spatialfed.model.matern import Matern
 
 GAMMA = (-1.0, 2.0, 1.0, 1.0, 1.0)
@@ -85,7 +86,8 @@ def simulate(n_workers: int | None = None, n_per_worker: int | None = None, *, s
     say = progress if callable(progress) else _reporter(progress)
     if sizes is None:
         if n_workers is None or n_per_worker is None:
-            raise DataError("give n_workers and n_per_worker (--workers, --n-per-worker), or sizes (--sizes)")
+            raise DataError("give " + option("n_workers and n_per_worker, or sizes",
+                                             "--workers and --n-per-worker, or --sizes"))
         if int(n_per_worker) != n_per_worker or n_per_worker < 1:
             raise DataError(f"n_per_worker must be a positive integer, got {n_per_worker!r}")
         sizes = partitions.worker_sizes(int(n_workers) * int(n_per_worker), n_workers)
@@ -124,8 +126,7 @@ def simulate(n_workers: int | None = None, n_per_worker: int | None = None, *, s
 def simulate_store(path, n_workers: int | None = None, n_per_worker: int | None = None, *, overwrite: bool = False,
                    progress: bool = False, **settings) -> StoreInfo:
     """Simulate (see `simulate` for settings) and write the SPEC §5 store with its truth and test group."""
-    if Path(path).exists() and not overwrite:
-        raise DataError(f"{path} already exists; choose another path or pass --overwrite")
+    refuse_existing(path, overwrite, error=DataError)
     say = _reporter(progress)
     sim = simulate(n_workers, n_per_worker, progress=say, **settings)
     say(f"writing {path}")

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from spatialfed.atomic import staged
+from spatialfed.atomic import refuse_existing, staged
 from spatialfed.data.coords import MAX_ABS_COORD
-from spatialfed.errors import StoreError
+from spatialfed.errors import StoreError, option
 
 FORMAT_VERSION = 1
 ARRAYS = ("locs", "z", "X")
@@ -106,8 +106,7 @@ class Store:
     def load_test(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(locs, z, X) of the held-out test group, checked like a worker's."""
         if not self.has_test:
-            raise StoreError(f"{self.path} has no test group; create it with --test-size (simulate) or "
-                             "--test-fraction (ingest)")
+            raise StoreError(f"{self.path} has no test group; create it with {_test_option()}")
         return _load(self.path, "test", self.p, expected=self.test_checksum)
 
 
@@ -181,8 +180,7 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
     """Write parts[j] = (locs, z, X) to groups workers/<j> (and `test`), each with its row count and checksum, and
     the store's fingerprint; staged beside `path`, then renamed into place (atomic.staged). Returns the opened Store."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise StoreError(f"{path} already exists; choose another path or pass overwrite=True (--overwrite)")
+    refuse_existing(path, overwrite, error=StoreError)
     if not _PARTITION.match(str(partition)):
         raise StoreError(f"partition {partition!r} must be random, area, neighbor or column:<name>")
     covariate_names = [str(c) for c in covariate_names]
@@ -237,7 +235,17 @@ def _open_root(path) -> zarr.Group:
         raise StoreError(f"cannot open {path} as a Zarr group: {exc}") from None
 
 
-FIX = "re-ingest the data (spatialfed ingest/simulate ... --overwrite) or restore the store from a backup"
+def _test_option() -> str:
+    """How to give a store a test group, in the caller's spelling."""
+    return option("test_size= (simulate_store) or test_fraction= (ingest)",
+                  "--test-size (simulate) or --test-fraction (ingest)")
+
+
+def fix() -> str:
+    """How to repair a damaged store, in the caller's spelling (spatialfed.errors.option)."""
+    rewrite = option("ingest(..., overwrite=True) or simulate_store(..., overwrite=True)",
+                     "spatialfed ingest/simulate ... --overwrite")
+    return f"re-ingest the data ({rewrite}) or restore the store from a backup"
 
 
 def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]:
@@ -271,9 +279,9 @@ def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]
     rows, digest = attrs.get("n_rows"), attrs.get("sha256")
     if not isinstance(digest, str) or not isinstance(rows, int) or isinstance(rows, bool):
         raise StoreError(f"{path}: partition {where} has malformed integrity records (n_rows={rows!r}, "
-                         f"sha256={digest!r}); {FIX}")
+                         f"sha256={digest!r}); {fix()}")
     if rows != n:
-        raise StoreError(f"{path}: partition {where} holds {n} rows but {rows} were written; {FIX}")
+        raise StoreError(f"{path}: partition {where} holds {n} rows but {rows} were written; {fix()}")
     return group, int(n), digest
 
 
@@ -288,7 +296,9 @@ def _warn_legacy(path: Path) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(f"{path} was written before stores recorded checksums: a damaged partition cannot be "
-                      "detected; write it again with this version (spatialfed ingest/simulate ... --overwrite)",
+                      "detected; write it again with this version ("
+                      + option("ingest/simulate_store(..., overwrite=True)",
+                               "spatialfed ingest/simulate ... --overwrite") + ")",
                       UserWarning, stacklevel=3)
 
 
@@ -342,12 +352,12 @@ def open_store(path) -> Store:
     computed = _fingerprint(raw, records)
     if missing and len(missing) < len(records):
         raise StoreError(f"{path}: partitions {missing} have no integrity records while the others do (mixed from "
-                         f"another store?); {FIX}")
+                         f"another store?); {fix()}")
     if missing:
         _warn_legacy(path)
     elif raw.get("fingerprint") != computed:
         raise StoreError(f"{path}: the recorded fingerprint does not match the store's partitions and attributes "
-                         f"(modified after it was written: a partition or attribute replaced); {FIX}")
+                         f"(modified after it was written: a partition or attribute replaced); {fix()}")
     digests = [digest for _, _, digest in records]
     return Store(path=path, n_workers=attrs["n_workers"], partition=attrs["partition"], crs=attrs["crs"],
                  covariate_names=list(attrs["covariate_names"]), truth=attrs.get("truth"),
@@ -367,12 +377,12 @@ def _load(path: Path, where: str, p: int, expected: str | None = None) -> tuple[
         arrays = tuple(np.asarray(group[name][...], dtype=np.float64) for name in ARRAYS)
     except Exception as exc:  # codec and I/O errors come in many types
         raise StoreError(f"{path}: cannot read partition {where} ({type(exc).__name__}: {exc}): the store is "
-                         f"damaged; {FIX}") from None
+                         f"damaged; {fix()}") from None
     if digest is None:
         _warn_legacy(path)
     elif checksum(*arrays) != digest:
         raise StoreError(f"{path}: partition {where} is damaged: its data do not match the checksum recorded when "
-                         f"the store was written (a chunk file deleted or corrupted); {FIX}")
+                         f"the store was written (a chunk file deleted or corrupted); {fix()}")
     return arrays
 
 
@@ -395,5 +405,5 @@ def load_test(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     path = Path(path)
     attrs = _root_attrs(path)
     if not (path / "test" / "zarr.json").is_file():
-        raise StoreError(f"{path} has no test group; create it with --test-size (simulate) or --test-fraction (ingest)")
+        raise StoreError(f"{path} has no test group; create it with {_test_option()}")
     return _load(path, "test", len(attrs["covariate_names"]))

@@ -25,10 +25,10 @@ import pandas as pd
 import shapely
 from scipy.spatial import cKDTree
 
-from spatialfed.atomic import staged_entries, write_atomic, write_text
+from spatialfed.atomic import refuse_existing, staged, write_atomic, write_text
 from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, option
 from spatialfed.outputs import metrics
 from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store, default_domain,
                                            default_predictor, design_matrix, load_domain, load_model, open_workers,
@@ -54,7 +54,7 @@ def covariates_at(points, table: pd.DataFrame, names: list[str], tolerance: floa
     if far.size:
         raise DataError(f"{far.size} of {len(points)} map cells have no covariate value in {source} within "
                         f"{tolerance:g} (e.g. at {points[far[0]].round(3).tolist()}); give a domain inside the "
-                        "covariate table's coverage (--domain) or a denser covariate table")
+                        f"covariate table's coverage ({option('domain=', '--domain')}) or a denser covariate table")
     return design_matrix(table.iloc[idx].reset_index(drop=True), names, source)
 
 
@@ -65,8 +65,9 @@ def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, 
     if covariates is None:
         needed = [c for c in names if c != INTERCEPT]
         if needed:
-            raise DataError(f"the model uses covariate(s) {needed}; give their values on the map with --covariates "
-                            "FILE (points with x, y and those columns, e.g. the dataset's prediction grid)")
+            raise DataError(f"the model uses covariate(s) {needed}; give their values on the map with "
+                            f"{option('covariates=', '--covariates FILE')} (points with x, y and those columns, e.g. "
+                            "the dataset's prediction grid)")
         return np.ones((int(grid.mask.sum()), len(names)))
     table = read_points(covariates, info.crs, **(columns or {}))
     return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
@@ -115,9 +116,14 @@ def write_netcdf(path, grid: geometry.PredictionGrid, mean, sd, crs, units: str 
     float32 rasters in `crs` with the grid's transform; NaN outside the domain."""
     ds = raster_dataset(grid, {"mean": (mean, "predicted mean"),
                                "sd": (sd, "prediction standard deviation (new observation)")}, crs, units)
+    import dask
+
     for name in ("mean", "sd"):       # update, not replace: rioxarray keeps `grid_mapping` in the encoding
         ds[name].encoding.update({"dtype": "float32", "_FillValue": np.float32(np.nan)})
-    return write_atomic(path, lambda tmp: ds.to_netcdf(tmp, engine="scipy", format="NETCDF3_64BIT"))
+    # the arrays are in memory, but xarray ≥ 2025 asks Dask for the scheduler anyway: a "dask.distributed" default
+    # left by a Client of this process that is gone raised "no Client active"
+    with dask.config.set(scheduler="synchronous"):
+        return write_atomic(path, lambda tmp: ds.to_netcdf(tmp, engine="scipy", format="NETCDF3_64BIT"))
 
 
 def grid_frame(grid: geometry.PredictionGrid, pred: dict, rows: slice = slice(None)) -> gpd.GeoDataFrame:
@@ -252,7 +258,7 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, x=None, y=None, crs=None,
              units="", title=None, overlay=None, overlay_label="", sites=True, show_owners=False, predictor=None,
              worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-             progress: bool = False) -> dict:
+             progress: bool = False, overwrite: bool = False) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
     `x`, `y`, `crs`: the coordinate columns and CRS of the `covariates` table (default: detected, its own CRS or
     the store's). `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin
@@ -268,9 +274,11 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     check_predictor(predictor, worker, info.n_workers)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} exists and is not a directory; give a directory for the map files")
+        raise DataError(f"{option('out_dir', '--out')} {out} exists and is not a directory; give a directory for "
+                        "the map files")
+    refuse_existing(out, overwrite)
     overlays = None if overlay is None else read_overlay(overlay, info)
-    with staged_entries(out, last=("map.json",)) as tmp:  # the whole set or nothing (a full disk, Ctrl-C)
+    with staged(out, directory=True) as tmp:  # the whole set or nothing (a full disk, Ctrl-C); replaces an old one
         with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                           n_dask_workers=n_dask_workers) as workers:
             dom = default_domain(info, workers) if domain is None else load_domain(domain, info)

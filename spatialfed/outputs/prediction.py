@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from spatialfed.atomic import write_text
+from spatialfed.atomic import refuse_existing, write_text
 from spatialfed.data import geometry, points
 from spatialfed.data.store import StoreInfo, load_test, open_store
-from spatialfed.errors import DataError, WorkerTaskError
+from spatialfed.errors import DataError, WorkerTaskError, option
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
@@ -94,7 +94,8 @@ def load_model(fit_dir) -> FittedModel:
     try:
         fit = load_fit(fit_dir)
     except FileNotFoundError as exc:
-        raise DataError(f"{exc}; give the --out directory of `spatialfed fit`") from None
+        where = option("the directory FederatedGP.save wrote", "the --out directory of `spatialfed fit`")
+        raise DataError(f"{exc}; give {where}") from None
     knots = np.asarray(fit.knots, dtype=float).reshape(-1, 2)
     m = len(knots)
     if fit.method == "lowrank" and (fit.mu is None or fit.Sigma is None or m == 0):
@@ -189,7 +190,8 @@ def check_predictor(predictor: str, worker: int | None, n_workers: int) -> None:
     if predictor not in PREDICTORS:
         raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
     if predictor == "personal" and (worker is None or not 0 <= int(worker) < n_workers):
-        raise ValueError(f"personalised prediction needs a worker index 0..{n_workers - 1} (--worker J), "
+        raise ValueError(f"personalised prediction needs a worker index 0..{n_workers - 1} "
+                         f"({option('worker=J', '--worker J')}), "
                          f"got {worker!r}")
 
 
@@ -199,7 +201,8 @@ def batch_size(m: int, batch: int | None = None) -> int:
     batch in row blocks of ≈ 32 MB (`LocalModel.residual_kriging`), so its memory never grows with the batch."""
     if batch is not None:
         if isinstance(batch, bool) or int(batch) != batch or batch < 1:
-            raise ValueError(f"the batch size (--batch) must be a positive integer, got {batch!r}")
+            raise ValueError(f"the batch size ({option('batch=', '--batch')}) must be a positive integer, "
+                             f"got {batch!r}")
         return int(batch)
     return int(np.clip(BATCH_BUDGET // max(int(m), 1), *BATCH_RANGE))
 
@@ -403,7 +406,8 @@ def _prepare(fit_dir, store, locations, predictor, worker, columns):
     info = open_store(store)
     check_store(model, info)
     if locations is None and not info.has_test:
-        raise DataError(f"store {info.path} has no test group; give prediction locations with --locations FILE.csv")
+        raise DataError(f"store {info.path} has no test group; give prediction locations with "
+                        f"{option('locations=', '--locations FILE.csv')}")
     targets = heldout_targets(info) if locations is None else table_targets(locations, info, **columns)
     predictor = predictor or default_predictor(model)
     check_predictor(predictor, worker, info.n_workers)
@@ -434,14 +438,16 @@ def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=
 
 def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None,
                     worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, overwrite: bool = False) -> dict:
     """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
     `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
     the store's test group also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
+    An existing `out` is refused unless `overwrite` (`atomic.refuse_existing`).
 
     Returns {"out", "metrics" (path or None), "n", "batch", "outside" (count), "scores" (or None)}. Memory: the
     targets plus one batch's matrices (`batch_size`), whatever the number of locations."""
     tables.check_writer(out)  # an output format we cannot write is refused before any site starts
+    refuse_existing(out, overwrite)
     model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
                                                {"x": x, "y": y, "crs": crs})
     n = len(targets.locs)
@@ -477,9 +483,12 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
     return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}
 
 
-def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=None) -> tuple[Path, Path | None]:
+def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=None, *,
+                     overwrite: bool = False) -> tuple[Path, Path | None]:
     """The prediction table in the format its extension names (.csv, .gpkg, .parquet; points in `crs`, the
-    store's) and, with scores, metrics.json beside it — both atomic."""
+    store's) and, with scores, metrics.json beside it — both atomic; an existing `out` is refused unless
+    `overwrite`."""
+    refuse_existing(out, overwrite)
     out = tables.write_table(frame, out, crs=crs if crs is not None else frame.attrs.get("crs"))
     metrics_path = out.with_name("metrics.json")
     return out, (None if scores is None else write_text(metrics_path, json.dumps(scores, indent=1) + "\n"))

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from spatialfed.atomic import staged_entries
-from spatialfed.errors import OutputError, StoreError
+from spatialfed.errors import OutputError, StoreError, option
 
 FIT_JSON = "fit.json"
 MODEL_ZARR = "model.zarr"
@@ -206,7 +206,7 @@ def write_results(out_dir, result: FitResult, *, extras: dict | None = None) -> 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputError(f"cannot write results to {out}: it exists and is a file, not a directory; choose another "
-                          "--out")
+                          f"{option('out_dir', '--out')}")
     doc = result.to_json()
     text = json.dumps(doc, indent=1, allow_nan=False)
     with staged_entries(out, last=(FIT_JSON,)) as tmp:
@@ -303,6 +303,7 @@ def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: 
     hint = ""
     if str(recorded_fingerprint).startswith("legacy-") != store.fingerprint.startswith("legacy-"):
         hint = " (one of them was written before stores recorded checksums: if the data are the same, fit again)"
-    use = f"pass --store {recorded_store}" if recorded_store else "pass the store the fit was made on"
+    use = f"pass {option(f'store={str(recorded_store)!r}', f'--store {recorded_store}')}" if recorded_store else \
+        "pass the store the fit was made on"
     raise StoreError(f"{what} was made on {made_on}, but {store.path} is a different store (fingerprint "
                      f"{short(store.fingerprint)}){hint}; {use}, or fit again on {store.path}")

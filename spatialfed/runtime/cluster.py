@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from spatialfed.errors import SpatialFedError
+from spatialfed.errors import SpatialFedError, option
 
 #: worker environment: one BLAS/OpenMP thread per task, so J concurrent tasks do not oversubscribe the cores
 SINGLE_THREAD_ENV = {
@@ -161,7 +164,7 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
     import dask
 
     pre_spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **MALLOC_ENV}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": pre_spawn}):  # a variable set in the shell wins
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": pre_spawn}), workers_ignore_sigint():
         cluster = LocalCluster(
             host="127.0.0.1",
             n_workers=n,
@@ -181,6 +184,74 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
     return ClusterHandle(client=client, cluster=cluster, owns_cluster=True)
 
 
+@contextmanager
+def workers_ignore_sigint():
+    """Start worker processes inside this block with SIGINT ignored, so Ctrl-C stops only this process.
+
+    A terminal sends SIGINT to its whole foreground process group, which holds the LocalCluster's worker processes
+    too: each printed a `Process Dask Worker process (from Nanny): ... KeyboardInterrupt` traceback (~50 lines) while
+    this process reported the interrupt in one line. The nanny spawns its worker with multiprocessing's "spawn"
+    (fork + exec); an ignored signal stays ignored across exec, and Python leaves SIGINT ignored when it starts so.
+    The workers are closed by their nanny as before. This process ignores SIGINT while the block runs too (the
+    cluster's start, ~2 s); outside the main thread (where signal handlers cannot change) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)  # None: set in C
+
+
+TLS_DIR = "tls='CERT_DIR'"  # how FederatedGP takes the certificates (spatialfed.errors.option)
+TLS_FILES = "ca.pem, cert.pem, key.pem"
+
+
+def configured_security():
+    """A Security from Dask's configuration (distributed.comm.tls.*) when it holds client certificates, else None."""
+    from distributed.security import Security
+
+    security = Security()
+    return security if security.get_connection_args("client").get("ssl_context") is not None else None
+
+
+def speaks_tls(address: str, timeout: float = 2.0) -> bool:
+    """Whether the server at host:port of `address` answers a TLS handshake (certificates not checked): a
+    scheduler started with --tls-* that a tcp:// client reached."""
+    import socket
+    import ssl
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock, \
+                context.wrap_socket(sock, server_hostname=host.strip("[]") or None):
+            return True
+    except ssl.SSLError as exc:  # an alert (e.g. "certificate required") is TLS too; a plain server is not
+        return "alert" in str(exc).lower()
+    except (OSError, ValueError):
+        return False
+
+
+def _unreachable(addr: str, timeout: float, exc: BaseException) -> str:
+    """The one line for a scheduler that could not be connected to: it wants TLS, it refused our certificate, or
+    nothing answered."""
+    tls_dir = option(TLS_DIR, "--tls-dir DIR")
+    if addr.startswith("tls://") and "certificate" in str(exc).lower():
+        return (f"the Dask scheduler at {addr} did not accept this client's certificate ({exc}); pass {tls_dir} "
+                f"with the certificates the scheduler was started with ({TLS_FILES}; docs/hpc.md)")
+    if not addr.startswith("tls://") and speaks_tls(addr):
+        tls_addr = "tls://" + addr.split("://", 1)[1]
+        scheduler = option(f"scheduler={tls_addr!r}", f"--scheduler {tls_addr}")
+        return (f"the Dask scheduler at {addr} wants TLS: give {scheduler} and {tls_dir} with the certificates it "
+                f"was started with ({TLS_FILES}; docs/hpc.md)")
+    return (f"could not reach a Dask scheduler at {addr} within {timeout:g} s ({type(exc).__name__}: {exc}); start "
+            f"one with `dask scheduler` and `dask worker ADDRESS`, or omit {option('scheduler=', '--scheduler')} to "
+            "use an embedded cluster")
+
+
 def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.0, security=None) -> ClusterHandle:
     """Connect to a running scheduler at ``address``; SchedulerUnreachableError names it if it does not answer.
 
@@ -196,14 +267,17 @@ def connect(address: str, *, timeout: float = 5.0, wait_for_workers: float = 30.
         raise SchedulerUnreachableError(
             f"TLS was requested but the scheduler address {addr} is not tls://; start the scheduler with TLS "
             f"(`dask scheduler --tls-ca-file ca.pem --tls-cert cert.pem --tls-key key.pem`) and give "
-            f"tls://{addr.split('://', 1)[1]}, or drop --tls")
+            f"tls://{addr.split('://', 1)[1]}, or drop {option('tls', '--tls')}")
+    if security is None and addr.startswith("tls://"):
+        security = configured_security()
+        if security is None:  # distributed would fail with "TLS expects a `ssl_context` argument"
+            raise SchedulerUnreachableError(f"the Dask scheduler {addr} uses TLS: pass "
+                                            f"{option(TLS_DIR, '--tls-dir DIR')} with the certificates it was "
+                                            f"started with ({TLS_FILES}; docs/hpc.md)")
     try:
         client = Client(addr, timeout=timeout, **({} if security is None else {"security": security}))
     except (OSError, TimeoutError) as exc:
-        raise SchedulerUnreachableError(
-            f"could not reach a Dask scheduler at {addr} within {timeout:g} s ({type(exc).__name__}: {exc}); "
-            "start one with `dask scheduler` and `dask worker ADDRESS`, or omit --scheduler to use an embedded cluster"
-        ) from exc
+        raise SchedulerUnreachableError(_unreachable(addr, timeout, exc)) from exc
     if wait_for_workers:
         try:
             client.wait_for_workers(1, timeout=wait_for_workers)
@@ -256,8 +330,8 @@ def jobqueue_cluster(
         kw["account" if kind in ("slurm", "pbs") else "project"] = account
     if security is None and (interface is not None or host not in LOOPBACK):
         warnings.warn(f"the Dask scheduler listens on {interface or host} without TLS: anyone who can reach it can "
-                      "run code on your workers and read the partitions; pass security=tls_security(...) (fit --tls "
-                      "or --tls-dir)", UserWarning, stacklevel=2)
+                      "run code on your workers and read the partitions; pass "
+                      f"{option('security=tls_security(...)', '--tls or --tls-dir DIR')}", UserWarning, stacklevel=2)
     if interface is not None:
         kw["interface"] = interface
     else:
@@ -285,8 +359,6 @@ def import_dask_jobqueue():
     replaces this process's SIGINT handler with ``sys.exit``, so Ctrl-C raised SystemExit instead of
     KeyboardInterrupt and a fit skipped its Ctrl-C checkpoint message and exit status 130. That handler is replaced
     by the one before (Python's default when that was dask_jobqueue's too); only the main thread can do this."""
-    import signal
-
     def ours(handler) -> bool:
         return getattr(handler, "__module__", None) != "dask_jobqueue.runner"
 

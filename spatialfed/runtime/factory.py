@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from spatialfed.errors import option
 from spatialfed.runtime.interface import Runtime
+
+DASK = "runtime='dask'"  # how Python asks for Dask (spatialfed.errors.option)
 
 RUNTIMES = ("auto", "dask", "simulated")
 #: older names of the in-process runtime (prediction called it "simulated", the pipelines "virtual")
@@ -63,7 +66,7 @@ def choose_runtime(runtime="auto", *, n_obs: int | None = None, n_knots: int | N
     if size <= AUTO_THRESHOLD:
         return "simulated", (f"runtime auto: a small job runs in this process, {int(n_obs)} observations × "
                              f"{int(n_knots or NO_KNOTS_CHARGE)} knots = {size:,} ≤ {AUTO_THRESHOLD:,}; "
-                             "--runtime dask to use Dask")
+                             f"{option(DASK, '--runtime dask')} to use Dask")
     return "dask", (f"runtime auto: {int(n_obs)} observations × {int(n_knots or NO_KNOTS_CHARGE)} knots = {size:,} "
                     f"> {AUTO_THRESHOLD:,}")
 
@@ -103,7 +106,8 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
     handle = None
     if n_dask_workers is not None and (isinstance(n_dask_workers, bool) or not float(n_dask_workers).is_integer()
                                        or n_dask_workers < 1):  # 0 would silently mean "the default"
-        raise ValueError(f"n_dask_workers (--dask-workers) must be a positive integer, got {n_dask_workers!r}")
+        raise ValueError(f"{option('n_dask_workers', '--dask-workers')} must be a positive integer, "
+                         f"got {n_dask_workers!r}")
     if client is None:
         n = n_dask_workers or min(n_sites or default_n_workers(), default_n_workers())  # no idle processes
         handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security)

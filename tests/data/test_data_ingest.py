@@ -44,7 +44,7 @@ def test_csv_lonlat_is_projected_to_utm(tmp_path, out):
 
 def test_planar_coordinates_need_crs_planar_when_they_look_like_lonlat(out):
     frame = table()
-    with pytest.raises(DataError, match=r"look like longitude/latitude but no CRS was given; pass --crs EPSG:4326"):
+    with pytest.raises(DataError, match=r"look like longitude/latitude but no CRS was given; pass crs='EPSG:4326'"):
         ingest_frame(frame, out, x="lon", y="lat", value="ozone", n_workers=2)
     assert_no_store(out)
     info, _ = ingest_frame(frame, out, x="lon", y="lat", value="ozone", n_workers=2, intercept=False,
@@ -98,13 +98,13 @@ def test_geopackage_and_geoparquet_points_use_the_files_crs(tmp_path):
         assert isinstance(read_table(tmp_path / name), gpd.GeoDataFrame)
         info, _ = ingest(tmp_path / name, tmp_path / f"{name}.zarr", value="ozone", n_workers=2)
         assert info.crs == "EPSG:32616" and sum(info.sizes) == 40
-    with pytest.raises(DataError, match="the file is in EPSG:4326 but --crs says EPSG:28992"):
+    with pytest.raises(DataError, match="the file is in EPSG:4326 but crs= says EPSG:28992"):
         ingest(tmp_path / "t.gpkg", tmp_path / "x.zarr", value="ozone", crs="EPSG:28992")
 
 
 def test_existing_output_refused_unless_overwrite(out):
     ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=2, crs="EPSG:4326")
-    with pytest.raises(DataError, match="already exists.*--overwrite"):
+    with pytest.raises(DataError, match="already exists.*overwrite=True"):
         ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=3, crs="EPSG:4326")
     assert open_store(out).n_workers == 2
     assert ingest_frame(table(), out, x="lon", y="lat", value="ozone", n_workers=3, overwrite=True,
@@ -130,15 +130,15 @@ def bad_frames():
         (holes, {}, "every row has a missing value"),
         (table(6), dict(n_workers=7), "only 6 rows remain for 7 workers"),
         (table(4), {}, r"only 4 distinct location\(s\) among 4 coordinates \(lon, lat\), fewer than the 6 needed"),
-        (table(), dict(n_workers=0), "--workers must be a positive integer"),
-        (table(), dict(n_workers=-1), "--workers must be a positive integer"),
+        (table(), dict(n_workers=0), "n_workers must be a positive integer"),
+        (table(), dict(n_workers=-1), "n_workers must be a positive integer"),
         (dup, {}, r"2 rows share their coordinates with another row \(e.g. rows \[2, 9\]"),
         (far, dict(crs="EPSG:4326"), "outside lon"),
         (table(), dict(crs="EPSG:999999"), "unknown CRS 'EPSG:999999'"),
-        (table(), dict(partition="column:agency", n_workers=2), "has 3 groups but --workers is 2"),
-        (table(), dict(partition="column:agency", sizes=[20, 20]), "--sizes cannot be used"),
+        (table(), dict(partition="column:agency", n_workers=2), "has 3 groups but n_workers is 2"),
+        (table(), dict(partition="column:agency", sizes=[20, 20]), "sizes cannot be used"),
         (table(), dict(partition="zones"), "unknown partition 'zones'"),
-        (table(), dict(test_fraction=1.0), "--test-fraction must be in"),
+        (table(), dict(test_fraction=1.0), "test_fraction must be in"),
         (table(), dict(duplicates="drop"), "duplicates must be one of"),
         (table(), dict(covariates=[], intercept=False), "no columns"),
     ]
@@ -158,6 +158,6 @@ def test_unreadable_or_missing_table(tmp_path, out):
     (tmp_path / "bad.gpkg").write_text("not a geopackage")
     with pytest.raises(DataError, match="cannot read"):
         ingest(tmp_path / "bad.gpkg", out, value="ozone")
-    with pytest.raises(DataError, match="name its coordinate columns with --x and --y"):
+    with pytest.raises(DataError, match="name its coordinate columns with x= and y="):
         ingest_frame(table(), out, value="ozone")
     assert_no_store(out)

@@ -60,6 +60,19 @@ def test_axes_of_a_wide_metre_crs_are_in_km_with_the_crs_name():
     assert fig.axes[0].get_xlabel() == "Easting (km), WGS 84 / LAEA centred 40.62N 88.27W"
 
 
+def test_netcdf_is_written_whatever_dask_scheduler_a_gone_client_left(grid, tmp_path):
+    """xarray (2025+) asks Dask for its scheduler even for in-memory arrays: the "dask.distributed" default that a
+    Client of this process left behind (closed, or lost with its scheduler) raised "no Client active"."""
+    import dask
+
+    _, g = grid
+    mean, sd = fields(g)
+    with dask.config.set(scheduler="dask.distributed"):
+        nc = maps.write_netcdf(tmp_path / "map.nc", g, mean, sd, CRS)
+    with xr.open_dataset(nc) as ds:
+        np.testing.assert_allclose(ds["mean"].values, g.to_raster(mean), rtol=1e-6)
+
+
 @pytest.mark.parametrize("crs", [CRS, "laea", None])
 def test_netcdf_opens_with_the_crs_transform_and_values_of_the_geotiffs(grid, tmp_path, crs):
     domain, g = grid

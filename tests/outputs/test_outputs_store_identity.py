@@ -44,7 +44,7 @@ def test_same_store_passes_another_is_refused_naming_both(tmp_path):
     check_same_store(a.fingerprint, str(a.path))
     check_same_store(make_result(a.fingerprint), tmp_path / "a.zarr")
     with pytest.raises(StoreError, match=r"was made on store .*a\.zarr \(fingerprint [0-9a-f]{12}\), but .*b\.zarr "
-                                         r"is a different store .*pass --store .*a\.zarr, or fit again on .*b\.zarr"):
+                                         r"is a different store .*pass store='.*a\.zarr', or fit again on .*b\.zarr"):
         check_same_store(make_result(a.fingerprint, str(a.path)), b)
     with pytest.raises(StoreError, match=r"checkpoint was made on the store with fingerprint [0-9a-f]{12}, but"):
         check_same_store(a.fingerprint, b, what="the checkpoint")

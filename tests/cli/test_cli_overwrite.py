@@ -1,0 +1,84 @@
+"""One overwrite rule for every output (issue 28, item 7): an existing output is refused in one line naming
+`--overwrite` (command line) or `overwrite=True` (Python); with it the output is replaced, atomically, once the new
+one is complete. The refusals themselves (exit 1, nothing changed) are cases of tests/test_bad_input.py."""
+
+import json
+
+import pytest
+
+from spatialfed.api import FederatedGP
+from spatialfed.cli import main
+from spatialfed.data.simulate import simulate_store
+from spatialfed.errors import OutputError
+
+FIT = ["--runtime", "simulated", "--max-iter", "3", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("overwrite") / "s.zarr"
+    simulate_store(path, 3, 30, test_size=10, seed=5)
+    return path
+
+
+def _knots(fit_dir) -> int:
+    return len(json.loads((fit_dir / "fit.json").read_text())["knots"])
+
+
+def test_fit_out_is_refused_then_replaced_with_overwrite(store, tmp_path, capsys):
+    out = tmp_path / "fit"
+    assert main(["fit", str(store), "--out", str(out), "--knots", "9", *FIT]) == 0
+    assert main(["fit", str(store), "--out", str(out), "--knots", "16", *FIT]) == 1
+    assert capsys.readouterr().err.strip() == (f"spatialfed fit: error: {out} already exists; choose another path or "
+                                               "pass --overwrite to replace it")
+    assert _knots(out) == 9  # untouched
+    (out / "notes.txt").write_text("mine\n")
+    assert main(["fit", str(store), "--out", str(out), "--knots", "16", *FIT, "--overwrite"]) == 0
+    assert _knots(out) == 16 and (out / "notes.txt").read_text() == "mine\n"  # the result set replaced, notes kept
+    assert not (out / "checkpoint.pkl").exists() and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_predict_and_map_out_are_replaced_with_overwrite(store, tmp_path, capsys):
+    fit = tmp_path / "fit"
+    assert main(["fit", str(store), "--out", str(fit), "--knots", "9", *FIT]) == 0
+    pred = tmp_path / "pred.csv"
+    pred.write_text("an older table\n")
+    predict = ["predict", str(fit), "--store", str(store), "--out", str(pred), "--runtime", "simulated", "--quiet"]
+    assert main(predict) == 1 and "pass --overwrite" in capsys.readouterr().err
+    assert pred.read_text() == "an older table\n"
+    assert main([*predict, "--overwrite"]) == 0 and pred.read_text().startswith("x,y,")
+    maps = tmp_path / "map"
+    maps.mkdir()
+    (maps / "stale.png").write_text("an older map\n")
+    draw = ["map", str(fit), "--store", str(store), "--out", str(maps), "--runtime", "simulated", "--quiet",
+            "--resolution", "0.2", "--no-sites", "--covariates", str(_covariate_grid(tmp_path))]
+    assert main(draw) == 1 and "pass --overwrite" in capsys.readouterr().err
+    assert (maps / "stale.png").exists()
+    assert main([*draw, "--overwrite"]) == 0
+    assert (maps / "map.json").exists() and not (maps / "stale.png").exists()  # the directory replaced whole
+
+
+def _covariate_grid(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    g = np.linspace(-0.1, 1.1, 25)
+    x, y = (a.ravel() for a in np.meshgrid(g, g))
+    path = tmp_path / "cov.csv"
+    pd.DataFrame({"x": x, "y": y, **{f"x{i}": np.zeros_like(x) for i in range(1, 6)}}).to_csv(path, index=False)
+    return path
+
+
+def test_estimator_save_is_refused_then_replaced_with_overwrite(store, tmp_path):
+    out = tmp_path / "fit"
+    gp = FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False).fit(store)
+    gp.save(out)
+    with pytest.raises(OutputError, match=r"fit already exists; choose another path or pass overwrite=True"):
+        gp.save(out)
+    other = FederatedGP(runtime="simulated", knots=16, max_iter=3, progress=False).fit(store)
+    assert other.save(out, overwrite=True) == out and _knots(out) == 16
+    # a directory holding only the fit's own checkpoint is not an output yet: save needs no overwrite=True
+    own = tmp_path / "own"
+    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(own / "checkpoint.pkl"),
+                checkpoint_every=1).fit(store).save(own)
+    assert _knots(own) == 9 and (own / "checkpoint.pkl").exists()
