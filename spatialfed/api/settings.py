@@ -79,8 +79,9 @@ def site_residual(gp, config, sizes) -> str:
         return "full"
     block = getattr(config, "scheme", "stats") == "block"
     if gp.residual == "vecchia" and block:
-        raise ValueError("residual='vecchia' needs the statistics scheme (preset='stats', the default): the block "
-                         "scheme's theta step has no Vecchia form; drop preset= or use residual='full'")
+        raise ValueError("residual='vecchia' needs the statistics scheme (preset='stats' / --preset stats, the "
+                         "default): the block scheme's theta step has no Vecchia form; drop the preset or use "
+                         "residual='full'")
     if gp.residual != "auto":
         return gp.residual
     if block:

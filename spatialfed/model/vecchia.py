@@ -77,6 +77,7 @@ class KnotFactors:
 
 
 def _batches(n: int, k: int, m: int, q: int):
+    """Consecutive position blocks whose per-batch arrays stay near BATCH_BYTES (≥ 16 positions each)."""
     per_point = 8 * (k + 1) * (4 * m + q + 3 * (k + 1)) + 8 * 30 * q
     size = max(16, BATCH_BYTES // per_point)
     for s in range(0, n, size):

@@ -59,7 +59,8 @@ def check_ordering(ordering: str) -> str:
 def check_k(k) -> int:
     """The neighbour count k: an integer ≥ 1."""
     if isinstance(k, bool) or not float(k).is_integer() or int(k) < 1:
-        raise ValueError(f"vecchia_k (neighbours per point of the Vecchia residual) must be an integer ≥ 1, got {k!r}")
+        raise ValueError(f"vecchia_k (--vecchia-k: neighbours per point of the Vecchia residual) must be an integer "
+                         f"≥ 1, got {k!r}")
     return int(k)
 
 

@@ -82,6 +82,12 @@ def test_only_options_given_reach_the_estimator():
         "privacy": {"noise_multiplier": 2.0, "clip": {"A": 1.0}}}
 
 
+def test_the_vecchia_residual_reaches_the_estimator():
+    args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--residual", "vecchia", "--vecchia-k", "12"])
+    assert estimator_settings(args) == {"residual": "vecchia", "vecchia_k": 12, "progress": True}
+    assert build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--residual", "auto"]).residual == "auto"
+
+
 def test_every_command_is_registered_with_a_help():
     text = build_parser().format_help()
     for command in COMMANDS:
