@@ -271,15 +271,15 @@ class FgprServer(ServerState):
         cfg = self.config
         self._small_changes = self._small_changes + 1 if relative_change(old, self.params) < cfg.tol else 0
         if self._small_changes >= cfg.patience:
-            self._stop("tol")
+            self._stop("tol", now)
         elif self.t >= cfg.max_iter:
-            self._stop("max_iter")
+            self._stop("max_iter", now)
         elif cfg.time_budget is not None and now >= cfg.time_budget:
-            self._stop("time_budget")
+            self._stop("time_budget", now)
         else:
             self._begin_round()
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, now: float) -> None:
         """Leave the rounds: a synchronous value pass over every active worker gives ℓ_ind (SPEC §6)."""
         self.stop_reason = reason
         self.converged = reason == "tol"

@@ -59,3 +59,21 @@ def test_joint_mean_step_is_the_default_and_tuned_names_its_settings():
     assert (tuned.mode, tuned.agg_threshold, tuned.alpha, tuned.alpha_rule) == ("async", 2, 1.0, "staleness")
     assert tuned.correction and not (tuned.adaptive_weights or tuned.moving_average)
     assert FitConfig.tuned(moving_average=True).resolved(10).moving_average
+
+
+def test_the_statistics_policy_travels_with_the_config_and_keeps_its_ladder():
+    """StatsPolicy is reachable from FitConfig, written by as_dict (fit.json, checkpoints) and read back; the reaches
+    must nest (stale_tol ≤ settle_tol < refine_step < secant_reach < taylor_radius)."""
+    from spatialfed.algorithm.config import StatsPolicy
+
+    config = FitConfig.stats(mode="async", policy={"explore": False, "taylor_radius": 0.4})
+    assert isinstance(config.policy, StatsPolicy) and config.stats_policy.taylor_radius == 0.4
+    back = FitConfig(**config.as_dict())
+    assert back.policy == config.policy and back.as_dict()["policy"]["explore"] is False
+    assert FitConfig.stats().policy == StatsPolicy() and FitConfig().as_dict()["policy"] is None
+    for bad in ({"refine_step": 0.3}, {"secant_reach": 0.6}, {"settle_tol": 0.05}, {"stale_tol": 0.02}):
+        with pytest.raises(ValueError, match="stale_tol ≤ settle_tol < refine_step < secant_reach < taylor_radius"):
+            StatsPolicy(**bad)
+    assert StatsPolicy(refine_step=None).refine_step is None  # refining off: the ladder skips it
+    with pytest.raises(ValueError, match="min_coverage"):
+        StatsPolicy(min_coverage=0.0)

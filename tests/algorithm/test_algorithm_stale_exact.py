@@ -52,14 +52,15 @@ def test_control_variate_through_copies_of_the_stale_site_is_exact(site):
 
 def test_secant_radius_is_reach_times_the_largest_step(site):
     st = site_statistics(site, U1)
-    steps = ([-0.02, -0.05, -0.1], [-0.01, -0.02, -0.03])  # largest |Δu| 0.1 and 0.03
+    steps = ([-0.02, -0.05, -0.1], [-0.01, -0.02, -0.03])  # ‖Δu‖ (profile.distance) 0.1136 and 0.0374
+    big = float(np.linalg.norm(steps[0]))
     earlier = [site_statistics(site, U1 + np.array(d)) for d in steps]
     for reach in (3.0, 2.0):
         model = stale.secant(st, earlier, reach=reach)
-        assert model["d3_radius"] == pytest.approx(reach * 0.1)
+        assert model["d3_radius"] == pytest.approx(reach * big)
     model = stale.secant(st, earlier)
-    assert model["d3_radius"] == pytest.approx(0.3)  # the default reach is 3
-    # between reach × the smallest step (0.09) and reach × the largest (0.3) the third-order term is used:
+    assert model["d3_radius"] == pytest.approx(3 * big)  # the default reach is 3
+    # between reach × the smallest step (0.11) and reach × the largest (0.34) the third-order term is used:
     # the model differs from the second-order one, and is the closer of the two to the exact statistics
     ahead = U1 + np.array([0.02, 0.08, 0.2])
     exact = site_statistics(site, ahead)
@@ -67,7 +68,7 @@ def test_secant_radius_is_reach_times_the_largest_step(site):
     third = taylor_statistics(model, ahead)["S"]
     assert np.max(np.abs(third - exact["S"])) < 0.5 * np.max(np.abs(second - exact["S"]))
     # beyond the radius: the second-order model
-    beyond = U1 + np.array([0.0, 0.0, 0.31])
+    beyond = U1 + np.array([0.0, 0.0, 3 * big + 0.01])
     np.testing.assert_array_equal(taylor_statistics(model, beyond)["S"], taylor_statistics(st, beyond)["S"])
 
 
