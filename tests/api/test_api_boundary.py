@@ -35,14 +35,12 @@ def test_a_nugget_that_runs_to_zero_is_reported_on_its_boundary(noise_free, tmp_
     assert saved["boundary"] == {"delta": "upper"}
 
 
-def test_the_probe_of_the_bound_saves_the_walk_and_changes_nothing_else(noise_free, monkeypatch):
+def test_the_probe_of_the_bound_saves_the_walk_and_changes_nothing_else(noise_free):
     """Without the probe the fit walks to the same bound in steps of ≈ 1 in log δ: same estimate, twice the rounds."""
-    from spatialfed.algorithm import stats_server
-
-    fit = lambda: FederatedGP(knots=25, nu=1.5, mode="sync", runtime="simulated", progress=False).fit(noise_free)  # noqa: E731
+    fit = lambda policy=None: FederatedGP(knots=25, nu=1.5, mode="sync", runtime="simulated", progress=False,  # noqa: E731
+                                          strategies=policy).fit(noise_free)
     probed = fit()
-    monkeypatch.setattr(stats_server, "PROBE_AFTER", 10**6)
-    walked = fit()
+    walked = fit({"policy": {"probe_after": 10**6}})
     assert walked.boundary_ == probed.boundary_ == {"delta": "upper"}
     assert walked.n_iter_ >= 2 * probed.n_iter_
     for name in ("delta", "sigma2", "beta"):
@@ -50,18 +48,15 @@ def test_the_probe_of_the_bound_saves_the_walk_and_changes_nothing_else(noise_fr
     np.testing.assert_allclose(probed.loglik_, walked.loglik_, rtol=1e-10)
 
 
-def test_a_rejected_probe_costs_one_round_trip(tmp_path, monkeypatch):
+def test_a_rejected_probe_costs_one_round_trip(tmp_path):
     """An interior estimate approached from far (δ₀ = 1e-4): after three free Newton steps up in log β the range is
     probed at its bound (100 × the study diameter), whose exact ℓ is lower: rejected like any step, one more round
     trip, and the fit ends where it ends without the probe."""
-    from spatialfed.algorithm import stats_server
-
     simulate_store(tmp_path / "s.zarr", 2, 150, seed=2, noise_sd=2.0)
-    fit = lambda: FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False,  # noqa: E731
-                              start={"delta": 1e-4}).fit(tmp_path / "s.zarr")
+    fit = lambda policy=None: FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False,  # noqa: E731
+                                          start={"delta": 1e-4}, strategies=policy).fit(tmp_path / "s.zarr")
     probed = fit()
-    monkeypatch.setattr(stats_server, "PROBE_AFTER", 10**6)
-    walked = fit()
+    walked = fit({"policy": {"probe_after": 10**6}})
     log_beta = lambda gp: np.log([row["beta"] for row in gp.trace_])  # noqa: E731
     assert log_beta(probed).max() > log_beta(probed)[-1] + 5  # the probe: β published at its bound ...
     assert log_beta(walked).max() < log_beta(walked)[-1] + 3  # ... which the walk never reaches
