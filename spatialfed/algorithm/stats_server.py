@@ -76,6 +76,7 @@ class StatsServer(FederatedServer):
         self.boundary: tuple[str, ...] = ()
         self.answers = [0] * self.n_workers
         self.accepted: list[tuple[int, float]] = []
+        self.epochs = 0  # epochs completed
         self._epoch: Augmented | None = None  # the request every site answers in this epoch
         self._owed: list[int] = []  # sites that have not answered at the epoch's u yet
         self._anchor: tuple[Profile, dict] | None = None  # last accepted epoch point: (profile, summed statistics)
@@ -97,10 +98,9 @@ class StatsServer(FederatedServer):
 
     @property
     def rounds(self) -> float:
-        """Round trips so far, the unit of max_iter: epochs (sync), answers per active site (async)."""
-        if self.mode == "sync":
-            return float(self.t + 1)
-        return sum(self.answers[j] for j in self.active) / len(self.active)
+        """Round trips so far, the unit of max_iter: epochs, the one in progress included (a synchronous iteration
+        each; the answers faster sites give between epochs do not count)."""
+        return float(self.epochs + 1)
 
     @property
     def _u(self) -> np.ndarray:
@@ -264,7 +264,8 @@ class StatsServer(FederatedServer):
         self.boundary = at_bound(new.u, lower, upper)
         self._set_params(new)
         self._record(STATS_STEP, now, 0, new.loglik)
-        if self.rounds >= self.config.max_iter:
+        self.epochs += 1
+        if self.rounds > self.config.max_iter:
             self._stop("max_iter", now)
             return
         self.t += 1
@@ -318,9 +319,6 @@ class StatsServer(FederatedServer):
         self._set_params(new)
         self._record(STATS_STEP, now, staleness, new.loglik)
         self.iterations = self.t + 1
-        if self.rounds >= self.config.max_iter:
-            self._stop("max_iter", now)
-            return
         self.t += 1
         self._explore = Augmented(self.params, self.t, STATS_STEP)
 
