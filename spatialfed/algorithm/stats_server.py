@@ -82,6 +82,8 @@ class StatsServer(FederatedServer):
         self._anchor: tuple[Profile, dict] | None = None  # last accepted epoch point: (profile, summed statistics)
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
+        self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
+        self._distrust = False  # the exact ℓ rejected the surrogate's last point: synchronous steps until accepted
         self._toward = [0, 0, 0]  # consecutive Newton steps of ≥ probe_step per log-parameter, signed
         self._probed: list[int] = []  # log-parameters already tried at a bound (once each)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
@@ -233,17 +235,22 @@ class StatsServer(FederatedServer):
         """Every site answered at the epoch's u: accept or reject it on the exact ℓ, stop or publish the next."""
         u = self._epoch.params.u
         here = self._exact_profile(u)
+        surrogate, self._surrogate_epoch = self._surrogate_epoch, False
         if self._anchor is not None and (here is None or here.loglik < self._anchor[0].loglik
                                          - 1e-12 * abs(here.loglik)):
-            self._radius = max(0.25 * self._epoch_step, 1e-6)  # rejected: a shorter step from the accepted point
+            if surrogate:  # the surrogate's point was wrong: the next epoch takes the synchronous step, radius kept
+                self._distrust = True
+            else:
+                self._radius = max(0.25 * self._epoch_step, 1e-6)  # rejected: a shorter step from the accepted point
         else:
             if here is None:
                 raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
-            if self._anchor is not None and self._epoch_pred > self.policy.loglik_tol:  # below: rounding noise
+            if self._anchor is not None and not surrogate and self._epoch_pred > self.policy.loglik_tol:
                 self._radius = self._updated(self._radius, (here.loglik - self._anchor[0].loglik)
                                              / self._epoch_pred, self._epoch_step)
             self._anchor = (here, self.records.rounds[u_key(u)]["sum"])
             self.accepted.append((self.t, here.loglik))
+            self._distrust = False
         base, base_stats = self._anchor
         lower, upper = self.bounds
         step = trust_region_step(base.u, base.grad, base.hess, self._radius, lower, upper,
@@ -274,11 +281,12 @@ class StatsServer(FederatedServer):
     def _epoch_point(self, base: Profile, step: Step, new: Profile | None, probe: bool) -> tuple[Profile, float]:
         """The next epoch's point and the increase of ℓ it promises: the synchronous trust-region step, or, when
         sites answered elsewhere since (async), the surrogate's maximiser from the point the surrogate reached,
-        kept within the epoch's radius of base — whichever is higher on the surrogate."""
+        no farther from base than the synchronous step — whichever is higher on the surrogate. After a surrogate
+        point the exact ℓ rejected, the synchronous step until a point is accepted again."""
         sync = new if new is not None else dataclasses.replace(base, u=base.u + step.p)
         explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
                        if j in self.active)
-        if probe or self.mode == "sync" or not explored:
+        if probe or self.mode == "sync" or not explored or self._distrust:
             return sync, step.predicted
         start = self._explore.params.u
         found = self.records.surrogate(start, self.active, self.n_obs, self.t, self._explore_radius)
@@ -287,12 +295,14 @@ class StatsServer(FederatedServer):
             return sync, step.predicted  # the surrogate does not reach both: it cannot compare them
         origin, here = self._evaluate(found.at, base.u), self._evaluate(found.at, start, derivatives=True)
         best = None if here is None else self._maximise(found.at, here, found.radius)[0]
-        if best is not None and distance(best.u, base.u) > self._radius:  # within the epoch's trust radius
-            best = self._evaluate(found.at, base.u + (best.u - base.u) * self._radius / distance(best.u, base.u))
+        reach = distance(sync.u, base.u)  # no farther than the synchronous step goes
+        if best is not None and distance(best.u, base.u) > reach:
+            best = self._evaluate(found.at, base.u + (best.u - base.u) * reach / distance(best.u, base.u))
         on_surrogate = self._evaluate(found.at, sync.u)
         if (best is None or origin is None or on_surrogate is None or best.loglik <= origin.loglik
                 or on_surrogate.loglik >= best.loglik):
             return sync, step.predicted
+        self._surrogate_epoch = True
         return best, best.loglik - origin.loglik
 
     def _surrogate_step(self, now: float) -> None:
