@@ -83,7 +83,7 @@ class StatsServer(FederatedServer):
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
         self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
-        self._distrust = False  # the exact ℓ rejected the surrogate's last point: synchronous steps until accepted
+        self._distrust = False  # the exact ℓ rejected a surrogate point: synchronous steps for the rest of the fit
         self._toward = [0, 0, 0]  # consecutive Newton steps of ≥ probe_step per log-parameter, signed
         self._probed: list[int] = []  # log-parameters already tried at a bound (once each)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
@@ -245,12 +245,16 @@ class StatsServer(FederatedServer):
         else:
             if here is None:
                 raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
+            if self._anchor is not None and surrogate and self._epoch_pred > self.policy.loglik_tol:
+                # the surrogate's point is kept only while it delivers what it promised (a very successful
+                # trust-region step, ratio > 0.75): a point that gains less than the synchronous step would
+                # is as much a loss as a rejected one
+                self._distrust = (here.loglik - self._anchor[0].loglik) / self._epoch_pred <= 0.75
             if self._anchor is not None and not surrogate and self._epoch_pred > self.policy.loglik_tol:
                 self._radius = self._updated(self._radius, (here.loglik - self._anchor[0].loglik)
                                              / self._epoch_pred, self._epoch_step)
             self._anchor = (here, self.records.rounds[u_key(u)]["sum"])
             self.accepted.append((self.t, here.loglik))
-            self._distrust = False
         base, base_stats = self._anchor
         lower, upper = self.bounds
         step = trust_region_step(base.u, base.grad, base.hess, self._radius, lower, upper,
@@ -281,8 +285,8 @@ class StatsServer(FederatedServer):
     def _epoch_point(self, base: Profile, step: Step, new: Profile | None, probe: bool) -> tuple[Profile, float]:
         """The next epoch's point and the increase of ℓ it promises: the synchronous trust-region step, or, when
         sites answered elsewhere since (async), the surrogate's maximiser from the point the surrogate reached,
-        no farther from base than the synchronous step — whichever is higher on the surrogate. After a surrogate
-        point the exact ℓ rejected, the synchronous step until a point is accepted again."""
+        no farther from base than the synchronous step — whichever is higher on the surrogate. Once the exact ℓ has
+        rejected a surrogate point, the synchronous step for the rest of the fit (a rejection costs one epoch, once)."""
         sync = new if new is not None else dataclasses.replace(base, u=base.u + step.p)
         explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
                        if j in self.active)
