@@ -97,10 +97,6 @@ class SiteRecords:
     def answered_at(self, j: int, u) -> bool:
         return j in self.stats and np.array_equal(self.stats[j]["u"], u)
 
-    def stalest(self, u, sites) -> float:
-        """Largest distance from u to a site's u_j (∞ for a site with no statistics)."""
-        return max((distance(u, self.stats[j]["u"]) if j in self.stats else np.inf) for j in sites)
-
     def surrogate(self, u_at, active, n_obs: int, t: int, radius: float) -> Surrogate | None:
         """The surrogate at u_at (Surrogate: u ↦ summed statistics, the largest move allowed, its staleness in
         iterations, the sites used, and those sites again when all answered at u_at) or None while the usable sites hold less than min_coverage of the observations.
