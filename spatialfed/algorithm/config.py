@@ -73,8 +73,11 @@ class StatsPolicy:
     Boundary:
       probe_after, probe_step — a log-parameter that moved toward one side by ≥ probe_step in probe_after
         consecutive Newton steps is tried once at its bound (ℓ ≈ ℓ∞ − c/δ never settles in free steps).
-    Pacing has no setting: it follows the sites' measured round trips (algorithm/pacing.py); `explore=False` keeps
-    asynchronous sites to the synchronous epochs (the ablation of docs/algorithm.md).
+    Pacing: every decision follows the sites' measured round trips (algorithm/pacing.py) but one bound —
+      hold_share — the longest a slow site's first request may wait for the others' surrogate, as a share of its
+        round trip: what a hold that finds nothing can cost (the fit ends at most that much later than sync), while
+        one that finds the optimum's neighbourhood saves a round trip of that site; 0 never holds.
+    `explore=False` keeps asynchronous sites to the synchronous epochs (the ablation of docs/algorithm.md).
     """
 
     radius_growth: float = 3.0
@@ -90,6 +93,7 @@ class StatsPolicy:
     inner_steps: int = 10
     probe_after: int = 3
     probe_step: float = 0.5
+    hold_share: float = 0.15
     explore: bool = True
 
     def __post_init__(self):
@@ -97,6 +101,8 @@ class StatsPolicy:
                      "probe_step"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"policy {name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.hold_share < 1:
+            raise ValueError(f"policy hold_share must be in [0, 1), got {self.hold_share!r}")
         if not 0 < self.min_coverage <= 1:
             raise ValueError(f"policy min_coverage must be in (0, 1], got {self.min_coverage!r}")
         for name in ("inner_steps", "probe_after"):

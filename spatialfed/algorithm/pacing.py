@@ -7,7 +7,9 @@ work (answers at other points that improve the stale models) only if it can stil
 that epoch: with r_j its round trip, due the time the current epoch is expected to end and T the slowest round trip,
 now + 2·r_j ≤ due + T (it finishes the extra task by now + r_j and the next epoch's task by now + 2·r_j). Round trips
 that jitter are taken at the safe end of what each site has shown: its longest for r_j, the shortest for `due` and
-T. Nothing here is a tuned constant: every quantity is a measured round trip.
+T. Before the first epoch, a site much slower than the median may be held back (held, hold_over) for at most its
+StatsPolicy.hold_share of a round trip, and the epoch restarted where the others lead when that delays no one
+(free_restart). Every other quantity is a measured round trip.
 """
 
 from __future__ import annotations
@@ -44,20 +46,54 @@ class Pacing:
         for kind in self.durations.values():
             kind.pop(j, None)
 
+    def slowness(self, k: int, active: Iterable[int]) -> float | None:
+        """How much slower than the median site k was in the initialisation, in the kind of task where that ratio
+        is smallest (those tasks are tiny and a network delay can inflate any one); None before any."""
+        active = list(active)
+        ratios = [kind[k] / float(np.median([kind[j] for j in active if j in kind]))
+                  for step, kind in self.durations.items() if step != STATS_STEP and kind.get(k, 0.0) > 0]
+        return min(ratios) if ratios else None
+
     def round_trip(self, k: int, active: Iterable[int], end: int | None = None) -> float | None:
         """Site k's expected statistics round trip: its last one (`end` 0 / 1: the shortest / longest it took).
-        Before it has one: how much slower than the median site it was in the initialisation — in the kind where
-        that ratio is smallest, since those tasks are tiny and a network delay can inflate any one — times the
-        median statistics round trip of the sites that have one; None when nothing is known."""
+        Before it has one: its slowness times the median statistics round trip of the sites that have one; None
+        when nothing is known."""
         stats = self.durations.get(STATS_STEP, {})
         if k in stats:
             return stats[k] if end is None else self.spread[k][end]
+        active = list(active)
         known = [stats[j] for j in active if j in stats]
-        ratios = [kind[k] / float(np.median([kind[j] for j in active if j in kind]))
-                  for step, kind in self.durations.items() if step != STATS_STEP and kind.get(k, 0.0) > 0]
-        if not known or not ratios:
+        ratio = self.slowness(k, active)
+        if not known or ratio is None:
             return None
-        return min(ratios) * float(np.median(known))
+        return ratio * float(np.median(known))
+
+    def held(self, active: Iterable[int], share: float, steps: int = 2) -> list[int]:
+        """Sites worth holding back from the first epoch: those whose `share` of a round trip spans `steps` round
+        trips of the median site (the surrogate of the others moves at the median site's pace, and its first step
+        from a far start is cut by the trust radius, so it needs two to say where to ask)."""
+        active = list(active)
+        return [k for k in active if (self.slowness(k, active) or 0.0) * share >= steps]
+
+    def hold_over(self, held: Iterable[int], active: Iterable[int], now: float, start: float, share: float) -> bool:
+        """Whether a hold that began at `start` is over: a held site waited its `share` of a round trip, or no other
+        site is left to move the surrogate (a surrogate that stopped moving ends it too: the server's part)."""
+        active, held = list(active), list(held)
+        trips = [self.round_trip(j, active) for j in held]
+        return not set(active) - set(held) or any(r is not None and now - start >= share * r for r in trips)
+
+    def free_restart(self, held: Iterable[int], active: Iterable[int], now: float) -> bool:
+        """Whether every other site can answer a new point before the earliest held site, asked now, could: then
+        restarting the epoch there delays nobody."""
+        active, held = list(active), list(held)
+        slow = [self.round_trip(j, active, end=0) for j in held]
+        if not held or any(r is None for r in slow):
+            return False
+        for k in (k for k in active if k not in held):
+            r = self.round_trip(k, active, end=1)
+            if r is None or self.sent_at.get(k, now) + (r if k in self.sent_at else 0.0) + r > now + min(slow):
+                return False
+        return True
 
     def epoch_due(self, owed: Iterable[int], active: list[int], busy_elsewhere: Mapping[int, bool],
                   now: float) -> float | None:

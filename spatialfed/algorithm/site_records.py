@@ -27,27 +27,32 @@ class Surrogate(NamedTuple):
 class SiteRecords:
     """Per-site records of the statistics scheme.
 
-    stats {site: its latest statistics, with "t" of its request}; rounds {u key: summed exact statistics of the
-    sites that answered at that u, and which} (stale.remember); refine {site: its answers near its u_j so far};
-    earlier {site: its two answers before its latest}; secant {site: its latest statistics with third derivatives
-    from those (stale.secant)}.
+    stats {site: its latest statistics, with "t" of its request}; epoch {site: its answer at the last epoch point
+    it answered, the point every site shares}; rounds {u key: summed exact statistics of the sites that answered at
+    that u, and which} (stale.remember); refine {site: its answers near its u_j so far}; earlier {site: its two
+    answers before its latest}; secant {site: its latest statistics with third derivatives from those
+    (stale.secant)}.
     """
 
     def __init__(self, policy: StatsPolicy):
         self.policy = policy
         self.stats: dict[int, dict] = {}
+        self.epoch: dict[int, dict] = {}
         self.rounds: dict[str, dict] = {}
         self.refine: dict[int, list[dict]] = {}
         self.earlier: dict[int, list[dict]] = {}
         self.secant: dict[int, dict] = {}
 
-    def answered(self, j: int, xi: dict, t: int, live: Iterable) -> None:
-        """Site j's statistics at the u it was asked (request of iteration t); `live`: the u of tasks in flight."""
+    def answered(self, j: int, xi: dict, t: int, live: Iterable, epoch: bool = False) -> None:
+        """Site j's statistics at the u it was asked (request of iteration t; `epoch`: at the epoch's point);
+        `live`: the u of tasks in flight."""
         previous = self.stats.get(j)
         self.stats[j] = {**xi, "t": int(t)}
+        if epoch:
+            self.epoch[j] = self.stats[j]
         self.refined(j)
         self._secant_model(j, previous)
-        stale.remember(self.rounds, self.stats, j, live)
+        stale.remember(self.rounds, self.stats, j, list(live) + [st["u"] for st in self.epoch.values()])
 
     def refined(self, j: int, nearby: dict | None = None) -> bool:
         """Site j's answers near its u_j (refine_task), with `nearby` a new one: those still between ½ and 1½
@@ -105,28 +110,57 @@ class SiteRecords:
         refined one exists); the others are stood in for by the used ones scaled by N / Σ n_j used. The move is
         limited so that no used model is evaluated farther than taylor_radius from its u_j."""
         pol = self.policy
-        have = {j: distance(u_at, st["u"]) for j, st in self.stats.items() if j in active}
-        used = sorted(j for j, du in have.items() if du <= pol.taylor_radius)
-        n_used = sum(int(self.stats[j]["n"]) for j in used)
+        models = self.nearest(u_at, active)
+        have = {j: distance(u_at, st["u"]) for j, st in models.items()}
+        used = sorted(j for j, du in have.items() if du <= pol.taylor_radius * (1 + 1e-9))  # rounding at a full step
+        n_used = sum(int(models[j]["n"]) for j in used)
         if n_used < pol.min_coverage * n_obs:
             return None
         stalest = max(have[j] for j in used)
-        stale_t = t + 1 if len(used) < len(active) else max(t - self.stats[j]["t"] for j in used)
-        models = {j: self.secant[j] if j in self.secant and "d3S" not in st else st for j, st in self.stats.items()}
+        stale_t = t + 1 if len(used) < len(active) else max(t - models[j]["t"] for j in used)
         at = stale.site_models(models, self.rounds, used, n_obs / n_used, pol.control_variates)
-        return Surrogate(at, min(radius, pol.taylor_radius - stalest), stale_t, used,
+        return Surrogate(at, max(min(radius, pol.taylor_radius - stalest), 0.0), stale_t, used,
                          used if stalest == 0 else None)
 
+    def influence(self, u, answered: list, n_obs: int, t: int, newton: Callable) -> float:
+        """The jackknife's reach of the observations the surrogate at u (its maximiser) stands in for: how far
+        leaving out one used site k moves the surrogate's Newton step (newton(at, u) → step or None) from u, per
+        observation of k, at most over k, times the observations not used; inf when it cannot be told."""
+        def step(sites):
+            found = self.surrogate(u, sites, n_obs, t, self.policy.taylor_radius)
+            return (None, []) if found is None else (newton(found.at, u), found.used)
+
+        base, used = step(answered)
+        moves = [] if base is None else [step([x for x in used if x != k])[0] for k in used]
+        shifts = [float(np.linalg.norm(m - base)) / float(self.stats[k]["n"])
+                  for k, m in zip(used, moves) if m is not None]
+        unseen = float(n_obs) - sum(float(self.stats[k]["n"]) for k in used)
+        return max(shifts) * unseen if shifts else np.inf
+
+    def nearest(self, u, active) -> dict[int, dict]:
+        """Each active site's model nearest to u: around its latest answer (with third derivatives where it has
+        them) or around its answer at the last epoch point, whichever u_j is nearer (an exploration that went
+        astray then leaves the model at the shared point in charge)."""
+        models = {}
+        for j, st in self.stats.items():
+            if j in active:
+                latest = self.secant[j] if j in self.secant and "d3S" not in st else st
+                at_epoch = self.epoch.get(j)
+                models[j] = (at_epoch if at_epoch is not None and distance(u, at_epoch["u"]) < distance(u, st["u"])
+                             else latest)
+        return models
+
     def within_reach(self, u, sites) -> bool:
-        """Every site's model (around its latest u_j) is used within taylor_radius at u."""
-        return all(distance(u, self.stats[j]["u"]) <= self.policy.taylor_radius for j in sites)
+        """Every site's nearest model is used within taylor_radius at u."""
+        models = self.nearest(u, sites)
+        return all(distance(u, models[j]["u"]) <= self.policy.taylor_radius for j in sites)
 
     def drop(self, j: int) -> None:
         """Forget site j (a lost worker); the sums at one u are rebuilt without it."""
-        for records in (self.stats, self.refine, self.earlier, self.secant):
+        for records in (self.stats, self.epoch, self.refine, self.earlier, self.secant):
             records.pop(j, None)
         for key, entry in list(self.rounds.items()):
             if j in entry["sites"]:
                 del self.rounds[key]
         for k in self.stats:
-            stale.remember(self.rounds, self.stats, k, ())
+            stale.remember(self.rounds, self.stats, k, [st["u"] for st in self.epoch.values()])

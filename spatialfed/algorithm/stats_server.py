@@ -3,20 +3,15 @@ and steps on the exact profile log-likelihood, synchronously or asynchronously (
 
 Phases: moments → variogram (φ₀, as FederatedServer) → loop → (final →) done; error on a failed receive.
 
-The loop runs in **epochs**. An epoch asks every site for its statistics at one u (the epoch's point); when all have
-answered, the server has the exact ℓ_LR(γ̂(u), u) with its gradient and Hessian there (profile.profile_loglik):
-the point is accepted if ℓ did not decrease from the last accepted one (else the trust radius shrinks and a shorter
-step is taken from that point), the fit stops when the Newton step from the accepted point is below `tol` with a
-predicted increase below `loglik_tol`, and otherwise the next epoch's point is published. In sync mode that is all:
-each epoch is one iteration, its point the trust-region Newton step.
-
-In async mode the epochs are the same, and so is their pace: the slowest site is asked again the moment it answers.
-A site done with the epoch (a faster one) is meanwhile asked at the point the surrogate Σ_j T_j(u) proposes — each
-site's statistics modelled around the u_j it last answered at (stale.site_models; second order, third with refined
-or secant derivatives) — whenever it can still answer the next epoch in time (pacing.Pacing.may_work), and refines
-its model near u_j once the surrogate settled. The next epoch's point is the better, on the surrogate, of the
-synchronous step and the surrogate's maximiser (both within the epoch's trust radius), so the fit ends no later
-than sync would from the same data, up to a fast site's round trip per epoch when the round trips mispredict.
+The loop runs in **epochs**: every site answers at the epoch's point, then the exact ℓ_LR there (profile.
+profile_loglik) accepts or rejects it, decides the stop and publishes the next point — sync's trust-region Newton
+step; in sync mode that is all. In async mode the slowest site is asked again the moment it answers, so epochs keep
+sync's pace, while faster sites answer where the surrogate Σ_j T_j(u) (site_records; each site's statistics modelled
+around the u_j it answered at) leads, as long as pacing.Pacing says they can still answer the next epoch in time. The
+next point is then the surrogate's maximiser where it can judge it and ranks it above sync's step (one strike: after
+it misleads once, sync's step). Before the first epoch a much slower site may wait a bounded share of its round trip
+for the others' surrogate and be asked where it leads (_release). Docs/algorithm.md has the argument that async ends
+no later than sync up to that wait and a fast round trip per mispredicted epoch.
 """
 
 from __future__ import annotations
@@ -91,6 +86,9 @@ class StatsServer(FederatedServer):
         self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
         self._settled = False  # the last surrogate step was short with room to go farther (refining pays off)
         self._new = 0  # answers since the last surrogate step
+        self._held: list[int] = []  # slow sites whose first request waits for the others' surrogate (async)
+        self._hold_start = 0.0
+        self._short = False  # the last surrogate step was shorter than secant_reach, with room to go farther
         self._final: Augmented | None = None  # the final pass's request (a stop before any accepted point)
         self._final_reason: str | None = None
 
@@ -128,6 +126,11 @@ class StatsServer(FederatedServer):
         return p
 
     def _loop_task(self, j: int) -> Augmented | None:
+        if self._held and (self._short or self.pacing.hold_over(self._held, self.active, self._last_now,
+                                                                self._hold_start, self.policy.hold_share)):
+            self._release()
+        if j in self._held:
+            return None
         if j in self._owed:
             return self._epoch
         if self.mode == "sync" or not self.policy.explore or self._explore is None:
@@ -161,8 +164,9 @@ class StatsServer(FederatedServer):
                 self._new += self.records.refined(j, q.xi)
                 continue
             live = [task.params.u for task in self._in_flight.values() if "refine" not in task.extra]
-            self.records.answered(j, q.xi, q.t, live + ([self._epoch.params.u] if self._epoch else []))
-            if j in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u):
+            at_epoch = j in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
+            self.records.answered(j, q.xi, q.t, live + ([self._epoch.params.u] if self._epoch else []), at_epoch)
+            if at_epoch:
                 self._owed.remove(j)
             self.answers[j] += 1
             self._new += 1
@@ -177,6 +181,7 @@ class StatsServer(FederatedServer):
         self._collected.pop(j, None)
         self.records.drop(j)
         self.pacing.drop(j)
+        self._held = [k for k in self._held if k != j]
         if self._n_j:
             self.n_obs = sum(self._n_j[k] for k in self.active)
         if self.phase in (Phase.MOMENTS, Phase.VARIOGRAM):
@@ -199,6 +204,28 @@ class StatsServer(FederatedServer):
         self._record("init", now, 0)
         self.phase = Phase.LOOP
         self._start_epoch()
+        if self.mode == "async" and self.policy.explore and self.policy.hold_share > 0:
+            self._held, self._hold_start = self.pacing.held(self.active, self.policy.hold_share), float(now)
+
+    def _release(self) -> None:
+        """End the hold. The first epoch restarts at the surrogate's point u_s when that is surely nearer the full
+        optimum than φ₀: |u_s − φ₀| > 2·ι, ι the distance the unseen sites' data can move the optimum from u_s
+        (_influence; then |u_s − u*| ≤ ι < |φ₀ − u*|), and when the restart delays no site (every other site answers
+        at u_s before the held ones can). Otherwise the held sites answer at φ₀."""
+        held, self._held = [j for j in self._held if j in self.active], []
+        if (self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u)
+                and self.pacing.free_restart(held, self.active, self._last_now)
+                and distance(self._u, self._epoch.params.u) > 2 * self._influence(held)):
+            self._start_epoch()
+
+    def _influence(self, held: list[int]) -> float:
+        """How far the data of the sites the surrogate stands in for can move its maximiser (SiteRecords.influence)."""
+        def newton(at, u):
+            pr = self._evaluate(at, u, derivatives=True)
+            return None if pr is None else trust_region_step(u, pr.grad, pr.hess, np.inf, *self.bounds,
+                                                             floor=self.policy.eig_floor).p
+        answered = [k for k in self.active if k not in held and k in self.records.stats]
+        return self.records.influence(self._u, answered, self.n_obs, self.t, newton)
 
     def _start_epoch(self) -> None:
         """Ask every active site at the current u (read back from params as the sites will: log of exp)."""
@@ -317,7 +344,7 @@ class StatsServer(FederatedServer):
         found = self.records.surrogate(u, self.active, self.n_obs, self.t, self._explore_radius)
         if found is None:
             return
-        at, radius, staleness, _, exact_for = found
+        at, radius, staleness, used, exact_for = found
         base = self._evaluate(at, u, derivatives=True)
         if base is None:  # the models disagree here: wait for fresher answers
             return
@@ -327,11 +354,13 @@ class StatsServer(FederatedServer):
         if move <= self.config.tol:
             new, move = base, 0.0
         self._settled = move <= self.policy.settle_tol < 0.5 * radius
+        self._short = move < min(self.policy.secant_reach, 0.5 * radius)
         self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik, base.loglik,
                          exact_for] if move > 0 else None
         self.boundary = step.at_bound
         self._set_params(new)
-        self._record(STATS_STEP, now, staleness, new.loglik)
+        if len(used) == len(self.active):  # an estimate from every site; with some stood in it is only a probe
+            self._record(STATS_STEP, now, staleness, new.loglik)
         self.iterations = self.t + 1
         self.t += 1
         self._explore = Augmented(self.params, self.t, STATS_STEP)

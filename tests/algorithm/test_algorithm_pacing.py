@@ -51,3 +51,41 @@ def test_a_site_takes_extra_work_only_if_it_can_answer_the_next_epoch_in_time(no
     pacing = timed({0: 1.0, 1: 4.0})
     assert pacing.may_work(0, now, 10.0, [0, 1]) is allowed
     assert pacing.may_work(0, now, None, [0, 1])  # nothing predicted: nothing held back
+
+
+def initialised(slowness: dict) -> Pacing:
+    """Round trips of the initialisation's tiny tasks only (no statistics yet)."""
+    pacing = Pacing()
+    for kind in ("moments", "variogram"):
+        for j, s in slowness.items():
+            pacing.sent(j, 0.0)
+            pacing.arrived(j, kind, 0.01 * s)
+    return pacing
+
+
+def test_a_site_is_held_when_its_share_of_a_round_trip_spans_two_of_the_median_site():
+    pacing = initialised({0: 1.0, 1: 1.0, 2: 1.0, 3: 13.0, 4: 14.0})
+    assert pacing.slowness(4, range(5)) == pytest.approx(14.0)
+    assert pacing.held(range(5), share=0.15) == [4]  # 14 · 0.15 = 2.1 ≥ 2; 13 · 0.15 = 1.95 < 2
+    assert pacing.held(range(5), share=0.0) == []
+    assert Pacing().held([0, 1], share=0.15) == []  # nothing measured: nothing held
+
+
+def test_a_hold_ends_after_its_share_of_the_held_site_round_trip():
+    pacing = initialised({0: 1.0, 1: 1.0, 2: 20.0})
+    pacing.sent(0, 0.0)
+    pacing.arrived(0, STATS_STEP, 1.0)  # the median statistics round trip is 1: site 2's is 20, its share 3
+    assert not pacing.hold_over([2], [0, 1, 2], now=2.9, start=0.0, share=0.15)
+    assert pacing.hold_over([2], [0, 1, 2], now=3.0, start=0.0, share=0.15)
+    assert pacing.hold_over([2], [2], now=0.0, start=0.0, share=0.15)  # nobody else left to move the surrogate
+
+
+@pytest.mark.parametrize("busy_since, free", [(None, True), (10.0, True), (11.0, False)])
+def test_a_restart_is_free_when_every_other_site_answers_before_the_held_one(busy_since, free):
+    """Held site 1 (round trip 4) asked at now = 12 answers at 16; site 0 (round trip 3): idle it answers at 15,
+    busy since 10 at 10 + 3 + 3 = 16 ≤ 16, busy since 11 at 17 > 16."""
+    pacing = timed({0: 3.0, 1: 4.0})
+    if busy_since is not None:
+        pacing.sent(0, busy_since)
+    assert pacing.free_restart([1], [0, 1], now=12.0) is free
+    assert not pacing.free_restart([], [0, 1], now=12.0)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from support import LowRankReference, simulate
 
-from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.config import FitConfig, StatsPolicy
+from spatialfed.algorithm.profile import distance
 from spatialfed.algorithm.protocol import STATS_STEP, evaluate
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.model.reference import lowrank_loglik
@@ -205,9 +206,67 @@ def test_async_ends_no_later_than_sync(problem, sync, slowdowns):
                               server=StatsServer(len(models), knots, kernel, FitConfig(mode=mode, max_iter=300,
                                                                                        tol=1e-8)))
             for mode in ("sync", "async")}
-    fast = min(runs["async"].pacing.durations[STATS_STEP].values())
+    durations = runs["async"].pacing.durations[STATS_STEP].values()
+    fast, slowest = min(durations), max(durations)
+    hold = StatsPolicy().hold_share * slowest + fast  # a held site waits its share, then for the next answer
     assert runs["async"].converged and runs["async"].loglik == pytest.approx(sync.loglik, abs=1e-6)
-    assert runs["async"].trace[-1]["time_s"] <= runs["sync"].trace[-1]["time_s"] + fast
+    assert runs["async"].trace[-1]["time_s"] <= runs["sync"].trace[-1]["time_s"] + fast + hold
+
+
+@pytest.fixture(scope="module")
+def eight():
+    """Eight sites, the last 15× slower: one site's data moves the optimum little, and φ₀ is far from it."""
+    models, knots, kernel = simulate(J=8, n=60, side=4, residual="pp", seed=3)
+    return models, knots, kernel, "pp"
+
+
+def first_request(fit_, j):
+    """(u, time after the loop began) of site j's first statistics request, and φ₀."""
+    init = fit_.trace[0]
+    u, when = next((u, when) for k, u, when in fit_.requests if k == j)
+    return u, when - init["time_s"], np.log([init["delta"], init["sigma2"], init["beta"]])
+
+
+def test_a_straggler_first_waits_for_the_others_and_all_start_where_they_lead(eight):
+    """The hold (docs/algorithm.md): the straggler's first request waits at most hold_share of its round trip (and
+    the fast round trip after which the server hears of it), then the first epoch restarts at the others' surrogate
+    point — far from φ₀ against what one site's data can move it — for every site; the fit ends on sync's
+    optimum, earlier."""
+    slow = [1.0] * 7 + [15.0]
+    fit_, sync_ = fit_recorded(eight, slow), fit_recorded_sync(eight, slow)
+    u, waited, phi0 = first_request(fit_, 7)
+    durations = fit_.pacing.durations[STATS_STEP]
+    assert 0 < waited <= StatsPolicy().hold_share * durations[7] + min(durations.values()) * (1 + 1e-9)
+    assert distance(u, phi0) > 2 * StatsPolicy().secant_reach
+    assert all(any(k == j and np.array_equal(v, u) for k, v, _ in fit_.requests) for j in range(7))
+    assert fit_.converged and fit_.loglik == pytest.approx(sync_.loglik, abs=1e-6)
+    assert fit_.trace[-1]["time_s"] < sync_.trace[-1]["time_s"]
+
+
+def test_a_straggler_whose_data_could_move_the_optimum_that_far_is_asked_at_the_start(problem, sync):
+    """Four sites, started at the optimum: the three others' surrogate leaves φ₀, but by less than twice the
+    distance a quarter of the data can move it (the jackknife), so the straggler answers at φ₀ and the fit ends
+    within the hold of sync's end."""
+    models, knots, kernel, _ = problem
+    start = {"delta": sync.params.delta, "sigma2": sync.params.sigma2, "beta": sync.params.beta}
+    runs = {mode: run_virtual(models, knots, kernel, slowdowns=SLOW, server=Recording(
+        len(models), knots, kernel, FitConfig(mode=mode, max_iter=300, tol=1e-8), start=start)) for mode in
+        ("sync", "async")}
+    u, waited, phi0 = first_request(runs["async"], 3)
+    durations = runs["async"].pacing.durations[STATS_STEP]
+    np.testing.assert_array_equal(u, phi0)
+    hold = StatsPolicy().hold_share * durations[3] + min(durations.values())
+    assert waited <= hold * (1 + 1e-9)
+    assert runs["async"].trace[-1]["time_s"] <= runs["sync"].trace[-1]["time_s"] + hold * (1 + 1e-9)
+
+
+def test_the_trace_holds_estimates_from_every_site_only(problem):
+    """A surrogate step taken while a site is stood in for (the held straggler has not answered) is a probe, not
+    an estimate: no trace row before the straggler's first answer."""
+    fit_ = fit_recorded(problem, SLOW)
+    first_answer = min(when for j, _, when in fit_.requests if j == 3) + fit_.pacing.spread[3][0]
+    rows = [row for row in fit_.trace if row["step"] == STATS_STEP]
+    assert rows and min(row["time_s"] for row in rows) >= first_answer * (1 - 1e-12)
 
 
 def test_equal_sites_are_asked_together(problem):
