@@ -263,23 +263,23 @@ class StatsServer(FederatedServer):
         u = self._epoch.params.u
         here = self._exact_profile(u)
         surrogate, self._surrogate_epoch = self._surrogate_epoch, False
-        if self._anchor is not None and (here is None or here.loglik < self._anchor[0].loglik
-                                         - 1e-12 * abs(here.loglik)):
-            if surrogate:  # the surrogate's point was wrong: the next epoch takes the synchronous step, radius kept
+        anchor = None if self._anchor is None else self._anchor[0].loglik
+        worse = anchor is not None and (here is None or here.loglik < anchor - 1e-12 * abs(here.loglik))
+        if anchor is not None and surrogate and not worse and self._epoch_pred > self.policy.loglik_tol:
+            # a surrogate point must be a very successful trust-region step (ratio > 0.75): one that gains less
+            # may lead the path astray, and a guarantee needs it to cost one epoch at most
+            worse = (here.loglik - anchor) / self._epoch_pred <= 0.75
+        if worse:
+            if surrogate:  # one strike: from the same accepted point, sync's step and radius for the rest of the fit
                 self._distrust = True
             else:
                 self._radius = max(0.25 * self._epoch_step, 1e-6)  # rejected: a shorter step from the accepted point
         else:
             if here is None:
                 raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
-            if self._anchor is not None and surrogate and self._epoch_pred > self.policy.loglik_tol:
-                # the surrogate's point is kept only while it delivers what it promised (a very successful
-                # trust-region step, ratio > 0.75): a point that gains less than the synchronous step would
-                # is as much a loss as a rejected one
-                self._distrust = (here.loglik - self._anchor[0].loglik) / self._epoch_pred <= 0.75
-            if self._anchor is not None and not surrogate and self._epoch_pred > self.policy.loglik_tol:
-                self._radius = self._updated(self._radius, (here.loglik - self._anchor[0].loglik)
-                                             / self._epoch_pred, self._epoch_step)
+            if anchor is not None and not surrogate and self._epoch_pred > self.policy.loglik_tol:
+                self._radius = self._updated(self._radius, (here.loglik - anchor) / self._epoch_pred,
+                                             self._epoch_step)
             self._anchor = (here, self.records.rounds[u_key(u)]["sum"])
             self.accepted.append((self.t, here.loglik))
         base, base_stats = self._anchor
@@ -308,6 +308,8 @@ class StatsServer(FederatedServer):
             return
         self.t += 1
         self._start_epoch()
+        if not self._owed:  # every site answered there already (explorations): the epoch is over as it begins
+            self._end_epoch(now)
 
     def _epoch_point(self, base: Profile, step: Step, new: Profile | None, probe: bool) -> tuple[Profile, float]:
         """The next epoch's point and the increase of ℓ it promises: the synchronous trust-region step, or, when
@@ -331,8 +333,8 @@ class StatsServer(FederatedServer):
             best = self._evaluate(found.at, base.u + (best.u - base.u) * reach / distance(best.u, base.u))
         on_surrogate = self._evaluate(found.at, sync.u)
         if (best is None or origin is None or on_surrogate is None or best.loglik <= origin.loglik
-                or on_surrogate.loglik >= best.loglik):
-            return sync, step.predicted
+                or on_surrogate.loglik >= best.loglik or distance(best.u, sync.u) > 0.5 * reach):
+            return sync, step.predicted  # (a correction as long as half the step: the two models disagree)
         self._surrogate_epoch = True
         return best, best.loglik - origin.loglik
 

@@ -413,3 +413,61 @@ def test_a_time_budget_that_ends_during_the_initialisation_stops_with_an_exact_e
         run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
         assert server.done and server.stop_reason == "time_budget" and not server.converged
         assert np.isfinite(server.loglik) and server.trace[-1]["step"] == "final"
+
+
+def test_a_surrogate_point_short_of_its_promise_is_not_accepted_and_costs_one_epoch_at_most(problem, sync):
+    """One strike: the first point after φ₀ is published as the surrogate's — half of sync's step, promising ten
+    times sync's predicted increase. It gains less than 0.75 of that, so it is not accepted: the next point is sync's
+    step from φ₀, every later one sync's, the accepted points are sync's, and the fit ends within one slowest round
+    trip of sync's end (no hold here)."""
+    class Overpromising(Recording):
+        def _epoch_point(self, base, step, new, probe):
+            point, predicted = super()._epoch_point(base, step, new, probe)
+            if self.epochs == 0:
+                self._surrogate_epoch = True
+                return dataclasses.replace(point, u=0.5 * (base.u + point.u)), 10 * predicted
+            return point, predicted
+
+    models, knots, kernel, _ = problem
+    runs = {mode: run_virtual(models, knots, kernel, slowdowns=SLOW, server=server_type(
+        len(models), knots, kernel, FitConfig(mode=mode, max_iter=300, tol=1e-8, policy={"hold_share": 0.0})))
+        for mode, server_type in (("sync", Recording), ("async", Overpromising))}
+    fit_ = runs["async"]
+    assert fit_._distrust and fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+    assert [ll for _, ll in fit_.accepted] == pytest.approx([ll for _, ll in runs["sync"].accepted], abs=1e-8)
+    durations = fit_.pacing.durations[STATS_STEP].values()
+    assert fit_.trace[-1]["time_s"] <= runs["sync"].trace[-1]["time_s"] + max(durations) + min(durations)
+
+
+def test_a_surrogate_that_disagrees_with_the_step_by_half_its_length_is_not_taken(problem, sync):
+    """The surrogate corrects the synchronous step, it does not replace it: a surrogate that is the exact ℓ moved by
+    0.4 in log β has its maximiser far from sync's step s (more than |s|/2 from it), so every epoch point is sync's."""
+    from spatialfed.algorithm.profile import sum_statistics
+    from spatialfed.algorithm.site_records import SiteRecords, Surrogate
+    from spatialfed.model.stats import site_statistics
+
+    models, knots, kernel, _ = problem
+    shift = np.array([0.0, 0.0, 0.4])
+
+    class Shifted(SiteRecords):
+        def surrogate(self, u_at, active, n_obs, t, radius):
+            def at(u):
+                out = dict(sum_statistics([site_statistics(lm, np.asarray(u) - shift) for lm in models]))
+                out["u"] = np.asarray(u, dtype=float)
+                return out
+            return Surrogate(at, radius, 0, sorted(active), None)
+
+    chosen = []
+
+    class Watched(StatsServer):
+        def _epoch_point(self, base, step, new, probe):
+            out = super()._epoch_point(base, step, new, probe)
+            chosen.append(self._surrogate_epoch)
+            return out
+
+    server = Watched(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8,
+                                                           policy={"hold_share": 0.0}))
+    server.records = Shifted(server.policy)
+    fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
+    assert chosen and not any(chosen)
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
