@@ -658,6 +658,8 @@ def main(argv=None) -> int:
                     "with the same options takes the stores already there from it instead of running them again")
     ap.add_argument("--summary-only", action="store_true",
                     help="with --rows: print the rows found there for these options and their summary, run nothing")
+    ap.add_argument("--figure", default=None, metavar="PNG",
+                    help="also draw every row's async/sync ratio per profile, n_j and partition, with the bounds")
     args = ap.parse_args(argv)
 
     from spatialfed.data import partition as partitions
@@ -755,8 +757,48 @@ def main(argv=None) -> int:
         out["missing_stores"] = missing
         say(f"{len(missing)} of the {len(specs)} stores are not in {args.rows}: the summary covers the others")
     say(table(out["summary"]))
+    if args.figure:
+        figure(rows, profiles, args.figure)
     print(json.dumps(out, indent=1))
     return 0
+
+
+def figure(rows, profiles, path) -> None:
+    """Every row's settle ratio (async / sync, log scale) by profile, one column per n_j × partition, with issue
+    27's bounds (1.05 for every run; 0.5 and 0.85 for the means of straggler + graded and of graded:12)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import io
+
+    from spatialfed.atomic import write_bytes
+
+    groups = sorted({(r["n_per_worker"], r["partition"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(1.6 + 1.7 * len(profiles), 3.6))
+    rng = np.random.default_rng(0)
+    for i, profile in enumerate(profiles):
+        for g, key in enumerate(groups):
+            ratios = [r["ratio"] for r in rows if r["profile"] == profile
+                      and (r["n_per_worker"], r["partition"]) == key and r["ratio"] is not None]
+            x = i + (g - (len(groups) - 1) / 2) * 0.8 / max(len(groups), 1)
+            ax.scatter(x + rng.uniform(-0.05, 0.05, len(ratios)), ratios, s=12, color=f"C{g}", alpha=0.8,
+                       label=f"n_j {key[0]}, {key[1]}" if i == 0 else None)
+        mean = np.mean([r["ratio"] for r in rows if r["profile"] == profile and r["ratio"] is not None] or [np.nan])
+        ax.plot([i - 0.42, i + 0.42], [mean, mean], color="k", lw=1.5)
+    ax.axhline(1.05, color="red", lw=1, ls="--", label="1.05: no run above")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(profiles)), profiles)
+    ax.set_ylabel("async / sync time to 1e-3")
+    ax.set_title(f"{len({r['seed'] for r in rows})} seeds; black: the mean per profile", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format="png")
+    plt.close(fig)
+    write_bytes(path, buf.getvalue())
 
 
 if __name__ == "__main__":

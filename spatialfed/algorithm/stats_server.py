@@ -208,10 +208,10 @@ class StatsServer(FederatedServer):
             self._held, self._hold_start = self.pacing.held(self.active, self.policy.hold_share), float(now)
 
     def _release(self) -> None:
-        """End the hold. The first epoch restarts at the surrogate's point u_s when that is surely nearer the full
-        optimum than φ₀: |u_s − φ₀| > 2·ι, ι the distance the unseen sites' data can move the optimum from u_s
-        (_influence; then |u_s − u*| ≤ ι < |φ₀ − u*|), and when the restart delays no site (every other site answers
-        at u_s before the held ones can). Otherwise the held sites answer at φ₀."""
+        """End the hold. The first epoch restarts at the surrogate's point u_s when that is nearer the full optimum
+        than φ₀ by the jackknife: |u_s − φ₀| > 2·ι, ι its estimate of how far the unseen sites' data move the optimum
+        from u_s (_influence; |u_s − u*| ≲ ι < |φ₀ − u*|), and when the restart delays no site (every other site
+        answers at u_s before the held ones can). Otherwise the held sites answer at φ₀."""
         held, self._held = [j for j in self._held if j in self.active], []
         if (self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u)
                 and self.pacing.free_restart(held, self.active, self._last_now)

@@ -55,8 +55,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     By default (``preset`` None = "stats", SPEC §2b, ``algorithm/stats_server.py``) each iteration is one round trip:
     every site sends the sufficient statistics of its data at the current (δ, σ², β) and the server takes an exact
-    profile-likelihood Newton step (async: a slow site's last statistics stand in as a second-order model until it
-    answers). The paper's block-wise Algorithms 1–3 are the presets "tuned", "paper", "basic" and "section5".
+    profile-likelihood Newton step (async: the same epochs at the slowest site's pace, while faster sites answer
+    where models of every site's statistics lead, so that better steps are taken; docs/algorithm.md). The paper's block-wise Algorithms 1–3 are the presets "tuned", "paper", "basic" and "section5".
 
     Parameters
     ----------

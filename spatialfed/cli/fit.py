@@ -44,8 +44,9 @@ def register(subparsers) -> None:
         description="Fits the knot-based low-rank spatial GP across the store's sites, synchronously or "
                     "asynchronously. By default (--preset stats) each iteration is one round trip in which every "
                     "site sends the sufficient statistics of its data at the current parameters and the server "
-                    "takes an exact profile-likelihood Newton step (async: a slow site's last statistics stand in "
-                    "as a model until it answers); --preset tuned/paper/basic/section5 run the paper's block-wise "
+                    "takes an exact profile-likelihood Newton step (async: the same steps at the slowest site's pace, "
+                    "while faster sites answer where models of every site's statistics lead, to pick better "
+                    "steps); --preset tuned/paper/basic/section5 run the paper's block-wise "
                     "Algorithms 1-3 instead. Runs on Dask (each partition is read and kept on the Dask worker that "
                     "serves it) or in this process on a virtual clock; writes fit.json, model.zarr and trace.csv.")
     p.add_argument("store", metavar="STORE.zarr", nargs="?", default=None,
