@@ -77,8 +77,9 @@ class StatsServer(FederatedServer):
         self._anchor: tuple[Profile, dict] | None = None  # last accepted epoch point: (profile, summed statistics)
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
+        self._sync_pred = 0.0  # the increase sync's quadratic model predicted for its own step there
         self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
-        self._distrust = False  # the exact ℓ rejected a surrogate point: synchronous steps for the rest of the fit
+        self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
         self._toward = [0, 0, 0]  # consecutive Newton steps of ≥ probe_step per log-parameter, signed
         self._probed: list[int] = []  # log-parameters already tried at a bound (once each)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
@@ -266,9 +267,11 @@ class StatsServer(FederatedServer):
         anchor = None if self._anchor is None else self._anchor[0].loglik
         worse = anchor is not None and (here is None or here.loglik < anchor - 1e-12 * abs(here.loglik))
         if anchor is not None and surrogate and not worse and self._epoch_pred > self.policy.loglik_tol:
-            # a surrogate point must be a very successful trust-region step (ratio > 0.75): one that gains less
-            # may lead the path astray, and a guarantee needs it to cost one epoch at most
-            worse = (here.loglik - anchor) / self._epoch_pred <= 0.75
+            # short of 0.75 of its promise it misled (one strike); it is kept only if it gained what a very
+            # successful synchronous step would have (0.75 of sync's prediction): a strike costs one epoch at most
+            gain = here.loglik - anchor
+            self._distrust = gain / self._epoch_pred <= 0.75
+            worse = self._distrust and gain <= 0.75 * self._sync_pred
         if worse:
             if surrogate:  # one strike: from the same accepted point, sync's step and radius for the rest of the fit
                 self._distrust = True
@@ -298,7 +301,7 @@ class StatsServer(FederatedServer):
         if probe is not None:
             step, new = probe, None
         new, predicted = self._epoch_point(base, step, new, probe is not None)
-        self._epoch_step, self._epoch_pred = distance(new.u, base.u), predicted
+        self._epoch_step, self._epoch_pred, self._sync_pred = distance(new.u, base.u), predicted, step.predicted
         self.boundary = at_bound(new.u, lower, upper)
         self._set_params(new)
         self._record(STATS_STEP, now, 0, new.loglik)
@@ -312,10 +315,9 @@ class StatsServer(FederatedServer):
             self._end_epoch(now)
 
     def _epoch_point(self, base: Profile, step: Step, new: Profile | None, probe: bool) -> tuple[Profile, float]:
-        """The next epoch's point and the increase of ℓ it promises: the synchronous trust-region step, or, when
-        sites answered elsewhere since (async), the surrogate's maximiser from the point the surrogate reached,
-        no farther from base than the synchronous step — whichever is higher on the surrogate. Once the exact ℓ has
-        rejected a surrogate point, the synchronous step for the rest of the fit (a rejection costs one epoch, once)."""
+        """The next epoch's point and the increase of ℓ it promises: sync's trust-region step s, or (async, sites
+        answered elsewhere since) the surrogate's maximiser, no farther from base than s and within |s|/2 of it, if
+        higher on the surrogate. After one strike (_end_epoch), s for the rest of the fit."""
         sync = new if new is not None else dataclasses.replace(base, u=base.u + step.p)
         explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
                        if j in self.active)

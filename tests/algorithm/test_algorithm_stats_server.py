@@ -416,16 +416,16 @@ def test_a_time_budget_that_ends_during_the_initialisation_stops_with_an_exact_e
 
 
 def test_a_surrogate_point_short_of_its_promise_is_not_accepted_and_costs_one_epoch_at_most(problem, sync):
-    """One strike: the first point after φ₀ is published as the surrogate's — half of sync's step, promising ten
-    times sync's predicted increase. It gains less than 0.75 of that, so it is not accepted: the next point is sync's
-    step from φ₀, every later one sync's, the accepted points are sync's, and the fit ends within one slowest round
-    trip of sync's end (no hold here)."""
+    """One strike: the first point after φ₀ is published as the surrogate's — a quarter of sync's step, promising
+    ten times sync's predicted increase. It gains less than 0.75 of that, and less than 0.75 of what sync's step was
+    predicted to gain, so it is not accepted: the next point is sync's step from φ₀, every later one sync's, the
+    accepted points are sync's, and the fit ends within one slowest round trip of sync's end (no hold here)."""
     class Overpromising(Recording):
         def _epoch_point(self, base, step, new, probe):
             point, predicted = super()._epoch_point(base, step, new, probe)
             if self.epochs == 0:
                 self._surrogate_epoch = True
-                return dataclasses.replace(point, u=0.5 * (base.u + point.u)), 10 * predicted
+                return dataclasses.replace(point, u=0.75 * base.u + 0.25 * point.u), 10 * predicted
             return point, predicted
 
     models, knots, kernel, _ = problem
