@@ -76,11 +76,17 @@ class Pacing:
         return [k for k in active if (self.slowness(k, active) or 0.0) * share >= steps]
 
     def hold_over(self, held: Iterable[int], active: Iterable[int], now: float, start: float, share: float) -> bool:
-        """Whether a hold that began at `start` is over: a held site waited its `share` of a round trip, or no other
-        site is left to move the surrogate (a surrogate that stopped moving ends it too: the server's part)."""
+        """Whether a hold that began at `start` is over: a held site would wait more than its `share` of a round trip
+        if released at the next answer (a fastest round trip away at the soonest), or no other site is left to move
+        the surrogate (a surrogate that stopped moving ends it too: the server's part)."""
         active, held = list(active), list(held)
+        others = [k for k in active if k not in held]
+        if not others:
+            return True
+        known = [r for r in (self.round_trip(k, active, end=0) for k in others) if r is not None]
+        soonest = min(known) if known else 0.0
         trips = [self.round_trip(j, active) for j in held]
-        return not set(active) - set(held) or any(r is not None and now - start >= share * r for r in trips)
+        return any(r is not None and now + soonest - start > share * r for r in trips)
 
     def free_restart(self, held: Iterable[int], active: Iterable[int], now: float) -> bool:
         """Whether every other site can answer a new point before the earliest held site, asked now, could: then

@@ -71,12 +71,13 @@ def test_a_site_is_held_when_its_share_of_a_round_trip_spans_two_of_the_median_s
     assert Pacing().held([0, 1], share=0.15) == []  # nothing measured: nothing held
 
 
-def test_a_hold_ends_after_its_share_of_the_held_site_round_trip():
+def test_a_hold_ends_before_it_would_exceed_its_share_of_the_held_site_round_trip():
     pacing = initialised({0: 1.0, 1: 1.0, 2: 20.0})
     pacing.sent(0, 0.0)
-    pacing.arrived(0, STATS_STEP, 1.0)  # the median statistics round trip is 1: site 2's is 20, its share 3
-    assert not pacing.hold_over([2], [0, 1, 2], now=2.9, start=0.0, share=0.15)
-    assert pacing.hold_over([2], [0, 1, 2], now=3.0, start=0.0, share=0.15)
+    pacing.arrived(0, STATS_STEP, 1.0)  # the median statistics round trip is 1: site 2's is 20, its share 3;
+    # the next answer comes a round trip (1) later at the soonest: released now unless that is still within 3
+    assert not pacing.hold_over([2], [0, 1, 2], now=2.0, start=0.0, share=0.15)
+    assert pacing.hold_over([2], [0, 1, 2], now=2.01, start=0.0, share=0.15)
     assert pacing.hold_over([2], [2], now=0.0, start=0.0, share=0.15)  # nobody else left to move the surrogate
 
 
