@@ -52,7 +52,7 @@ class SiteRecords:
             self.epoch[j] = self.stats[j]
         self.refined(j)
         self._secant_model(j, previous)
-        stale.remember(self.rounds, self.stats, j, list(live) + [st["u"] for st in self.epoch.values()])
+        stale.remember(self.rounds, self.stats, j, list(live) + self._epoch_points())
 
     def refined(self, j: int, nearby: dict | None = None) -> bool:
         """Site j's answers near its u_j (refine_task), with `nearby` a new one: those still between ½ and 1½
@@ -112,7 +112,7 @@ class SiteRecords:
         pol = self.policy
         models = self.nearest(u_at, active)
         have = {j: distance(u_at, st["u"]) for j, st in models.items()}
-        used = sorted(j for j, du in have.items() if du <= pol.taylor_radius * (1 + 1e-9))  # rounding at a full step
+        used = sorted(j for j, du in have.items() if self._reaches(du))
         n_used = sum(int(models[j]["n"]) for j in used)
         if n_used < pol.min_coverage * n_obs:
             return None
@@ -153,7 +153,15 @@ class SiteRecords:
     def within_reach(self, u, sites) -> bool:
         """Every site's nearest model is used within taylor_radius at u."""
         models = self.nearest(u, sites)
-        return all(distance(u, models[j]["u"]) <= self.policy.taylor_radius for j in sites)
+        return all(self._reaches(distance(u, models[j]["u"])) for j in sites)
+
+    def _reaches(self, du: float) -> bool:
+        """A model is used this far from its u_j (taylor_radius; rounding allowed at a full step's end)."""
+        return du <= self.policy.taylor_radius * (1 + 1e-9)
+
+    def _epoch_points(self) -> list:
+        """The u of every site's epoch answer: their sums in `rounds` are kept for the control variates."""
+        return [st["u"] for st in self.epoch.values()]
 
     def drop(self, j: int) -> None:
         """Forget site j (a lost worker); the sums at one u are rebuilt without it."""
@@ -163,4 +171,4 @@ class SiteRecords:
             if j in entry["sites"]:
                 del self.rounds[key]
         for k in self.stats:
-            stale.remember(self.rounds, self.stats, k, [st["u"] for st in self.epoch.values()])
+            stale.remember(self.rounds, self.stats, k, self._epoch_points())
