@@ -140,6 +140,9 @@ def default_n_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+WORKER_PRELOAD = "spatialfed.runtime.worker_logs"  # drops the heartbeat traceback a shutdown race logs
+
+
 def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_logs: int = 40,
                   security=None) -> ClusterHandle:
     """Start an embedded ``LocalCluster`` on 127.0.0.1 (processes, 1 thread each, BLAS single-threaded).
@@ -174,6 +177,7 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
             memory_limit=memory_limit,
             silence_logs=silence_logs,
             env=dict(SINGLE_THREAD_ENV),
+            preload=[WORKER_PRELOAD],
             **({} if security is None else {"protocol": "tls", "security": security}),
         )
     try:

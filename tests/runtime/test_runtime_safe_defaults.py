@@ -79,3 +79,26 @@ def test_a_batch_cluster_listening_beyond_this_machine_without_tls_warns(monkeyp
         warnings.simplefilter("error")
         with pytest.raises(Stop):
             cluster.jobqueue_cluster("slurm")  # 127.0.0.1: no warning
+
+
+def test_workers_drop_only_the_heartbeat_traceback_of_a_shutdown():
+    """A heartbeat cut by the cluster's shutdown logged a ~30-line traceback from a worker after Ctrl-C (a race
+    seen in CI); each embedded worker drops that record (and only that one) through its preload."""
+    import logging
+
+    from distributed.comm.core import CommClosedError
+
+    from spatialfed.runtime.worker_logs import HEARTBEAT_CUT, ShutdownHeartbeatFilter
+
+    def record(msg, exc):
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, None,
+                                 (type(exc), exc, None) if exc else None)
+
+    keep = ShutdownHeartbeatFilter().filter
+    assert not keep(record(HEARTBEAT_CUT + ".", CommClosedError("in <TLS (closed)>: Stream is closed")))
+    assert keep(record(HEARTBEAT_CUT + ".", ValueError("a bug")))  # not a closed connection: kept
+    assert keep(record("Compute Failed", CommClosedError("x")))
+    with local_cluster(1, security=False) as handle:
+        installed = handle.client.run(
+            lambda: [type(f).__name__ for f in logging.getLogger("distributed.worker").filters])
+    assert list(installed.values()) == [["ShutdownHeartbeatFilter"]], installed
