@@ -8,6 +8,7 @@ import pytest
 import zarr
 
 from spatialfed.data import store
+from spatialfed.data.coords import MAX_ABS_COORD
 from spatialfed.data.store import StoreInfo, load_test, load_worker, open_store, write_store
 from spatialfed.errors import StoreError
 
@@ -118,7 +119,14 @@ def test_failed_overwrite_keeps_the_old_store(written, monkeypatch):
         ([], {}, "at least one worker"),
         (make_parts(p=3), {}, r"X must have shape \(5, 2\)"),
         ([(np.zeros((3, 3)), np.zeros(3), np.zeros((3, 2)))], {}, r"locs must have shape \(3, 2\)"),
-        ([(np.zeros((2, 2)), np.array([1.0, np.nan]), np.zeros((2, 2)))], {}, "NaN"),
+        ([(np.zeros((2, 2)), np.array([1.0, np.nan]), np.zeros((2, 2)))], {}, "worker 0: z holds NaN"),
+        ([(np.array([[0.0, np.inf], [1, 1]]), np.zeros(2), np.zeros((2, 2)))], {}, "worker 0: locs holds NaN or inf"),
+        ([(np.zeros((2, 2)), np.zeros(2), np.array([[0.0, 1], [np.nan, 1]]))], {}, "worker 0: X holds NaN"),
+        ([(np.zeros((2, 2)), np.zeros(2))], {}, r"worker 0 must be a \(locs, z, X\) triple"),
+        ([(np.zeros((2, 2)), np.zeros((2, 1)), np.zeros((2, 2)))], {}, r"z must be a non-empty 1-D array, got shape \(2, 1\)"),
+        ([(np.zeros((0, 2)), np.zeros(0), np.zeros((0, 2)))], {}, r"z must be a non-empty 1-D array, got shape \(0,\)"),
+        (make_parts(), {"test": (np.zeros((2, 2)), np.array([np.nan, 1]), np.zeros((2, 2)))}, "test set: z holds NaN"),
+        ([(np.full((2, 2), 2 * MAX_ABS_COORD), np.zeros(2), np.zeros((2, 2)))], {}, "beyond ±1e"),
         (make_parts(), {"partition": "blocks"}, "partition 'blocks'"),
         (make_parts(), {"truth": {"gamma": [1.0]}}, "truth is missing"),
         (make_parts(), {"truth": dict(TRUTH, gamma=[1.0])}, "gamma has 1 entries"),
@@ -129,6 +137,19 @@ def test_write_rejects_bad_input(tmp_path, parts, kwargs, message):
     with pytest.raises(StoreError, match=message):
         write_store(tmp_path / "s.zarr", parts, **options)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_integer_input_and_one_row_partitions_are_stored_as_float64(tmp_path):
+    parts = [(np.array([[1, 2]]), np.array([3]), np.array([[1, 5]])), (np.array([[0, 0], [4, 4]]), np.array([1, 2]),
+                                                                        np.array([[1, 6], [1, 7]]))]
+    info = write_store(tmp_path / "s.zarr", parts, partition="random", crs=None, covariate_names=["a", "b"])
+    assert info.sizes == [1, 2]
+    edge = [(np.array([[MAX_ABS_COORD, -MAX_ABS_COORD]]), np.zeros(1), np.zeros((1, 2)))]  # the limit itself is in
+    assert write_store(tmp_path / "edge.zarr", edge, partition="random", crs=None, covariate_names=["a", "b"]).sizes == [1]
+    for j, part in enumerate(parts):
+        for got, want in zip(load_worker(tmp_path / "s.zarr", j), part):
+            assert got.dtype == np.float64
+            np.testing.assert_array_equal(got, want)
 
 
 def edit_root(path, **changes):

@@ -285,11 +285,6 @@ def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]
     return group, int(n), digest
 
 
-def _array_shapes(path: Path, where: str, p: int) -> int:
-    """Check the three arrays of group `where` (metadata only) and return its row count."""
-    return _group(path, where, p)[1]
-
-
 def _warn_legacy(path: Path) -> None:
     """Warn once per store (per process) that it carries no checksums."""
     key = os.path.realpath(path)

@@ -129,6 +129,9 @@ def test_legacy_store_loads_with_one_warning(tmp_path):
         np.testing.assert_array_equal(load_test(path)[0], make_parts((4,), seed=1)[0][0])
     assert st.fingerprint.startswith("legacy-sha256:") and not st.verified and st.checksums == (None,) * 3
     assert store_fingerprint(path) == st.fingerprint
+    shutil.copytree(path, tmp_path / "old2.zarr")
+    with pytest.warns(UserWarning, match="old2.zarr was written before stores recorded checksums"):  # once per store
+        open_store(tmp_path / "old2.zarr")
     write(tmp_path / "half.zarr")
     edit_attrs(tmp_path / "half.zarr" / "workers" / "2" / "zarr.json", n_rows=None, sha256=None)
     with pytest.raises(StoreError, match=r"partitions \['workers/2'\] have no integrity records"):
@@ -166,6 +169,8 @@ def test_handle_refuses_a_store_rewritten_after_opening(tmp_path):
     write(path, seed=9, overwrite=True)
     with pytest.raises(StoreError, match=r"partition workers/0 changed since the store was opened"):
         st.load_worker(0)
+    with pytest.raises(StoreError, match=r"partition test changed since the store was opened"):
+        st.load_test()
     assert open_store(path).load_worker(0)[1].shape == (5,)
 
 
@@ -181,3 +186,73 @@ def test_checksum_cost_is_small(tmp_path):
     elapsed = time.perf_counter() - t0
     assert elapsed < 0.5, elapsed  # 6.4 MB
     assert store_mod.checksum(*part) == checksum(*(np.array(a) for a in part))
+
+
+def test_store_fingerprint_reads_the_record_without_checking_it(tmp_path):
+    """store_fingerprint is the cheap read of what was recorded; open_store is the check that refuses a change."""
+    path = tmp_path / "s.zarr"
+    st = write(path)
+    edit_attrs(path / "zarr.json", partition="random")
+    assert store_fingerprint(path) == st.fingerprint
+    with pytest.raises(StoreError, match="recorded fingerprint does not match"):
+        open_store(path)
+
+
+@pytest.mark.parametrize("key", ["delta", "sigma2", "beta", "nu"])
+def test_truth_parameters_must_be_positive(tmp_path, key):
+    truth = {"gamma": [1, 2], "delta": 4, "sigma2": 1, "beta": 0.2, "nu": 0.5}
+    st = write(tmp_path / "s.zarr", truth=truth)
+    assert st.truth == {"gamma": [1.0, 2.0], "delta": 4.0, "sigma2": 1.0, "beta": 0.2, "nu": 0.5}
+    assert all(type(v) is float for k, v in st.truth.items() if k != "gamma")
+    with pytest.raises(StoreError, match=rf"truth {key} must be > 0, got 0"):
+        write(tmp_path / "zero.zarr", truth=truth | {key: 0})
+
+
+def test_the_fixes_named_in_python_spelling(tmp_path):
+    no_test = write(tmp_path / "n.zarr", test=None)
+    with pytest.raises(StoreError, match=r"create it with test_size= \(simulate_store\) or test_fraction= \(ingest\)$"):
+        no_test.load_test()
+    path = tmp_path / "s.zarr"
+    write(path)
+    edit_attrs(path / "workers" / "1" / "zarr.json", n_rows=7)
+    with pytest.raises(StoreError, match=r"re-ingest the data \(ingest\(\.\.\., overwrite=True\) or "
+                                         r"simulate_store\(\.\.\., overwrite=True\)\) or restore the store"):
+        open_store(path)
+
+
+def test_checksum_is_of_the_float64_values_whatever_the_input_dtype_or_byte_order():
+    locs, z, X = make_parts((6,))[0]
+    ref = checksum(locs, z, X)
+    assert checksum(locs.astype(">f8"), z.astype(">f8"), X.astype(">f8")) == ref
+    assert checksum(np.ones((2, 2), dtype=int), np.arange(2), np.zeros((2, 1), dtype=np.int32)) == \
+        checksum(np.ones((2, 2)), np.arange(2.0), np.zeros((2, 1)))
+
+
+def test_load_worker_refuses_a_non_integer_index_and_reads_float32_arrays_as_float64(tmp_path):
+    path = tmp_path / "s.zarr"
+    write(path)
+    for j in (True, 1.0, -1, 3):
+        with pytest.raises(StoreError, match=rf"worker index {j!r} out of range"):
+            load_worker(path, j)
+    # another writer stored z as float32; its values are exact in float32, so the checksum still holds
+    parts = make_parts()
+    z = np.round(parts[1][1] * 4) / 4
+    parts[1] = (parts[1][0], z, parts[1][2])
+    st = write_store(tmp_path / "f32.zarr", parts, partition="area", crs="EPSG:28992", covariate_names=["a", "b"])
+    group = zarr.open_group(tmp_path / "f32.zarr" / "workers" / "1", mode="a")
+    group.create_array("z", data=z.astype(np.float32), chunks=(len(z),), overwrite=True)
+    for got in (load_worker(tmp_path / "f32.zarr", 1)[1], st.load_worker(1)[1]):
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, z)
+
+
+def test_fingerprint_and_checksums_of_a_fixed_store_do_not_change_between_versions(tmp_path):
+    """Stores written by earlier versions must open: the recorded values of this store (written on 27 Nov 2026)
+    are pinned, so a change to what is hashed, or how, fails here rather than refusing every existing store."""
+    parts = [(np.arange(6.0).reshape(3, 2) / 8, np.array([0.5, -1.0, 2.0]), np.ones((3, 2))),
+             (np.array([[1.0, 1.0]]), np.array([3.0]), np.array([[1.0, 0.25]]))]
+    st = write_store(tmp_path / "s.zarr", parts, partition="area", crs="EPSG:28992", covariate_names=["a", "b"],
+                     truth={"gamma": [1, 2], "delta": 4, "sigma2": 1, "beta": 0.2, "nu": 0.5})
+    assert st.checksums == ("935c6edbf18f6a2e9a6713154f7bef3d3d388192e7008a7dc42f3567eaa801e5",
+                            "ca006a5bf857ff6ea593489ed8f293a580d7b44cfb681649adcea660f14a2f0b")
+    assert st.fingerprint == "sha256:8210775a0d743f21e244b9506206dc85711f00095fba526f8ca7a102b72f213a"
