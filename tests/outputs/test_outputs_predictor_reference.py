@@ -122,11 +122,13 @@ def check(got, mean, sd_latent, sd):
     np.testing.assert_allclose(got["sd"], sd, rtol=1e-7, atol=1e-9, err_msg="sd")
 
 
-@pytest.mark.parametrize("residual", ["full", "mpp", "pp"])
-def test_lowrank_predictor_is_the_dense_gp_conditional(problem, residual):
+@pytest.mark.parametrize("residual, predictor", [("full", "lowrank"), ("mpp", "lowrank"), ("pp", "lowrank"),
+                                                  ("mpp", "seamless"), ("pp", "seamless")])
+def test_lowrank_predictor_is_the_dense_gp_conditional(problem, residual, predictor):
+    """The seamless predictor of an mpp or pp fit is the owner predictor (nothing to blend: see prediction.py)."""
     path, parts, knots, locs0, X0 = problem
     mu, Sigma, mean, sd_latent, sd = lowrank_reference(parts, knots, locs0, X0, residual)
-    got = predicted(path, model_for(knots, residual, mu, Sigma), locs0, X0, "lowrank")
+    got = predicted(path, model_for(knots, residual, mu, Sigma), locs0, X0, predictor)
     np.testing.assert_array_equal(got["owner"], nearest_owner(parts, locs0))
     check(got, mean, sd_latent, sd)
 
@@ -159,3 +161,27 @@ def test_ols_predictor_is_pooled_least_squares(problem):
     got = predicted(path, model, locs0, X0, "ols")
     check(got, X0 @ g, np.sqrt(s2 * lev), np.sqrt(s2 * (1 + lev)))
     assert (got["owner"] == -1).all()
+
+
+def test_ols_prediction_asks_a_runtime_for_the_moments(problem):
+    path, parts, knots, locs0, X0 = problem
+    model = model_for(knots, "full", np.zeros(len(knots)), np.zeros((len(knots), len(knots))), "independent")
+    with pr.open_workers(open_store(path), model, "simulated") as workers:
+        got = pr.ols_prediction(workers, X0)
+    z, X = np.concatenate([p[1] for p in parts]), np.vstack([p[2] for p in parts])
+    np.testing.assert_allclose(got["mean"], X0 @ np.linalg.lstsq(X, z, rcond=None)[0], rtol=1e-10)
+
+
+def test_ols_sd_divides_by_one_residual_degree_of_freedom():
+    """N − p = 1 (three points, two covariates over two sites): s² is the residual sum of squares itself."""
+    X = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 3.0]])
+    z = np.array([0.0, 2.0, 3.0])
+    moments = lambda rows: {"XtX": X[rows].T @ X[rows], "Xtz": X[rows].T @ z[rows],  # noqa: E731
+                            "ztz": z[rows] @ z[rows], "n": len(rows)}
+    g, rss = np.linalg.lstsq(X, z, rcond=None)[:2]
+    x0 = np.array([[1.0, 2.0]])
+    lev = x0[0] @ np.linalg.solve(X.T @ X, x0[0])
+    got = pr.ols_prediction({0: moments([0, 1]), 1: moments([2])}, x0)
+    np.testing.assert_allclose(got["mean"], x0 @ g)
+    np.testing.assert_allclose(got["sd"], np.sqrt(rss[0] * (1 + lev)))
+    np.testing.assert_allclose(got["sd_latent"], np.sqrt(rss[0] * lev))
