@@ -69,8 +69,10 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
         ref = bench.fit_stats(path, setting, "sync", "balanced", max_iter=100, tol=1e-10)
         knots, kernel = jittered_unit_grid(setting.knots, seed=0), Matern(setting.nu)
         info = open_store(path)
-        models = [site.local_model(s) for s in site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers,
-                                                                knots, kernel, setting.residual)]
+        run_id = uuid.uuid4().hex[:12]
+        models = [site.local_model(s) for s in site.site_specs(run_id, info.path, info.n_workers, knots, kernel,
+                                                                setting.residual)]
+        site.release(run_id)  # this process's registry holds no partition after the script (models stay here)
     server = ref.server
     u_star = server.params.u
     init = next(row for row in server.trace if row["step"] == "init")

@@ -19,6 +19,9 @@ def test_one_answer_rows_and_the_maximiser_against_the_synchronous_optimum(tmp_p
         assert floor.main(["--workers", "3", "--n-per-worker", "60", "--knots", "25", "--range", "0.2",
                            "--seeds", "0", "--partition", "random"]) == 0
     doc = json.loads(out.getvalue())
+    from spatialfed.runtime import site
+
+    assert not site.registry_keys()  # the script leaves no partition in this process
     (row,) = doc["rows"]
     assert doc["summary"]["stores"] == 1
     assert doc["summary"]["one_answer_at_us_settles"] == int(row["one_answer_at_us"] <= 1e-3)
@@ -42,7 +45,8 @@ def test_the_maximiser_of_every_site_exact_is_the_synchronous_optimum(tmp_path):
     ref = floor.bench.fit_stats(path, setting, "sync", "balanced", max_iter=100, tol=1e-10)
     knots, kernel = jittered_unit_grid(25, seed=0), Matern(0.5)
     info = open_store(path)
-    models = [site.local_model(s) for s in site.site_specs("t", info.path, 3, knots, kernel, "full")]
+    models = [site.local_model(s) for s in site.site_specs("floor-test", info.path, 3, knots, kernel, "full")]
+    site.release("floor-test")  # the process-wide registry must stay empty (test_dask_runtime checks the client's)
     server = ref.server
 
     def exact(u):
