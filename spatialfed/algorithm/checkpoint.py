@@ -55,7 +55,9 @@ SAFE_MODULES = ("spatialfed.model.", "spatialfed.algorithm.")
 
 def _explicit() -> dict[str, type]:
     """The classes of today's snapshots, by qualified name (imported here: fgpr imports the server, which this module
-    must not import at load time). Plain classes (PrivacyAccountant, SiteRecords, Pacing) are restored by their instance dict."""
+    must not import at load time). Plain classes (PrivacyAccountant, SiteRecords, Pacing, BoundaryProbe) are
+    restored by their instance dict."""
+    from spatialfed.algorithm.boundary import BoundaryProbe
     from spatialfed.algorithm.config import FitConfig
     from spatialfed.algorithm.fgpr import FgprConfig
     from spatialfed.algorithm.pacing import Pacing
@@ -66,7 +68,8 @@ def _explicit() -> dict[str, type]:
     from spatialfed.model.params import Params
 
     return {_name(cls): cls for cls in (Params, Augmented, Quantity, Matern, FitConfig, FgprConfig,
-                                        GaussianMechanism, PrivacyAccountant, SiteRecords, Pacing)}
+                                        GaussianMechanism, PrivacyAccountant, SiteRecords, Pacing,
+                                        BoundaryProbe)}
 
 
 def _name(cls: type) -> str:

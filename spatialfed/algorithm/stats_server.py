@@ -8,8 +8,9 @@ profile_loglik) accepts or rejects it, decides the stop and publishes the next p
 step; in sync mode that is all. In async mode the slowest site is asked again the moment it answers, so epochs keep
 sync's pace, while faster sites answer where the surrogate Σ_j T_j(u) (site_records; each site's statistics modelled
 around the u_j it answered at) leads, as long as pacing.Pacing says they can still answer the next epoch in time. The
-next point is then the surrogate's maximiser where it can judge it and ranks it above sync's step (one strike: after
-it misleads once, sync's step). Before the first epoch a much slower site may wait a bounded share of its round trip
+next point is then the surrogate's maximiser where it can judge it, ranks it above sync's step and predicted the
+last epoch's increase no worse than sync's model did (one strike: after it misleads once, sync's step); a surrogate
+step is an estimate (a trace row) only from every site's model and within half the epoch's step of its point. Before the first epoch a much slower site may wait a bounded share of its round trip
 for the others' surrogate and be asked where it leads (_release). Docs/algorithm.md has the argument that async ends
 no later than sync up to that wait and a fast round trip per mispredicted epoch.
 """
@@ -22,6 +23,7 @@ import dataclasses
 import numpy as np
 
 from spatialfed.algorithm import init
+from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.profile import (
@@ -78,10 +80,12 @@ class StatsServer(FederatedServer):
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
         self._sync_pred = 0.0  # the increase sync's quadratic model predicted for its own step there
+        self._sur_pred: float | None = None  # the increase the surrogate predicted for the current epoch's point
+        self._quad_pred = 0.0  # the increase sync's quadratic model predicted for it
+        self._vouched = True  # the surrogate did not predict the last epoch's increase worse than sync's model
         self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
         self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
-        self._toward = [0, 0, 0]  # consecutive Newton steps of ≥ probe_step per log-parameter, signed
-        self._probed: list[int] = []  # log-parameters already tried at a bound (once each)
+        self._boundary = BoundaryProbe(self.policy.probe_after, self.policy.probe_step)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
         self._explore_radius = float(self.config.step_bound)  # the surrogate steps' trust radius (async)
         self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
@@ -272,6 +276,10 @@ class StatsServer(FederatedServer):
             gain = here.loglik - anchor
             self._distrust = gain / self._epoch_pred <= 0.75
             worse = self._distrust and gain <= 0.75 * self._sync_pred
+        if anchor is not None:  # the surrogate's measured error on this epoch decides whether it picks the next point
+            gain = -np.inf if here is None else here.loglik - anchor
+            self._vouched = not worse and (self._sur_pred is None
+                                           or abs(gain - self._sur_pred) <= abs(gain - self._quad_pred))
         if worse:
             if surrogate:  # one strike: from the same accepted point, sync's step and radius for the rest of the fit
                 self._distrust = True
@@ -297,7 +305,7 @@ class StatsServer(FederatedServer):
         if max(float(np.max(np.abs(step.p))), dgamma) <= self.config.tol and step.predicted <= self.policy.loglik_tol:
             self._finish(base, "tol", now)
             return
-        probe = self._probe(base.u, step)
+        probe = self._boundary.step(base.u, step, self._radius, lower, upper)
         if probe is not None:
             step, new = probe, None
         new, predicted = self._epoch_point(base, step, new, probe is not None)
@@ -319,6 +327,7 @@ class StatsServer(FederatedServer):
         answered elsewhere since) the surrogate's maximiser, no farther from base than s and within |s|/2 of it, if
         higher on the surrogate. After one strike (_end_epoch), s for the rest of the fit."""
         sync = new if new is not None else dataclasses.replace(base, u=base.u + step.p)
+        self._sur_pred, self._quad_pred = None, step.predicted
         explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
                        if j in self.active)
         if probe or self.mode == "sync" or not explored or self._distrust:
@@ -334,10 +343,14 @@ class StatsServer(FederatedServer):
         if best is not None and distance(best.u, base.u) > reach:
             best = self._evaluate(found.at, base.u + (best.u - base.u) * reach / distance(best.u, base.u))
         on_surrogate = self._evaluate(found.at, sync.u)
-        if (best is None or origin is None or on_surrogate is None or best.loglik <= origin.loglik
+        if origin is not None and on_surrogate is not None:
+            self._sur_pred = on_surrogate.loglik - origin.loglik
+        if (not self._vouched or best is None or origin is None or on_surrogate is None or best.loglik <= origin.loglik
                 or on_surrogate.loglik >= best.loglik or distance(best.u, sync.u) > 0.5 * reach):
             return sync, step.predicted  # (a correction as long as half the step: the two models disagree)
-        self._surrogate_epoch = True
+        d = best.u - base.u
+        self._surrogate_epoch, self._sur_pred = True, best.loglik - origin.loglik
+        self._quad_pred = float(base.grad @ d + 0.5 * d @ base.hess @ d)
         return best, best.loglik - origin.loglik
 
     def _surrogate_step(self, now: float) -> None:
@@ -363,28 +376,13 @@ class StatsServer(FederatedServer):
                          exact_for] if move > 0 else None
         self.boundary = step.at_bound
         self._set_params(new)
-        if len(used) == len(self.active):  # an estimate from every site; with some stood in it is only a probe
+        # an estimate only from every site's model and where it agrees with sync's step (within |s|/2 of the epoch
+        # point, as _epoch_point); elsewhere it is a probe that faster sites explore
+        if len(used) == len(self.active) and distance(new.u, self._epoch.params.u) <= 0.5 * self._epoch_step:
             self._record(STATS_STEP, now, staleness, new.loglik)
         self.iterations = self.t + 1
         self.t += 1
         self._explore = Augmented(self.params, self.t, STATS_STEP)
-
-    def _probe(self, u: np.ndarray, step: Step) -> Step | None:
-        """The step with one log-parameter moved to its bound, or None: after probe_after consecutive Newton steps
-        of ≥ probe_step toward one side inside the radius (a step the radius cut short is a far start)."""
-        lower, upper = self.bounds
-        pol, probe = self.policy, None
-        free = float(np.linalg.norm(step.p)) < 0.99 * self._radius
-        for i, d in enumerate(step.p):
-            sign = 0 if not free else 1 if d >= pol.probe_step else -1 if d <= -pol.probe_step else 0
-            k = self._toward[i]
-            self._toward[i] = k + sign if sign and np.sign(k) == sign else sign
-            if probe is None and abs(self._toward[i]) >= pol.probe_after and i not in self._probed:
-                p = step.p.copy()
-                p[i] = (upper[i] if sign > 0 else lower[i]) - u[i]
-                self._probed.append(i)
-                probe = Step(p=p, predicted=0.0, at_bound=at_bound(u + p, lower, upper))  # the exact ℓ decides
-        return probe
 
     def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, Step]:
         """Safeguarded Newton iterations on the surrogate u ↦ ℓ(at(u)) from base.u, each kept only if the surrogate

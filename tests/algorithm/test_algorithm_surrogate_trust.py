@@ -1,0 +1,108 @@
+"""When the asynchronous statistics server lets its surrogate speak (docs/algorithm.md, "The asynchronous loop"):
+an epoch point from the surrogate only when it did not predict the last epoch's increase of ℓ worse than sync's
+quadratic model did (its measured error), and a trace row (an estimate) only where it agrees with sync's step. Each test gives
+the server a surrogate with a known defect and checks the fit never lets it pick or publish a point."""
+
+import numpy as np
+import pytest
+from support import simulate
+
+from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.profile import distance, sum_statistics
+from spatialfed.algorithm.site_records import SiteRecords, Surrogate
+from spatialfed.algorithm.stats_server import StatsServer
+from spatialfed.model.stats import site_statistics
+from spatialfed.runtime.virtual import run_virtual
+
+SLOW = [1.0, 1.0, 1.0, 15.0]  # one straggler
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return simulate(J=4, n=60, side=4, residual="full", seed=3)
+
+
+@pytest.fixture(scope="module")
+def sync(problem):
+    models, knots, kernel = problem
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8))
+    return run_virtual(models, knots, kernel, server=server)
+
+
+def exact_records(models, scale=1.0, shift=(0.0, 0.0, 0.0)):
+    """SiteRecords whose surrogate is every site's exact statistics at u − shift, times `scale`."""
+    shift = np.asarray(shift, dtype=float)
+
+    class Exact(SiteRecords):
+        def surrogate(self, u_at, active, n_obs, t, radius):
+            def at(u):
+                stats = [site_statistics(models[j], np.asarray(u) - shift) for j in sorted(active)]
+                out = dict(sum_statistics(stats, scale))
+                out["u"] = np.asarray(u, dtype=float)
+                return out
+            return Surrogate(at, radius, 0, sorted(active), None)
+    return Exact
+
+
+class Watched(StatsServer):
+    """Records whether each epoch point is the surrogate's, and every estimate's distance to its epoch point
+    against half the epoch's step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chosen, self.rows = [], []
+
+    def _epoch_point(self, base, step, new, probe):
+        out = super()._epoch_point(base, step, new, probe)
+        self.chosen.append(self._surrogate_epoch)
+        return out
+
+    def _surrogate_step(self, now):
+        rows = len(self.trace)
+        super()._surrogate_step(now)
+        if len(self.trace) > rows:  # this step published an estimate
+            self.rows.append((distance(self.params.u, self._epoch.params.u), 0.5 * self._epoch_step))
+        self.probes = getattr(self, "probes", 0) + (len(self.trace) == rows)
+
+
+def fit_with(problem, records):
+    models, knots, kernel = problem
+    server = Watched(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8,
+                                                           policy={"hold_share": 0.0}))
+    server.records = records(server.policy)
+    return run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
+
+
+def test_an_exact_surrogate_picks_epoch_points(problem, sync):
+    """The exact ℓ as surrogate predicts every increase exactly: it picks the second epoch point."""
+    fit_ = fit_with(problem, exact_records(problem[0]))
+    assert len(fit_.chosen) >= 2 and fit_.chosen[1]
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+def test_a_surrogate_that_predicted_the_last_increase_worse_than_sync_does_not_pick_the_next_point(problem, sync):
+    """The exact surrogate picks the second epoch point (above); told that it predicted the first epoch's increase
+    three times what sync's quadratic model predicted, it was measured worse than that model there, so the second
+    point is sync's step."""
+    class Mispredicted(Watched):
+        def _epoch_point(self, base, step, new, probe):
+            out = super()._epoch_point(base, step, new, probe)
+            if self.epochs == 0:
+                self._sur_pred = 3.0 * self._quad_pred
+            return out
+
+    models, knots, kernel = problem
+    server = Mispredicted(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8,
+                                                                policy={"hold_share": 0.0}))
+    server.records = exact_records(models)(server.policy)
+    fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
+    assert len(fit_.chosen) >= 2 and not fit_.chosen[1]
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+def test_a_surrogate_step_that_disagrees_with_the_epoch_step_is_not_an_estimate(problem, sync):
+    """A surrogate moved 0.4 in log β leads the faster sites away from the epoch point; those steps are probes:
+    every estimate after the first epoch lies within half the epoch's step of its epoch point."""
+    fit_ = fit_with(problem, exact_records(problem[0], shift=(0.0, 0.0, 0.4)))
+    assert fit_.probes and all(d <= half * (1 + 1e-9) + 1e-12 for d, half in fit_.rows)
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
