@@ -181,3 +181,27 @@ def test_taylor_model_is_exact_along_the_scaling_direction(parts, residual, m):
         for key in ("S", "dS", "d2S"):
             np.testing.assert_allclose(model[key], exact[key], rtol=1e-9, atol=1e-9 * np.abs(exact[key]).max())
         assert model["d"] == pytest.approx(exact["d"], rel=1e-10)
+
+
+def test_default_bounds_are_the_documented_box():
+    """1/δ and σ² in [1e-6, 1e4]·s², β in [1e-4, 1e2]·D (s² = 4, D = 10: every factor is told apart)."""
+    from spatialfed.algorithm.profile import default_bounds
+
+    lo, hi = default_bounds(4.0, 10.0)
+    np.testing.assert_allclose(1 / np.exp(hi[0]), 1e-6 * 4, rtol=1e-12)
+    np.testing.assert_allclose(1 / np.exp(lo[0]), 1e4 * 4, rtol=1e-12)
+    np.testing.assert_allclose(np.exp([lo[1], hi[1]]), [1e-6 * 4, 1e4 * 4], rtol=1e-12)
+    np.testing.assert_allclose(np.exp([lo[2], hi[2]]), [1e-4 * 10, 1e2 * 10], rtol=1e-12)
+
+
+def test_projected_gradient_zeroes_only_the_components_pushing_out_at_an_active_bound():
+    from spatialfed.algorithm.profile import at_bound, projected_gradient
+
+    lower, upper = np.array([-1.0, -1.0, -1.0]), np.array([1.0, 1.0, 1.0])
+    u = np.array([-1.0, 0.0, 1.0])  # on the lower bound, inside, on the upper bound
+    np.testing.assert_array_equal(projected_gradient(u, [-2.0, 3.0, 5.0], lower, upper), [0.0, 3.0, 0.0])
+    np.testing.assert_array_equal(projected_gradient(u, [0.5, -3.0, -0.5], lower, upper), [0.5, -3.0, -0.5])
+    np.testing.assert_array_equal(projected_gradient(u, [-0.5, 0.0, 0.5], lower, upper), [0.0, 0.0, 0.0])
+    inside = np.array([-1.0 + 1e-9, 0.0, 1.0 - 1e-9])  # beyond atol = 1e-10 from both bounds: free
+    np.testing.assert_array_equal(projected_gradient(inside, [-2.0, 3.0, 5.0], lower, upper), [-2.0, 3.0, 5.0])
+    assert at_bound(u, lower, upper) == ("delta", "beta") and at_bound(inside, lower, upper) == ()
