@@ -15,6 +15,8 @@ are drawn from ``numpy.random.default_rng(seed)`` in event order.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +148,7 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
         log.warning("%s; continuing without federated worker %d (on_worker_error='drop')", error, j)
         server.drop_worker(j, step, error, runtime.now())
 
+    ctrl_c = CtrlC()
     try:
         if server.done:  # a finished checkpoint needs no site
             return server
@@ -159,6 +162,8 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
         server.clock(runtime.now())  # the first requests leave now, after the partitions loaded
         hand_out()
         for batch in runtime.completed():
+            if ctrl_c.pressed:  # a Ctrl-C whose KeyboardInterrupt a finalizer swallowed
+                raise KeyboardInterrupt
             arrived, rang = [], False
             for ev in batch:
                 j = ev.site
@@ -215,10 +220,36 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
             exc.args = (f"{exc.args[0]}; {resume_hint(checkpointer)}", *exc.args[1:])
         raise
     finally:
+        ctrl_c.restore()
         runtime.stop()
     if checkpointer is not None:
         checkpointer.write(server)  # the final state (a resume of it returns the same result)
     return server
+
+
+class CtrlC:
+    """Remembers a Ctrl-C during a fit. Python raises KeyboardInterrupt wherever the main thread is, and where that
+    is a finalizer (a Dask Future's __del__) the exception is printed as "ignored" and lost: the fit ran on. The
+    handler installed here (main thread only, and not where SIGINT is ignored) records the press and raises as
+    before; drive() raises again at its next batch if the first was swallowed."""
+
+    def __init__(self):
+        self.pressed = False
+        self._before = None
+        if threading.current_thread() is threading.main_thread():
+            before = signal.getsignal(signal.SIGINT)
+            if callable(before):
+                self._before = before
+                signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        self.pressed = True
+        self._before(signum, frame)
+
+    def restore(self) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGINT, self._before)
+            self._before = None
 
 
 def resume_hint(checkpointer: Checkpointer | None) -> str:
