@@ -55,12 +55,13 @@ SAFE_MODULES = ("spatialfed.model.", "spatialfed.algorithm.")
 
 def _explicit() -> dict[str, type]:
     """The classes of today's snapshots, by qualified name (imported here: fgpr imports the server, which this module
-    must not import at load time). Plain classes (PrivacyAccountant, SiteRecords, Pacing, BoundaryProbe) are
+    must not import at load time). Plain classes (PrivacyAccountant, SiteRecords, Pacing, BoundaryProbe, Pilot) are
     restored by their instance dict."""
     from spatialfed.algorithm.boundary import BoundaryProbe
     from spatialfed.algorithm.config import FitConfig
     from spatialfed.algorithm.fgpr import FgprConfig
     from spatialfed.algorithm.pacing import Pacing
+    from spatialfed.algorithm.pilot import Pilot
     from spatialfed.algorithm.privacy import GaussianMechanism, PrivacyAccountant
     from spatialfed.algorithm.protocol import Augmented, Quantity
     from spatialfed.algorithm.site_records import SiteRecords
@@ -69,7 +70,7 @@ def _explicit() -> dict[str, type]:
 
     return {_name(cls): cls for cls in (Params, Augmented, Quantity, Matern, FitConfig, FgprConfig,
                                         GaussianMechanism, PrivacyAccountant, SiteRecords, Pacing,
-                                        BoundaryProbe)}
+                                        BoundaryProbe, Pilot)}
 
 
 def _name(cls: type) -> str:

@@ -73,6 +73,11 @@ class StatsPolicy:
     Boundary:
       probe_after, probe_step — a log-parameter that moved toward one side by ≥ probe_step in probe_after
         consecutive Newton steps is tried once at its bound (ℓ ≈ ℓ∞ − c/δ never settles in free steps).
+    Start (algorithm/pilot.py):
+      pilot_points — each site's subsample for the pilot fit that moves φ₀ near the optimum (0: no pilot): 2m at the
+        default m = 100, where the subsample's request costs about what the knot terms of any request cost;
+      pilot_share — the pilot runs only when the subsamples hold at most this share of the observations: a pilot
+        takes about as many rounds as the walk it replaces, so each must cost a small part of a full round.
     Pacing: every decision follows the sites' measured round trips (algorithm/pacing.py) but one bound —
       hold_share — the longest a slow site's first request may wait for the others' surrogate, as a share of its
         round trip: what a hold that finds nothing can cost (the fit ends at most that much later than sync), while
@@ -95,6 +100,8 @@ class StatsPolicy:
     probe_step: float = 0.5
     hold_share: float = 0.15
     explore: bool = True
+    pilot_points: int = 200
+    pilot_share: float = 0.25
 
     def __post_init__(self):
         for name in ("radius_growth", "eig_floor", "loglik_tol", "taylor_radius", "secant_reach", "settle_tol",
@@ -103,6 +110,10 @@ class StatsPolicy:
                 raise ValueError(f"policy {name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.hold_share < 1:
             raise ValueError(f"policy hold_share must be in [0, 1), got {self.hold_share!r}")
+        if not 0 < self.pilot_share <= 1:
+            raise ValueError(f"policy pilot_share must be in (0, 1], got {self.pilot_share!r}")
+        if int(self.pilot_points) != self.pilot_points or self.pilot_points < 0:
+            raise ValueError(f"policy pilot_points must be an integer ≥ 0 (0: no pilot), got {self.pilot_points!r}")
         if not 0 < self.min_coverage <= 1:
             raise ValueError(f"policy min_coverage must be in (0, 1], got {self.min_coverage!r}")
         for name in ("inner_steps", "probe_after"):

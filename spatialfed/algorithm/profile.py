@@ -242,6 +242,16 @@ class Step:
     at_bound: tuple[str, ...]
 
 
+def updated_radius(radius: float, ratio: float, step: float, cap: float) -> float:
+    """Trust radius from actual / predicted increase of ℓ: shrink below 0.25, grow (up to `cap`) above 0.75 when the
+    step reached the radius (Nocedal & Wright, Alg. 4.1)."""
+    if ratio < 0.25:
+        return max(0.25 * step, 1e-6)
+    if ratio > 0.75 and step >= 0.99 * radius:
+        return min(2.0 * radius, cap)
+    return radius
+
+
 def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float = 1e-8) -> Step:
     """argmax of the quadratic model gᵀp + ½pᵀHp with H replaced by −mod(−H) (SPEC §2: |eigenvalues|, floored),
     over ‖p‖₂ ≤ radius (Levenberg–Marquardt multiplier by bisection) and u + p in [lower, upper] (entries that leave
@@ -285,3 +295,30 @@ def _lm_solve(B: np.ndarray, g: np.ndarray, radius: float) -> np.ndarray:
         else:
             hi = lam
     return np.linalg.solve(B + hi * eye, g)
+
+
+def maximise(evaluate, base: Profile, max_move: float, lower, upper, steps: int, floor: float,
+             tol: float) -> tuple[Profile, Step]:
+    """Safeguarded Newton iterations on u ↦ evaluate(u) (a Profile with derivatives, or None where it is not positive
+    definite) from base.u, each kept only if ℓ does not decrease, within ‖u − base.u‖ ≤ max_move, at most `steps`,
+    until a step is ≤ tol; returns (the point reached, its last step)."""
+    cur, r, last = base, max_move, None
+    for _ in range(steps):
+        room = max_move - distance(cur.u, base.u)
+        if room <= 1e-12:
+            break
+        step = trust_region_step(cur.u, cur.grad, cur.hess, min(r, room), lower, upper, floor=floor)
+        last = last or step
+        if not np.any(step.p):
+            last = step
+            break
+        trial = evaluate(cur.u + step.p)
+        if trial is None or trial.loglik < cur.loglik:
+            r = 0.25 * float(np.linalg.norm(step.p))
+            continue
+        cur, last = trial, step
+        if float(np.max(np.abs(step.p))) <= tol:
+            break
+    if cur is base:  # no step kept: stay
+        last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
+    return cur, last

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spatialfed.algorithm.privacy import GaussianMechanism, task_nonce
-from spatialfed.model.names import BLOCK_STEPS, Step
+from spatialfed.model.names import BLOCK_STEPS, Residual, Step
 from spatialfed.model.params import Params
 
 #: Sub-steps of one iteration, in their cyclic order (Eq. 12).
@@ -22,6 +22,8 @@ FINAL_STEP = Step.VALUE
 FGPR_STEP = Step.FGPR
 #: one round trip per iteration (algorithm/stats_server.py): sufficient statistics at u (SPEC §2b)
 STATS_STEP = Step.STATS
+#: the same statistics on a seeded subsample of at most p.extra["points"] observations (algorithm/pilot.py)
+PILOT_STEP = Step.PILOT
 ALL_STEPS = tuple(Step)
 
 
@@ -62,10 +64,14 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
         from spatialfed.algorithm.fgpr_local import local_update
 
         xi = local_update(lm, p, worker)
-    elif p.step == STATS_STEP:
+    elif p.step in (STATS_STEP, PILOT_STEP):
         from spatialfed.model.stats import site_statistics
 
-        xi = site_statistics(lm, p.params)
+        if p.step == STATS_STEP:
+            xi = site_statistics(lm, p.params)
+        else:  # the subsample's statistics, and 1 if the site's residual is diagonal (mpp/pp: algorithm/pilot.py)
+            xi = {**site_statistics(lm.pilot(p.extra["points"]), p.params),
+                  "diagonal": float(lm.residual in (Residual.MPP, Residual.PP))}
     else:
         xi = lm.quantity(p.step, p.params)
         for step in p.extra.get("with", ()):

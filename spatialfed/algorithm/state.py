@@ -19,11 +19,12 @@ from spatialfed.model.params import Params
 
 
 class Phase(StrEnum):
-    """Where a server is: the φ₀ summaries, the iterations, the final synchronous passes, done — or stopped on an
+    """Where a server is: the φ₀ summaries, the pilot start (statistics server), the iterations, the final synchronous passes, done — or stopped on an
     error (a receive that raised leaves the state unusable: the fit is resumed from a checkpoint instead)."""
 
     MOMENTS = "moments"
     VARIOGRAM = "variogram"
+    PILOT = "pilot"
     LOOP = "loop"
     FINAL = "final"
     VALUE = "value"

@@ -1,18 +1,19 @@
 """One round trip per iteration (SPEC §2b): a sans-IO server that asks every site for its sufficient statistics at u
 and steps on the exact profile log-likelihood, synchronously or asynchronously (docs/algorithm.md).
 
-Phases: moments → variogram (φ₀, as FederatedServer) → loop → (final →) done; error on a failed receive.
+Phases: moments → variogram (φ₀, as FederatedServer) → pilot (pilot.py, large sites) → loop → (final →) done; error
+on a failed receive.
 
-The loop runs in **epochs**: every site answers at the epoch's point, then the exact ℓ_LR there (profile.
-profile_loglik) accepts or rejects it, decides the stop and publishes the next point — sync's trust-region Newton
-step; in sync mode that is all. In async mode the slowest site is asked again the moment it answers, so epochs keep
-sync's pace, while faster sites answer where the surrogate Σ_j T_j(u) (site_records; each site's statistics modelled
-around the u_j it answered at) leads, as long as pacing.Pacing says they can still answer the next epoch in time. The
-next point is then the surrogate's maximiser where it can judge it, ranks it above sync's step and predicted the
-last epoch's increase no worse than sync's model did (one strike: after it misleads once, sync's step); a surrogate
-step is an estimate (a trace row) only from every site's model and within half the epoch's step of its point. Before the first epoch a much slower site may wait a bounded share of its round trip
-for the others' surrogate and be asked where it leads (_release). Docs/algorithm.md has the argument that async ends
-no later than sync up to that wait and a fast round trip per mispredicted epoch.
+The loop runs in **epochs**: every site answers at the epoch's point, then the exact ℓ_LR there accepts or rejects
+it, decides the stop and publishes the next point — sync's trust-region Newton step; in sync mode that is all. In
+async mode the slowest site is asked again the moment it answers, so epochs keep sync's pace, while faster sites
+answer where the surrogate Σ_j T_j(u) (site_records) leads, as long as pacing.Pacing says they can still answer the
+next epoch in time. The next point is the surrogate's maximiser where it can judge it, ranks it above sync's step
+and predicted the last epoch's increase no worse than sync's model did (after it misleads once, sync's step); a
+surrogate step is an estimate (a trace row) only from every site's model and within half the epoch's step of its
+point. Before the first epoch a much slower site may wait a bounded share of its round trip for the others'
+surrogate (_release). Docs/algorithm.md argues that async ends no later than sync up to that wait and a fast round
+trip per mispredicted epoch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from spatialfed.algorithm import init
 from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
+from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.profile import (
     NotPositiveDefinite,
     Profile,
@@ -33,9 +35,11 @@ from spatialfed.algorithm.profile import (
     at_bound,
     default_bounds,
     distance,
+    maximise,
     profile_loglik,
     taylor_statistics,
     trust_region_step,
+    updated_radius,
 )
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
@@ -96,20 +100,14 @@ class StatsServer(FederatedServer):
         self._short = False  # the last surrogate step was shorter than secant_reach, with room to go farther
         self._final: Augmented | None = None  # the final pass's request (a stop before any accepted point)
         self._final_reason: str | None = None
-
-    @property
-    def mode(self) -> str:
-        return self.config.mode
+        self._pilot: Pilot | None = None  # the pilot start's rounds (pilot.py), once the φ₀ passes are done
 
     @property
     def rounds(self) -> float:
-        """Round trips so far, the unit of max_iter: epochs, the one in progress included (a synchronous iteration
-        each; the answers faster sites give between epochs do not count)."""
+        """Round trips so far, the unit of max_iter: epochs, the one in progress included (no pilot round)."""
         return float(self.epochs + 1)
 
-    @property
-    def _u(self) -> np.ndarray:
-        return self.params.u
+    _u = property(lambda self: self.params.u)
 
     # --- the runtime's side ---------------------------------------------------------------------------
     def next_task(self, j: int) -> Augmented | None:
@@ -121,6 +119,8 @@ class StatsServer(FederatedServer):
             return None
         if self.phase in (Phase.MOMENTS, Phase.VARIOGRAM):
             p = super().next_task(j)
+        elif self.phase == Phase.PILOT:
+            p = self._pilot.task(self.params, self.t, j)
         elif self.phase == Phase.FINAL:
             p = None if self.records.answered_at(j, self._final.params.u) else self._final
         else:
@@ -138,7 +138,7 @@ class StatsServer(FederatedServer):
             return None
         if j in self._owed:
             return self._epoch
-        if self.mode == "sync" or not self.policy.explore or self._explore is None:
+        if self.config.mode == "sync" or not self.policy.explore or self._explore is None:
             return None
         busy = {k: k in self._in_flight and self._in_flight[k] is not self._epoch for k in self._owed}
         due = self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
@@ -162,6 +162,9 @@ class StatsServer(FederatedServer):
         for q in qs:
             j = q.worker
             p = self._in_flight.pop(j)
+            if self.phase == Phase.PILOT:
+                self._pilot.answered(j, q.xi)
+                continue
             if j in self._obsolete or self.phase == Phase.DONE:
                 self._obsolete.discard(j)
                 continue
@@ -175,7 +178,7 @@ class StatsServer(FederatedServer):
                 self._owed.remove(j)
             self.answers[j] += 1
             self._new += 1
-        self._progress(now)
+        self._pilot_round(now) if self.phase == Phase.PILOT else self._progress(now)
 
     def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
         """Continue without site j: its statistics leave the sums, N and the epoch."""
@@ -191,6 +194,9 @@ class StatsServer(FederatedServer):
             self.n_obs = sum(self._n_j[k] for k in self.active)
         if self.phase in (Phase.MOMENTS, Phase.VARIOGRAM):
             self._complete_synchronous(now)
+        elif self.phase == Phase.PILOT:
+            self._pilot.drop(j)
+            self._pilot_round(now)
         elif self.phase == Phase.LOOP:
             self._anchor = None  # the sums changed: the accepted ℓ is not comparable
             self._owed = [k for k in self.active if not self.records.answered_at(k, self._epoch.params.u)]
@@ -200,16 +206,37 @@ class StatsServer(FederatedServer):
 
     # --- the loop -------------------------------------------------------------------------------------
     def _begin_loop(self, now: float, estimated=None) -> None:
-        """φ₀ (init.initial_params, `start` overriding), the box for u, and the first epoch at φ₀."""
+        """φ₀ (init.initial_params, `start` overriding), the box for u, then the pilot (pilot.py; large sites only)
+        and the first epoch."""
         values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
         self.bounds = self._user_bounds or default_bounds(self._s2, self._diameter)
         params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
                                      self.knots, self.kernel)
         self.params = params.with_u(np.clip(params.u, *self.bounds))
         self._record("init", now, 0)
-        self.phase = Phase.LOOP
+        n_s = pilot_size(self._n_j, self.policy.pilot_points, self.policy.pilot_share)
+        if n_s is not None:
+            self._pilot = Pilot(self._u, self.bounds, self.policy, self.config.step_bound, self.config.tol,
+                                self.config.max_iter, n_s, self.n_obs)
+            self.phase = Phase.PILOT
+            return
+        self._start_loop(now)
+
+    def _pilot_round(self, now: float) -> None:
+        """After a pilot answer or a drop: the pilot's next point (a "pilot" trace row) or, once done, the loop."""
+        budget = self.config.time_budget  # spent: the pilot ends at its accepted point
+        if self._pilot.complete(self.active, lambda st: self._evaluate(lambda _: st, st["u"], True),
+                                budget is not None and now >= budget):
+            self.params = self.params.with_u(self._pilot.u)
+            self._record("pilot", now, 0)
+            if self._pilot.done:
+                self._start_loop(now)
+                self._progress(now)
+
+    def _start_loop(self, now: float) -> None:
+        """The first epoch at the current point; in async mode a much slower site may be held (_release)."""
         self._start_epoch()
-        if self.mode == "async" and self.policy.explore and self.policy.hold_share > 0:
+        if self.config.mode == "async" and self.policy.explore and self.policy.hold_share > 0:
             self._held, self._hold_start = self.pacing.held(self.active, self.policy.hold_share), float(now)
 
     def _release(self) -> None:
@@ -234,6 +261,7 @@ class StatsServer(FederatedServer):
 
     def _start_epoch(self) -> None:
         """Ask every active site at the current u (read back from params as the sites will: log of exp)."""
+        self.phase = Phase.LOOP
         self._epoch = self._explore = Augmented(self.params, self.t, STATS_STEP)
         self._owed = [j for j in self.active if not self.records.answered_at(j, self._u)]
         self._P = [[] for _ in range(self.n_workers)]
@@ -247,7 +275,7 @@ class StatsServer(FederatedServer):
         elif self.phase == Phase.LOOP:
             if not self._owed:
                 self._end_epoch(now)
-            elif self.mode == "async" and self._new >= min(self.config.agg_threshold, len(self.active)):
+            elif self.config.mode == "async" and self._new >= min(self.config.agg_threshold, len(self.active)):
                 self._surrogate_step(now)
         budget = self.config.time_budget
         if self.phase == Phase.LOOP and budget is not None and now >= budget:
@@ -330,7 +358,7 @@ class StatsServer(FederatedServer):
         self._sur_pred, self._quad_pred = None, step.predicted
         explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
                        if j in self.active)
-        if probe or self.mode == "sync" or not explored or self._distrust:
+        if probe or self.config.mode == "sync" or not explored or self._distrust:
             return sync, step.predicted
         start = self._explore.params.u
         found = self.records.surrogate(start, self.active, self.n_obs, self.t, self._explore_radius)
@@ -385,30 +413,9 @@ class StatsServer(FederatedServer):
         self._explore = Augmented(self.params, self.t, STATS_STEP)
 
     def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, Step]:
-        """Safeguarded Newton iterations on the surrogate u ↦ ℓ(at(u)) from base.u, each kept only if the surrogate
-        does not decrease, within ‖u − base.u‖ ≤ max_move; returns (the point reached, its last step)."""
-        lower, upper = self.bounds
-        cur, r, last = base, max_move, None
-        for _ in range(self.policy.inner_steps):
-            room = max_move - distance(cur.u, base.u)
-            if room <= 1e-12:
-                break
-            step = trust_region_step(cur.u, cur.grad, cur.hess, min(r, room), lower, upper,
-                                     floor=self.policy.eig_floor)
-            last = last or step
-            if not np.any(step.p):
-                last = step
-                break
-            trial = self._evaluate(at, cur.u + step.p, derivatives=True)
-            if trial is None or trial.loglik < cur.loglik:
-                r = 0.25 * float(np.linalg.norm(step.p))
-                continue
-            cur, last = trial, step
-            if float(np.max(np.abs(step.p))) <= self.config.tol:
-                break
-        if cur is base:  # no step kept: stay
-            last = trust_region_step(base.u, base.grad, base.hess, 0.0, lower, upper)
-        return cur, last
+        """profile.maximise on the surrogate u ↦ ℓ(at(u)) within the box."""
+        return maximise(lambda u: self._evaluate(at, u, derivatives=True), base, max_move, *self.bounds,
+                        self.policy.inner_steps, self.policy.eig_floor, self.config.tol)
 
     def _check_promise(self, at, loglik: float, exact_for: list | None = None) -> None:
         """The surrogate steps' trust region: the last one promised ℓ(u_new) − ℓ(u_old); the newer model `at`
@@ -433,13 +440,7 @@ class StatsServer(FederatedServer):
                                        self.policy.settle_tol)
 
     def _updated(self, radius: float, ratio: float, step: float) -> float:
-        """Trust radius from actual / predicted increase of ℓ: shrink below 0.25, grow (up to
-        radius_growth·step_bound) above 0.75 when the step reached the radius (Nocedal & Wright, Alg. 4.1)."""
-        if ratio < 0.25:
-            return max(0.25 * step, 1e-6)
-        if ratio > 0.75 and step >= 0.99 * radius:
-            return min(2.0 * radius, self.policy.radius_growth * float(self.config.step_bound))
-        return radius
+        return updated_radius(radius, ratio, step, self.policy.radius_growth * float(self.config.step_bound))
 
     def _evaluate(self, at, u, derivatives: bool = False) -> Profile | None:
         try:

@@ -45,7 +45,7 @@ def eta(elapsed: float, done: int, total: int | None) -> str:
 
 #: what a site computes for each request step, as the phase names it
 STEP_NAMES = {"moments": "moments", "variogram": "variogram", "mu_sigma": "μ, Σ", "gamma": "γ", "theta": "θ",
-              "stats": "statistics", "value": "final log-likelihood", "fgpr": "local updates"}
+              "stats": "statistics", "pilot": "pilot statistics", "value": "final log-likelihood", "fgpr": "local updates"}
 #: the Progress of the fit running in this thread (``phase`` reaches it)
 _ACTIVE: ContextVar = ContextVar("spatialfed_progress", default=None)
 
@@ -66,7 +66,7 @@ def slowdowns_text(s) -> str:
 
 
 #: the trace rows shown as lines: the starting values, each iteration's step, and the final row
-SHOWN_STEPS = ("init", "theta", "fgpr", "stats", "final")
+SHOWN_STEPS = ("init", "pilot", "theta", "fgpr", "stats", "final")
 ITER_STEPS = ("theta", "fgpr", "stats")
 
 
@@ -74,8 +74,8 @@ def row_line(row: dict, last: int | None = None) -> str:
     """One trace row as a progress line: "init" (φ₀, before iteration 0), "iter t" (an iteration's step) or
     "final" (the estimate after `iter` iterations, numbered 0..iter−1; `last`, the last iteration printed, names the
     ones after it: a closing pass that asks every site again at the estimate, which prints no line of its own)."""
-    if row["step"] == "init":
-        head = "init    "
+    if row["step"] in ("init", "pilot"):
+        head = f"{row['step']:<8}"
     elif row["step"] == "final":
         n = int(row["iter"])
         closing = "" if last is None or last >= n - 1 else \
@@ -293,7 +293,7 @@ class Progress:
         s = self.server
         where = str(getattr(s, "phase", ""))
         J = len(getattr(s, "active", ())) or self.n_sites
-        if where in ("moments", "variogram"):
+        if where in ("moments", "variogram", "pilot"):
             self.phase(f"initial values: {where}", J, announce=True, kind=where)
         elif where == "loop":
             if self.sampled and self.kind == "answers":  # async aggregates often: one phase, renamed, counting on

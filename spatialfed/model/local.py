@@ -120,6 +120,7 @@ class LocalModel:
         self._white: _Whitened | None = None  # the latest (δ, θ)'s whitened data: what the fit keeps between requests
         self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
         self._tree: cKDTree | None = None  # k-d tree of locs (owner assignment), O(n_j), built on first use
+        self._pilot: LocalModel | None = None  # the pilot start's subsample of this site (`pilot`), built on first use
 
     @property
     def vecchia_plan(self) -> VecchiaPlan:
@@ -231,6 +232,19 @@ class LocalModel:
         if max_points < 2:
             raise ValueError(f"max_points={max_points}: the variogram subsample needs at least 2 points (one pair)")
         return np.sort(np.random.default_rng(seed).choice(n, size=int(max_points), replace=False))
+
+    def pilot(self, points: int) -> "LocalModel":
+        """This site's model on a seeded uniform subsample of `points` observations (itself when n_j ≤ points) for
+        the pilot start (algorithm/pilot.py); kept. Same knots and kernel; mpp/pp stay, a full or Vecchia residual is
+        `auto` on the subsample (its exact full residual up to VECCHIA_AUTO_N points)."""
+        if self.n <= points:
+            return self
+        if self._pilot is None or self._pilot.n != points:
+            idx = self.variogram_subsample(self.n, int(points), self.VARIOGRAM_SEED)
+            residual = self.residual if self.residual in (Residual.MPP, Residual.PP) else "auto"
+            self._pilot = LocalModel(self.locs[idx], self.z[idx], self.X[idx], self.knots, self.kernel, residual,
+                                     self.vecchia_k, self.vecchia_ordering)
+        return self._pilot
 
     # --- local quantities L_j(p), Eq. (13) ---------------------------------------------------------
     def quantity(self, step: str, params: Params) -> dict:

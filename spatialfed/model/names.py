@@ -20,6 +20,7 @@ class Step(StrEnum):
     VALUE = "value"          # f_j at the final estimate
     FGPR = "fgpr"            # FGPR's local update
     STATS = "stats"          # sufficient statistics and their u-derivatives (one round trip, SPEC §2b)
+    PILOT = "pilot"          # the same on a seeded subsample of the site (the pilot start, algorithm/pilot.py)
 
 
 class Residual(StrEnum):

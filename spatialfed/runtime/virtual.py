@@ -24,7 +24,7 @@ import numpy as np
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr_local import local_flops
-from spatialfed.algorithm.protocol import FGPR_STEP, STATS_STEP, Augmented, evaluate
+from spatialfed.algorithm.protocol import FGPR_STEP, PILOT_STEP, STATS_STEP, Augmented, evaluate
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.servers import server_for
 from spatialfed.model.stats import stats_flops
@@ -51,8 +51,9 @@ class FlopCost:
             flops = n * n
         elif p.step == FGPR_STEP:
             flops = local_flops(lm, p)
-        elif p.step == STATS_STEP:
-            flops = stats_flops(n, m, k, lm.residual, lm.vecchia_k)
+        elif p.step in (STATS_STEP, PILOT_STEP):
+            sub = lm if p.step == STATS_STEP else lm.pilot(p.extra["points"])
+            flops = stats_flops(sub.n, m, k, sub.residual, sub.vecchia_k)
         else:
             flops = n**3 / 3 + n * n * m if lm.residual == "full" else n * m * m
             if lm.residual == "vecchia":  # the whitened data point by point: about the statistics' share without
