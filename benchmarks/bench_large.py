@@ -28,7 +28,8 @@ held-out cells) or ``GPModel.predict``. ``peak_rss_mb``: the largest sum of resi
 child processes (the Dask workers), sampled every 0.1 s during ingest + fit + predict of that method (RSS counts
 shared pages once per process). ``crps``: mean Gaussian CRPS; ``coverage95``: share of held-out cells in the central
 95 % predictive interval (sd of a new observation). Extra keys: n_train, n_test, converged, stop_reason, mode,
-init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), params; seam
+init_s (seconds into the fit when φ₀ was ready: the moments and variogram passes), pilot_rounds and pilot_s
+(the pilot start's rounds and the seconds into the fit when the loop began, docs/algorithm.md), params; seam
 (`metrics.seam_ratio` of the held-out cells' means, issue 30) and the owner predictor's owner_seam, owner_rmse,
 owner_mae, owner_crps, owner_coverage95 and owner_predict_s (`predictor="lowrank"` on the same fit).
 
@@ -228,6 +229,9 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
             f"delta={p['delta']:.4g} sigma2={p['sigma2']:.4g} beta={p['beta']:.4g} gamma={np.round(p['gamma'], 3)}")
         init_s = float(gp.trace_[0]["time_s"]) if gp.trace_ and gp.trace_[0].get("step") == "init" else None
         say(f"[{tag}] φ₀ (moments + variogram passes) ready after {init_s} s of the fit")
+        pilot = [row for row in gp.trace_ if row.get("step") == "pilot"]
+        pilot_s = float(pilot[-1]["time_s"]) if pilot else None
+        say(f"[{tag}] pilot start: {len(pilot)} rounds, the loop started after {pilot_s} s of the fit")
         delta_trace = [row["delta"] for row in gp.trace_ if row.get("step") in ("init", "theta")]
         say(f"[{tag}] delta at init and after each theta step: {np.array2string(np.array(delta_trace), precision=4)}")
 
@@ -248,6 +252,7 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
             "peak_rss_mb": round(mem.mb, 1), **scores(test["temp"], frame["mean"], frame["sd"]),
             "n_train": len(train), "n_test": len(test), "converged": bool(gp.converged_),
             "stop_reason": gp.stop_reason_, "mode": gp.config_.mode, "init_s": init_s,
+            "pilot_rounds": len(pilot), "pilot_s": pilot_s,
             "seam": seam(train, test, frame["mean"], frame["owner"]), "owner_predict_s": round(owner_s, 2),
             "owner_seam": seam(train, test, owner["mean"], owner["owner"]),
             **{f"owner_{k}": v for k, v in scores(test["temp"], owner["mean"], owner["sd"]).items()},

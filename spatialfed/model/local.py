@@ -27,7 +27,8 @@ from spatialfed.model.matern import Matern, check_points
 from spatialfed.model.names import BLOCK_STEPS, RESIDUAL_CHOICES, Residual
 from spatialfed.model.params import Params
 from spatialfed.model.variogram import binned_semivariogram
-from spatialfed.model.vecchia_order import VECCHIA_AUTO_N, VECCHIA_K, VecchiaPlan, check_k, check_ordering, vecchia_plan
+from spatialfed.model.vecchia_order import (PREDICT_FACTOR, VECCHIA_AUTO_N, VECCHIA_K, VecchiaPlan, check_k,
+                                           check_ordering, vecchia_plan)
 
 STEPS = BLOCK_STEPS
 
@@ -309,14 +310,15 @@ class LocalModel:
 
         With k̃ = cov(w̃(s₀), w̃_j): mean = k̃R_j⁻¹(z_j − X_jγ − B_jμ), BRk = (B_jᵀR_j⁻¹k̃ᵀ)ᵀ and
         kRk = diag(k̃R_j⁻¹k̃ᵀ); sizes grow with the number of prediction points, never with n_j. The Vecchia residual
-        conditions each location on its k nearest points of the site instead (model/vecchia.py: kriging).
+        conditions each location on its PREDICT_FACTOR·k nearest points of the site instead (model/vecchia.py:
+        kriging).
         """
         self._check_params(params)
         locs0 = check_points(locs0, "prediction locations")
         if self.residual == "vecchia":  # the residual conditioned on the k nearest points of the site
             if self._tree is None:
                 self._tree = cKDTree(self.locs)
-            return vecchia.kriging(self, locs0, params, self.vecchia_k, self._tree)
+            return vecchia.kriging(self, locs0, params, PREDICT_FACTOR * self.vecchia_k, self._tree)
         return kriging.residual_kriging(self, self._kriging_factor(params), locs0, params)
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:

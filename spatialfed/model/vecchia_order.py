@@ -25,6 +25,9 @@ from scipy.spatial.distance import cdist
 ORDERINGS = ("maxmin", "coord")
 #: default neighbour count k (docs/algorithm.md, "Residual structures")
 VECCHIA_K = 15
+#: a prediction conditions each location's residual on PREDICT_FACTOR·k nearest points of its site: solved once per
+#: location (O(k³)), not per request and round as the fit's k, and GpGp predicts with 60 neighbours by default
+PREDICT_FACTOR = 4
 #: residual="auto": a site of more points than this uses the Vecchia residual, a smaller one the dense full one
 VECCHIA_AUTO_N = 1000
 #: positions per block of the neighbour search (a k-d tree of the prefix is built once per block)

@@ -125,6 +125,18 @@ def test_kriging_on_every_point_is_the_dense_kriging():
         assert rel(b[key], a[key]) < 1e-8, key
 
 
+def test_prediction_conditions_on_predict_factor_times_k_neighbours():
+    from spatialfed.model import vecchia
+    from spatialfed.model.vecchia_order import PREDICT_FACTOR
+
+    vec, par = make(vecchia_k=5)
+    locs0 = np.random.default_rng(9).uniform(size=(11, 2))
+    got = vec.residual_kriging(locs0, par)
+    for k, same in ((PREDICT_FACTOR * 5, True), (5, False)):
+        want = vecchia.kriging(vec, locs0, par, k, vec._tree)
+        assert all(rel(got[key], want[key]) < 1e-12 for key in got) is same, k
+
+
 def test_block_theta_is_refused_in_one_line():
     lm, par = make(vecchia_k=5)
     with pytest.raises(ValueError, match="preset='stats'"):
