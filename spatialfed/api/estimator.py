@@ -88,7 +88,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     domain : a ``spatialfed.data.geometry.Domain`` or a vector file (GeoPackage, GeoJSON, shapefile) for the knots,
         reprojected to the store's CRS if needed; default [0,1]² for simulated stores, else the
         union of the workers' bounding boxes (each worker reports only its 4 bbox numbers).
-    start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀.
+    start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀ (with large
+        sites the pilot start still refines it unless it is already as near as the pilot can tell: docs/algorithm.md).
     time_budget : stop after this many seconds (of the runtime's clock).
     strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
     progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
