@@ -15,6 +15,7 @@ import numpy as np
 from spatialfed.algorithm.profile import (
     _PAIR,
     _TRIPLE,
+    THIRD,
     TRIPLES,
     combine_statistics,
     exact_scaling,
@@ -22,7 +23,7 @@ from spatialfed.algorithm.profile import (
     sum_statistics,
     taylor_statistics,
 )
-from spatialfed.model.stats import PAIRS
+from spatialfed.model.stats import PAIRS, SUMMED
 
 
 def u_key(u) -> str:
@@ -55,7 +56,10 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
     fresher: T_j(u) = ρ Σ_{k∈F} T_k(u) + Taylor[S_j − ρ Σ_{k∈F} S_k](u; u_j), ρ = n_j / n_F. Only the difference
     between site j and the others is extrapolated from u_j; it varies with u far less than S_j itself (on the
     benchmark's sites, a straggler asked 0.03 from u* moved the optimum by 1e-4 in u instead of 8e-4)."""
-    controls = {}
+    # Σ_j T_j(u) = Σ_k coef_k T_k(u) + Σ_{j stale} Taylor[S_j − ρ_j Σ_{k∈F_j} S_k](u; u_j), and a second-order model
+    # is linear in the statistics it expands: the terms around one u_j (one scaling c) are summed, then expanded once
+    coef = {k: 1.0 for k in used}
+    around = []  # (statistics at a stale u_j, coefficient, the stale site's statistics: its scaling c)
     for j in used if control_variates else ():
         st = stats[j]
         entry = rounds.get(u_key(st["u"]))
@@ -63,23 +67,44 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         if (not others or not set(others) <= set(used)
                 or all(np.array_equal(stats[k]["u"], st["u"]) for k in others)):
             continue  # nothing fresher to lean on: the plain Taylor model
-        rest = combine_statistics(entry["sum"], st, -1.0) if j in entry["sites"] else entry["sum"]
-        rho = float(st["n"]) / float(rest["n"])
-        controls[j] = (others, rho, combine_statistics(st, rest, -rho))
+        inside = j in entry["sites"]  # S_j − ρ Σ_{k∈F} S_k = (1 + ρ[j∈E]) S_j − ρ E, E the sum at u_j
+        rho = float(st["n"]) / (float(entry["sum"]["n"]) - (float(st["n"]) if inside else 0.0))
+        coef[j] -= 1.0
+        for k in others:
+            coef[k] += rho
+        around += [(st, 1.0 + (rho if inside else 0.0), st), (entry["sum"], -rho, st)]
+    groups: dict[tuple, dict] = {}  # (u_j, c) -> the weighted sum of the second-order terms there
+    third = []  # models of third order (refined or secant), expanded one by one
+    for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:
+        if c == 0.0:
+            continue
+        if frame is None and any(key in st for key in THIRD):
+            third.append((st, c))
+            continue
+        scaling = (st if frame is None else frame).get("c")
+        key = (u_key(st["u"]), None if scaling is None else np.asarray(scaling, dtype=float).tobytes())
+        if key not in groups:
+            groups[key] = {**_zero(st), **({} if scaling is None else {"c": scaling})}
+        for name in SUMMED:
+            groups[key][name] += c * np.asarray(st[name], dtype=float)
 
     def at(u):
-        current = {j: taylor_statistics(stats[j], u) for j in used}
-        parts = []
-        for j in used:
-            if j in controls:
-                others, rho, diff = controls[j]
-                parts.append(combine_statistics(taylor_statistics(diff, u),
-                                                sum_statistics([current[k] for k in others]), rho))
-            else:
-                parts.append(current[j])
+        parts = [taylor_statistics(st, u) for st in groups.values()]
+        parts += [_times(taylor_statistics(st, u), c) for st, c in third]
         return sum_statistics(parts, scale=scale)
 
     return at
+
+
+def _zero(st: Mapping) -> dict:
+    """Statistics like st (its u, m, p, c) with every summed entry 0: the start of a weighted sum."""
+    return {key: (np.zeros_like(np.asarray(value, dtype=float)) if key in SUMMED else value)
+            for key, value in st.items() if key not in THIRD and key != "c"}
+
+
+def _times(st: Mapping, c: float) -> dict:
+    """c · st (every summed entry)."""
+    return {**st, **{key: c * np.asarray(st[key], dtype=float) for key in SUMMED}}
 
 
 def refine_points(st: Mapping, h: float, lower, upper) -> list[np.ndarray]:
@@ -158,6 +183,9 @@ def secant(base: Mapping, earlier: Sequence[Mapping], reach: float = 3.0) -> dic
     k = TS[0].shape[-1]
     dS = np.array([T[a, b].ravel() for T in TS for a, b in PAIRS])
     dd = np.array([D[a, b] for D in Td for a, b in PAIRS])
-    d3S = np.linalg.lstsq(A, dS, rcond=1e-10)[0].reshape(len(TRIPLES), k, k)
-    d3d = np.linalg.lstsq(A, dd, rcond=1e-10)[0]
+    U, sv, Vt = np.linalg.svd(A, full_matrices=False)  # the minimum-norm least squares solution, A⁺ applied once
+    keep = sv > 1e-10 * sv[0]
+    pinv = (Vt[keep].T / sv[keep]) @ U[:, keep].T
+    d3S = (pinv @ dS).reshape(len(TRIPLES), k, k)
+    d3d = pinv @ dd
     return _with_third(base, d3S, d3d, reach * max(hs))

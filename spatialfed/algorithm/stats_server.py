@@ -358,7 +358,8 @@ class StatsServer(FederatedServer):
         self._sur_pred, self._quad_pred = None, step.predicted
         explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
                        if j in self.active)
-        if probe or self.config.mode == "sync" or not explored or self._distrust:
+        if (probe or self.config.mode == "sync" or not explored or self._distrust
+                or step.predicted <= self.policy.loglik_tol):  # (a gain below loglik_tol cannot be judged)
             return sync, step.predicted
         start = self._explore.params.u
         found = self.records.surrogate(start, self.active, self.n_obs, self.t, self._explore_radius)

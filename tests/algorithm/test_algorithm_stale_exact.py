@@ -13,7 +13,7 @@ from support import simulate
 from spatialfed.algorithm import stale
 from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
 from spatialfed.model.local import LocalModel
-from spatialfed.model.stats import site_statistics
+from spatialfed.model.stats import SUMMED, site_statistics
 
 U1 = np.log([8.0, 0.8, 0.08])
 
@@ -111,3 +111,47 @@ def test_refined_radius_is_three_times_the_largest_step(site):
     nearby = [site_statistics(site, p) for p in stale.refine_points(st, 0.02, np.full(3, -20.0), np.full(3, 20.0))]
     assert stale.refined(st, nearby)["d3_radius"] == pytest.approx(0.06)
 
+
+
+def test_site_models_sum_the_per_site_models_of_the_docstring():
+    """site_models groups the terms around one u_j before expanding them; the result is the docstring's sum
+    Σ_j T_j(u) site by site (T_j = ρ_j Σ_{k∈F_j} T_k + Taylor[S_j − ρ_j S_{F_j}] for a stale j with fresher
+    controls F_j, its own model otherwise), here with sites of unequal n answering at four points, one of them
+    with a third-order (secant) model."""
+    models, _, _ = simulate(J=5, n=40, side=3, residual="full", seed=7)
+    models[4] = LocalModel(models[4].locs[:25], models[4].z[:25], models[4].X[:25], models[4].knots,
+                           models[4].kernel, "full")
+    points = [U1, U1 + [0.1, -0.05, 0.08], U1 + [-0.06, 0.04, 0.1], U1 + [0.02, 0.1, -0.04]]
+    stats, rounds = {}, {}
+
+    def answer(j, u):
+        stats[j] = site_statistics(models[j], u)
+        stale.remember(rounds, stats, j, points)
+
+    for j in range(5):
+        answer(j, points[0])
+    for j, k in ((0, 1), (1, 1), (2, 2), (3, 3)):  # sites 0-3 fresher, site 4 stale at points[0]
+        answer(j, points[k])
+    earlier = [site_statistics(models[3], points[0]), site_statistics(models[3], points[2])]
+    stats[3] = stale.secant(stats[3], earlier)
+    u = U1 + np.array([0.05, 0.03, 0.06])
+
+    def direct(j):
+        st = stats[j]
+        entry = rounds.get(stale.u_key(st["u"]))
+        others = [k for k in entry["sites"] if k != j] if entry else []
+        if not others or all(np.array_equal(stats[k]["u"], st["u"]) for k in others):
+            return taylor_statistics(st, u)
+        rest = sum_statistics([site_statistics(models[k], st["u"]) for k in others])
+        rho = st["n"] / rest["n"]
+        diff = {**{key: v for key, v in st.items() if key not in ("d3S", "d3d", "d3_radius")},
+                **{key: np.asarray(st[key]) - rho * np.asarray(rest[key]) for key in SUMMED}}
+        fresh = sum_statistics([taylor_statistics(stats[k], u) for k in others])
+        part = taylor_statistics(diff, u)
+        return {**part, **{key: np.asarray(part[key]) + rho * np.asarray(fresh[key]) for key in SUMMED}}
+
+    expected = sum_statistics([direct(j) for j in range(5)], scale=1.5)
+    got = stale.site_models(stats, rounds, list(range(5)), 1.5)(u)
+    for key in SUMMED:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-10,
+                                   atol=1e-12 * np.max(np.abs(expected[key])), err_msg=key)
