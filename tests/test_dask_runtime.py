@@ -322,3 +322,26 @@ def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
         host, port = address.split("://", 1)[1].rsplit(":", 1)
         with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=1):
             pass
+
+
+def test_a_site_is_free_only_while_its_worker_has_an_idle_thread(cluster, store):
+    """DaskRuntime.free: 4 sites on 2 one-thread workers (0, 2 on one; 1, 3 on the other). While site 0's task
+    sleeps, sites 0 and 2 are not free (a task would queue behind it) and 1, 3 are; once it answered, all are."""
+    from spatialfed.algorithm.protocol import STATS_STEP, Augmented
+    from spatialfed.model.params import Params
+    from spatialfed.runtime.dask_runtime import DaskRuntime
+
+    runtime = DaskRuntime(cluster.client)
+    try:
+        loaded = runtime.start(site.site_specs("free-test", store, J, knots49(), Matern(NU), "full"))
+        p = loaded[0].result["p"]
+        assert runtime.assignment[0] == runtime.assignment[2] != runtime.assignment[1] == runtime.assignment[3]
+        assert all(runtime.free(j) for j in range(J))
+        runtime.submit(0, Augmented(Params(np.zeros(M), np.eye(M), np.zeros(p), 4.0, 1.0, 0.1), 0, STATS_STEP),
+                       delay_s=1.0)
+        assert [runtime.free(j) for j in range(J)] == [False, True, False, True]
+        events = next(runtime.completed())
+        assert [e.site for e in events] == [0] and events[0].error is None
+        assert all(runtime.free(j) for j in range(J))
+    finally:
+        runtime.stop()

@@ -146,7 +146,7 @@ class FgprServer(ServerState):
             return self._init.buffer(j)
         return (self._pending[j],) if j in self._pending else ()
 
-    def next_task(self, j: int) -> Augmented | None:
+    def next_task(self, j: int, free: bool = True) -> Augmented | None:
         """The task waiting for idle worker j (None: j is not selected this round); j is busy until it answers."""
         if self._init is not None:
             return self._init.next_task(j)

@@ -113,8 +113,9 @@ class FederatedServer(ServerState):
         """Num.step: arrivals per step since that step was last aggregated."""
         return dict(self._num)
 
-    def next_task(self, j: int) -> Augmented | None:
-        """Pop the front of ℙ_j for idle worker j (None when ℙ_j is empty); j is busy until its quantity arrives."""
+    def next_task(self, j: int, free: bool = True) -> Augmented | None:
+        """Pop the front of ℙ_j for idle worker j (None when ℙ_j is empty); j is busy until its quantity arrives.
+        `free`: whether a task of j would start at once where j runs (runtime.free); every task here is needed."""
         if self.busy(j):
             raise RuntimeError(f"worker {j} already has a task in flight; call next_task only for idle workers")
         if self.done or j not in self.active or not self._P[j]:

@@ -7,13 +7,13 @@ on a failed receive.
 The loop runs in **epochs**: every site answers at the epoch's point, then the exact ℓ_LR there accepts or rejects
 it, decides the stop and publishes the next point — sync's trust-region Newton step; in sync mode that is all. In
 async mode the slowest site is asked again the moment it answers, so epochs keep sync's pace, while faster sites
-answer where the surrogate Σ_j T_j(u) (site_records) leads, as long as pacing.Pacing says they can still answer the
-next epoch in time. The next point is the surrogate's maximiser where it can judge it, ranks it above sync's step
-and predicted the last epoch's increase no worse than sync's model did (after it misleads once, sync's step); a
-surrogate step is an estimate (a trace row) only from every site's model and within half the epoch's step of its
-point. Before the first epoch a much slower site may wait a bounded share of its round trip for the others'
-surrogate (_release). Docs/algorithm.md argues that async ends no later than sync up to that wait and a fast round
-trip per mispredicted epoch.
+answer where the surrogate Σ_j T_j(u) (site_records) leads when pacing.Pacing says they can still answer the next
+epoch in time and their processor is free. The next point is the surrogate's maximiser where it can judge it,
+ranks it above sync's step and predicted the last epoch's increase no worse than sync's model (after one misleading
+point, sync's steps); a surrogate step is an estimate (a trace row) only from every site's model and within half the
+epoch's step of its point. Before the first epoch a much slower site may wait a bounded share of its round trip for
+the others' surrogate (_release). Docs/algorithm.md argues that async ends no later than sync up to that wait and a
+fast round trip per mispredicted epoch.
 """
 
 from __future__ import annotations
@@ -28,19 +28,9 @@ from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
-from spatialfed.algorithm.profile import (
-    NotPositiveDefinite,
-    Profile,
-    Step,
-    at_bound,
-    default_bounds,
-    distance,
-    maximise,
-    profile_loglik,
-    taylor_statistics,
-    trust_region_step,
-    updated_radius,
-)
+from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
+                                          maximise, profile_loglik, taylor_statistics, trust_region_step,
+                                          updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
@@ -95,8 +85,8 @@ class StatsServer(FederatedServer):
         self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
         self._settled = False  # the last surrogate step was short with room to go farther (refining pays off)
         self._new = 0  # answers since the last surrogate step
-        self._held: list[int] = []  # slow sites whose first request waits for the others' surrogate (async)
-        self._hold_start = 0.0
+        self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
+        self._held, self._hold_start = [], 0.0  # slow sites whose first request waits for the others' surrogate
         self._short = False  # the last surrogate step was shorter than secant_reach, with room to go farther
         self._final: Augmented | None = None  # the final pass's request (a stop before any accepted point)
         self._final_reason: str | None = None
@@ -110,13 +100,15 @@ class StatsServer(FederatedServer):
     _u = property(lambda self: self.params.u)
 
     # --- the runtime's side ---------------------------------------------------------------------------
-    def next_task(self, j: int) -> Augmented | None:
+    def next_task(self, j: int, free: bool = True) -> Augmented | None:
         """Site j's next request: the φ₀ passes' from ℙ_j; in the loop the epoch's point until it answered there,
-        then (async) the surrogate's point or a refining point when pacing allows; the final pass's point."""
+        then (async) the surrogate's point or a refining point when pacing allows and j's processor is `free` (a
+        task would start at once: spare work must not queue before another site's epoch task); the final pass's."""
         if self.busy(j):
             raise RuntimeError(f"worker {j} already has a task in flight; call next_task only for idle workers")
         if self.done or j not in self.active:
             return None
+        (self._crowded.discard if free else self._crowded.add)(j)
         if self.phase in (Phase.MOMENTS, Phase.VARIOGRAM):
             p = super().next_task(j)
         elif self.phase == Phase.PILOT:
@@ -124,13 +116,13 @@ class StatsServer(FederatedServer):
         elif self.phase == Phase.FINAL:
             p = None if self.records.answered_at(j, self._final.params.u) else self._final
         else:
-            p = self._loop_task(j)
+            p = self._loop_task(j, free)
         if p is not None:
             self._in_flight[j] = p
             self.pacing.sent(j, self._last_now)
         return p
 
-    def _loop_task(self, j: int) -> Augmented | None:
+    def _loop_task(self, j: int, free: bool) -> Augmented | None:
         if self._held and (self._short or self.pacing.hold_over(self._held, self.active, self._last_now,
                                                                 self._hold_start, self.policy.hold_share)):
             self._release()
@@ -138,12 +130,14 @@ class StatsServer(FederatedServer):
             return None
         if j in self._owed:
             return self._epoch
-        if self.config.mode == "sync" or not self.policy.explore or self._explore is None:
+        if self.config.mode == "sync" or not self.policy.explore or self._explore is None or not free:
             return None
         busy = {k: k in self._in_flight and self._in_flight[k] is not self._epoch for k in self._owed}
         due = self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
         if not self.pacing.may_work(j, self._last_now, due, self.active):
             return None
+        if self._step_due():  # deferred while the processors were crowded (_progress)
+            self._surrogate_step(self._last_now)
         if not self.records.answered_at(j, self._explore.params.u):
             return self._explore
         st = self.records.stats[j]
@@ -268,18 +262,23 @@ class StatsServer(FederatedServer):
 
     def _progress(self, now: float) -> None:
         """End the epoch once every site answered at its point; otherwise (async) step on the surrogate after
-        agg_threshold new answers; then check the time budget."""
+        agg_threshold new answers, unless every idle site's processor is crowded by other sites' tasks (sites sharing
+        few cores): then the step waits until a site is free to be asked where it leads (_loop_task), so that the
+        server's own work does not take the cores the epoch needs. Then check the time budget."""
         if self.phase == Phase.FINAL:
             if all(self.records.answered_at(j, self._final.params.u) for j in self.active):
                 self._finish(self._exact_profile(self._final.params.u), self._final_reason, now)
         elif self.phase == Phase.LOOP:
             if not self._owed:
                 self._end_epoch(now)
-            elif self.config.mode == "async" and self._new >= min(self.config.agg_threshold, len(self.active)):
+            elif self._step_due() and any(j not in self._crowded for j in self.active if not self.busy(j)):
                 self._surrogate_step(now)
         budget = self.config.time_budget
         if self.phase == Phase.LOOP and budget is not None and now >= budget:
             self._stop("time_budget", now)
+
+    def _step_due(self) -> bool:
+        return self.config.mode == "async" and self._new >= min(self.config.agg_threshold, len(self.active))
 
     def _exact_profile(self, u) -> Profile | None:
         """ℓ_LR at u from every active site's exact statistics there (None: not positive definite)."""

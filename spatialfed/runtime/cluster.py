@@ -56,7 +56,13 @@ def worker_addresses(client, timeout: float | None = None) -> list[str]:
     Not ``client.scheduler_info()["workers"]``: that returns the client's cache, which its periodic refresh
     overwrites with a copy that lists no workers, so a read racing the refresh sees an empty cluster.
     """
-    return sorted(client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)["workers"])
+    return sorted(worker_threads(client, timeout))
+
+
+def worker_threads(client, timeout: float | None = None) -> dict[str, int]:
+    """{address: threads} of the Dask workers connected now (worker_addresses)."""
+    workers = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)["workers"]
+    return {address: int(info.get("nthreads", 1) or 1) for address, info in workers.items()}
 
 
 class SchedulerUnreachableError(SpatialFedError, ConnectionError):

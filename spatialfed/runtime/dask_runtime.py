@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from spatialfed.errors import WorkerTaskError
 from spatialfed.runtime import site
 from spatialfed.runtime.driver import ClusterLostError
-from spatialfed.runtime.cluster import ClusterHandle, quiet_reconnect_logs, worker_addresses
+from spatialfed.runtime.cluster import ClusterHandle, quiet_reconnect_logs, worker_addresses, worker_threads
 from spatialfed.runtime.heterogeneity import resolve_slowdowns
 from spatialfed.runtime.interface import ACTIVATION, ALARM, ALARM_SITE, Event, Runtime
 
@@ -122,6 +122,7 @@ class DaskRuntime(Runtime):
         self._spare: list[str] = []  # live Dask workers holding no site (the watchdog's last look)
         self.lost_workers: list[str] = []  # Dask workers that left during the run, in the order noticed
         self._inflight: dict = {}  # key -> (future, j, request, Dask worker address), until its result is fetched
+        self._threads: dict[str, int] = {}  # Dask worker address -> its threads (the last look at the workers)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -252,6 +253,14 @@ class DaskRuntime(Runtime):
             self._guard.join(timeout=2 * self.poll_s)
         self._context.close()
 
+    def free(self, j: int) -> bool:
+        """Whether the Dask worker holding site j has a thread no task of this run occupies (sites share workers:
+        a task sent to a busy one queues behind the others' tasks there)."""
+        address = self.assignment[j]
+        with self._lock:
+            tasks = sum(1 for item in self._inflight.values() if item[3] == address)
+        return tasks < self._threads.get(address, 1)
+
     def describe(self) -> dict:
         return {"assignment": list(self.assignment), "n_tasks": self.n_tasks, "reassigned": self.reassigned,
                 "rebalanced": self.rebalanced,
@@ -347,10 +356,11 @@ class DaskRuntime(Runtime):
                 f"{future.key}): {type(exc).__name__}: {exc}")
 
     def _workers_now(self, timeout: float | None = None) -> list[str]:
-        """worker_addresses within `timeout` (default scheduler_wait_s); ClusterLostError if the scheduler is
-        gone."""
+        """worker_addresses within `timeout` (default scheduler_wait_s), noting their threads; ClusterLostError if
+        the scheduler is gone."""
         try:
-            return worker_addresses(self.client, timeout=self.scheduler_wait_s if timeout is None else timeout)
+            self._threads = worker_threads(self.client, timeout=self.scheduler_wait_s if timeout is None else timeout)
+            return sorted(self._threads)
         except (OSError, TimeoutError) as exc:
             self._scheduler_lost = self._scheduler_lost or f"it did not answer within {self.scheduler_wait_s:g} s " \
                                                             f"({type(exc).__name__})"

@@ -128,7 +128,7 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
     receiving = False  # inside server.receive: an interruption there may leave the server half-updated
 
     def take(j: int) -> None:
-        p = server.next_task(j)
+        p = server.next_task(j, free=runtime.free(j))
         if p is not None:
             runtime.submit(j, p, 0.0 if delays is None else delays.sample(j, rng))
 

@@ -83,6 +83,11 @@ class Runtime(ABC):
     def stop(self) -> None:
         """Cancel outstanding work and release the partitions (always called, also after a failure)."""
 
+    def free(self, j: int) -> bool:
+        """Whether a task of site j would start at once: the processor it runs on has an idle thread. True here:
+        each site has its own (the virtual clock); a runtime whose sites share processors answers for itself."""
+        return True
+
     def describe(self) -> dict:
         """What the runtime reports besides the server (assignment of sites, task counts...)."""
         return {}

@@ -11,7 +11,8 @@ from spatialfed.algorithm.profile import distance
 from spatialfed.algorithm.protocol import STATS_STEP, evaluate
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.model.reference import lowrank_loglik
-from spatialfed.runtime.virtual import run_virtual
+from spatialfed.runtime.driver import drive
+from spatialfed.runtime.virtual import VirtualRuntime, run_virtual
 
 SLOW = [1.0, 1.0, 1.0, 15.0]  # one straggler
 
@@ -159,8 +160,8 @@ class Recording(StatsServer):
         super().__init__(*args, **kwargs)
         self.requests, self.refines = [], []
 
-    def next_task(self, j):
-        p = super().next_task(j)
+    def next_task(self, j, free=True):
+        p = super().next_task(j, free)
         if p is not None and p.step == STATS_STEP and "refine" in p.extra:
             self.refines.append((j, p.params.u.copy()))
         elif p is not None and p.step == STATS_STEP:
@@ -470,3 +471,25 @@ def test_a_surrogate_that_disagrees_with_the_step_by_half_its_length_is_not_take
     fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
     assert chosen and not any(chosen)
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+class SharedCores(VirtualRuntime):
+    """Sites whose processors are never free between their own tasks (many sites sharing few cores, all busy)."""
+
+    def free(self, j):
+        return False
+
+
+@pytest.mark.parametrize("slowdowns", [[1.0, 1.3, 1.7, 2.2], [1.0, 1.0, 1.0, 1.5]])
+def test_async_without_a_free_processor_asks_only_the_synchronous_points(problem, slowdowns):
+    """Spare work (explorations, refinements) and the surrogate steps that place it wait for a free processor
+    (runtime.free): with none, the asynchronous fit asks every site exactly the synchronous fit's points."""
+    models, knots, kernel, _ = problem
+    config = FitConfig(mode="async", max_iter=300, tol=1e-8)
+    shared = drive(Recording(len(models), knots, kernel, config), SharedCores(models, slowdowns))
+    sync = fit_recorded_sync(problem, slowdowns)
+    asked = sorted((j, u.tolist()) for j, u, _ in shared.requests)
+    assert asked == sorted((j, u.tolist()) for j, u, _ in sync.requests) and not shared.refines
+    assert shared.loglik == pytest.approx(sync.loglik, abs=1e-9)
+    assert shared.t == sync.t  # and no surrogate step took the server's share of the cores (each adds to t)
+    assert len(fit_recorded(problem, slowdowns).requests) > len(asked)  # with free processors it explores
