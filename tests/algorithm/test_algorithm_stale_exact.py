@@ -113,6 +113,33 @@ def test_refined_radius_is_three_times_the_largest_step(site):
 
 
 
+def _docstring_sum(models, stats, rounds, u, scale):
+    """scale · Σ_j T_j(u) site by site, as site_models' docstring defines it: T_j = ρ_j Σ_{k∈F_j} T_k +
+    Taylor[S_j − ρ_j S_{F_j}] (second order) for a stale j with fresher controls F_j, its own model otherwise."""
+
+    def direct(j):
+        st = stats[j]
+        entry = rounds.get(stale.u_key(st["u"]))
+        others = [k for k in entry["sites"] if k != j] if entry else []
+        if not others or all(np.array_equal(stats[k]["u"], st["u"]) for k in others):
+            return taylor_statistics(st, u)
+        rest = sum_statistics([site_statistics(models[k], st["u"]) for k in others])
+        rho = st["n"] / rest["n"]
+        diff = {**{key: v for key, v in st.items() if key not in ("d3S", "d3d", "d3_radius")},
+                **{key: np.asarray(st[key]) - rho * np.asarray(rest[key]) for key in SUMMED}}
+        fresh = sum_statistics([taylor_statistics(stats[k], u) for k in others])
+        part = taylor_statistics(diff, u)
+        return {**part, **{key: np.asarray(part[key]) + rho * np.asarray(fresh[key]) for key in SUMMED}}
+
+    return sum_statistics([direct(j) for j in stats], scale=scale)
+
+
+def _assert_statistics_close(got, expected):
+    for key in SUMMED:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-10,
+                                   atol=1e-12 * np.max(np.abs(expected[key])), err_msg=key)
+
+
 def test_site_models_sum_the_per_site_models_of_the_docstring():
     """site_models groups the terms around one u_j before expanding them; the result is the docstring's sum
     Σ_j T_j(u) site by site (T_j = ρ_j Σ_{k∈F_j} T_k + Taylor[S_j − ρ_j S_{F_j}] for a stale j with fresher
@@ -135,23 +162,46 @@ def test_site_models_sum_the_per_site_models_of_the_docstring():
     earlier = [site_statistics(models[3], points[0]), site_statistics(models[3], points[2])]
     stats[3] = stale.secant(stats[3], earlier)
     u = U1 + np.array([0.05, 0.03, 0.06])
+    _assert_statistics_close(stale.site_models(stats, rounds, list(range(5)), 1.5)(u),
+                             _docstring_sum(models, stats, rounds, u, 1.5))
 
-    def direct(j):
-        st = stats[j]
-        entry = rounds.get(stale.u_key(st["u"]))
-        others = [k for k in entry["sites"] if k != j] if entry else []
-        if not others or all(np.array_equal(stats[k]["u"], st["u"]) for k in others):
-            return taylor_statistics(st, u)
-        rest = sum_statistics([site_statistics(models[k], st["u"]) for k in others])
-        rho = st["n"] / rest["n"]
-        diff = {**{key: v for key, v in st.items() if key not in ("d3S", "d3d", "d3_radius")},
-                **{key: np.asarray(st[key]) - rho * np.asarray(rest[key]) for key in SUMMED}}
-        fresh = sum_statistics([taylor_statistics(stats[k], u) for k in others])
-        part = taylor_statistics(diff, u)
-        return {**part, **{key: np.asarray(part[key]) + rho * np.asarray(fresh[key]) for key in SUMMED}}
 
-    expected = sum_statistics([direct(j) for j in range(5)], scale=1.5)
-    got = stale.site_models(stats, rounds, list(range(5)), 1.5)(u)
-    for key in SUMMED:
-        np.testing.assert_allclose(got[key], expected[key], rtol=1e-10,
-                                   atol=1e-12 * np.max(np.abs(expected[key])), err_msg=key)
+def test_site_models_of_stale_sites_at_two_rounds_one_third_order_are_the_docstring_sum():
+    """Two stale sites leaning on fresher ones, at two rounds: site 5 at the first (its controls 0-4 moved on),
+    site 3 at the second (0, 1, 2, 4 moved on). Site 3's own model is third order (secant): its control variate
+    still expands S_3 − ρ S_F to second order only, in site 3's frame (c), although site 4 (pp) scales along
+    another c and the rounds' sums have none. Each stale site's terms count."""
+    models, _, _ = simulate(J=6, n=30, side=3, residual="full", seed=11)
+    models[5] = LocalModel(models[5].locs[:18], models[5].z[:18], models[5].X[:18], models[5].knots,
+                           models[5].kernel, "full")
+    models[4] = LocalModel(models[4].locs, models[4].z, models[4].X, models[4].knots, models[4].kernel, "pp")
+    points = [U1, U1 + [0.08, -0.06, 0.05], U1 + [-0.05, 0.07, 0.09]]
+    stats, rounds = {}, {}
+
+    def answer(j, u):
+        stats[j] = site_statistics(models[j], u)
+        stale.remember(rounds, stats, j, points)
+
+    for j in range(6):
+        answer(j, points[0])
+    for j in range(5):
+        answer(j, points[1])
+    for j in (0, 1, 2, 4):
+        answer(j, points[2])
+    earlier = [site_statistics(models[3], points[0]), site_statistics(models[3], points[2])]
+    stats[3] = stale.secant(stats[3], earlier)
+    u = points[1] + np.array([0.04, -0.03, 0.06])
+    _assert_statistics_close(stale.site_models(stats, rounds, list(range(6)), 0.7)(u),
+                             _docstring_sum(models, stats, rounds, u, 0.7))
+
+
+def test_site_models_expand_statistics_with_different_scalings_apart(site):
+    """Terms at one u are summed only when they share the scaling direction c: a full-residual site (c = (1, −1,
+    0)), a pp site (c = (1, 0, 0)) and statistics without c (the plain expansion) each keep their own model."""
+    lm = site
+    pp = LocalModel(lm.locs, lm.z, lm.X, lm.knots, lm.kernel, "pp")
+    stats = {0: site_statistics(lm, U1), 1: site_statistics(pp, U1), 2: dict(site_statistics(lm, U1))}
+    del stats[2]["c"]
+    u = U1 + np.array([-0.2, 0.15, 0.1])
+    expected = sum_statistics([taylor_statistics(stats[j], u) for j in stats], scale=2.0)
+    _assert_statistics_close(stale.site_models(stats, {}, [0, 1, 2], 2.0)(u), expected)
