@@ -13,6 +13,7 @@ from spatialfed.algorithm.profile import (
     projected_gradient,
     sum_statistics,
     taylor_statistics,
+    _lm_solve,
     trust_region_step,
 )
 from spatialfed.model import reference as ref
@@ -168,6 +169,56 @@ def test_trust_region_step_stays_in_radius_and_box():
     pg = projected_gradient(hi, g, lo, hi)
     np.testing.assert_array_equal(pg, [0.0, -1.0, 0.0])
 
+
+
+# --- edges the mutation run of trust_region_step / _lm_solve found unguarded (docs/contributing.md) -----------------
+
+B_COUPLED = np.array([[2.0, 0.9, -0.5], [0.9, 2.0, 0.9], [-0.5, 0.9, 2.0]])  # −H, positive definite, coupled
+
+
+def test_trust_region_step_fixes_on_its_bound_only_an_entry_whose_gradient_pushes_out():
+    """The active set of trust_region_step: an entry on its bound is fixed (p = 0) when its gradient points out of
+    the box, and moves freely otherwise; here the coupling of −H would carry the fixed entries inward."""
+    lo, hi = -np.ones(3), np.ones(3)
+    u = np.array([-1.0, 1.0, 0.0])  # log δ on its lower bound, log σ² on its upper one
+    # both pushing out: fixed, log β alone takes its Newton step g/B
+    step = trust_region_step(u, [-0.1, 0.5, 0.8], -B_COUPLED, 10.0, lo, hi)
+    np.testing.assert_allclose(step.p, [0.0, 0.0, 0.4], atol=1e-15)
+    assert step.at_bound == ("delta", "sigma2")
+    # zero or inward gradients on the bounds: free, the full Newton step (inward for both here)
+    for g in ([0.0, 0.0, 1.0], [0.25, -0.25, 0.5]):
+        step = trust_region_step(u, g, -B_COUPLED, 10.0, lo, hi)
+        expected = np.linalg.solve(B_COUPLED, g)
+        assert expected[0] > 0 > expected[1]
+        np.testing.assert_allclose(step.p, expected, rtol=1e-12)
+    # log β clipped on its bound in a later pass: the entries fixed at the start stay fixed
+    step = trust_region_step(u, [-0.1, 0.5, 5.0], -B_COUPLED, 10.0, lo, hi)
+    np.testing.assert_allclose(step.p, [0.0, 0.0, 1.0], atol=1e-15)
+    # from inside: the Newton step leaves the box in log δ and log β (clipped, fixed), then log σ² re-solved
+    # leaves it too; the entries clipped in the first pass stay on their bounds
+    box = 0.3 * np.ones(3)
+    g = np.array([-2.5, -1.2, 0.1])
+    assert np.all(np.linalg.solve(B_COUPLED, g)[[0, 2]] < -0.3)
+    np.testing.assert_allclose(trust_region_step(np.zeros(3), g, -B_COUPLED, 10.0, -box, box).p, -box, rtol=1e-12)
+
+
+def test_trust_region_step_floors_the_hessian_at_the_floor_given():
+    """mod(−H) with its eigenvalues raised to floor·max|λ| (Eq. 10): the floor given is the one used."""
+    g, H = np.array([0.0, 1.0, 0.0]), -np.diag([1.0, 1e-4, 1.0])
+    lo, hi = -10 * np.ones(3), 10 * np.ones(3)
+    np.testing.assert_allclose(trust_region_step(np.zeros(3), g, H, 5.0, lo, hi, floor=0.5).p, [0, 2.0, 0])
+    np.testing.assert_allclose(trust_region_step(np.zeros(3), g, H, 5.0, lo, hi).p[1], 5.0, rtol=1e-6)
+
+
+def test_lm_solve_returns_zero_without_room_or_gradient():
+    """No radius left (the fixed entries used it all) or a zero gradient: the step is 0 of the gradient's shape."""
+    for g, radius in (([1.0, -2.0], 0.0), ([0.0, 0.0], 1.0)):
+        p = _lm_solve(B_COUPLED[:2, :2], np.array(g), radius)
+        assert p.shape == (2,) and p.dtype == float
+        np.testing.assert_array_equal(p, [0.0, 0.0])
+    step = trust_region_step(np.zeros(3), np.zeros(3), -B_COUPLED, 1.0, -np.ones(3), np.ones(3))
+    np.testing.assert_array_equal(step.p, np.zeros(3))
+    assert step.predicted == 0.0
 
 @pytest.mark.parametrize("residual,m", CASES)
 def test_taylor_model_is_exact_along_the_scaling_direction(parts, residual, m):
