@@ -140,6 +140,18 @@ def _assert_statistics_close(got, expected):
                                    atol=1e-12 * np.max(np.abs(expected[key])), err_msg=key)
 
 
+def _records(models, points):
+    """The server's records (stale.remember) and answer(j, u): site j's statistics at u, remembered, every point
+    kept live."""
+    stats, rounds = {}, {}
+
+    def answer(j, u):
+        stats[j] = site_statistics(models[j], u)
+        stale.remember(rounds, stats, j, points)
+
+    return stats, rounds, answer
+
+
 def test_site_models_sum_the_per_site_models_of_the_docstring():
     """site_models groups the terms around one u_j before expanding them; the result is the docstring's sum
     Σ_j T_j(u) site by site (T_j = ρ_j Σ_{k∈F_j} T_k + Taylor[S_j − ρ_j S_{F_j}] for a stale j with fresher
@@ -149,12 +161,7 @@ def test_site_models_sum_the_per_site_models_of_the_docstring():
     models[4] = LocalModel(models[4].locs[:25], models[4].z[:25], models[4].X[:25], models[4].knots,
                            models[4].kernel, "full")
     points = [U1, U1 + [0.1, -0.05, 0.08], U1 + [-0.06, 0.04, 0.1], U1 + [0.02, 0.1, -0.04]]
-    stats, rounds = {}, {}
-
-    def answer(j, u):
-        stats[j] = site_statistics(models[j], u)
-        stale.remember(rounds, stats, j, points)
-
+    stats, rounds, answer = _records(models, points)
     for j in range(5):
         answer(j, points[0])
     for j, k in ((0, 1), (1, 1), (2, 2), (3, 3)):  # sites 0-3 fresher, site 4 stale at points[0]
@@ -176,12 +183,7 @@ def test_site_models_of_stale_sites_at_two_rounds_one_third_order_are_the_docstr
                            models[5].kernel, "full")
     models[4] = LocalModel(models[4].locs, models[4].z, models[4].X, models[4].knots, models[4].kernel, "pp")
     points = [U1, U1 + [0.08, -0.06, 0.05], U1 + [-0.05, 0.07, 0.09]]
-    stats, rounds = {}, {}
-
-    def answer(j, u):
-        stats[j] = site_statistics(models[j], u)
-        stale.remember(rounds, stats, j, points)
-
+    stats, rounds, answer = _records(models, points)
     for j in range(6):
         answer(j, points[0])
     for j in range(5):
