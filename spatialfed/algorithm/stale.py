@@ -60,11 +60,12 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
     # is linear in the statistics it expands: the terms around one u_j (one scaling c) are summed, then expanded once
     coef = {k: 1.0 for k in used}
     around = []  # (statistics at a stale u_j, coefficient, the stale site's statistics: its scaling c)
+    usable = set(used)
     for j in used if control_variates else ():
         st = stats[j]
         entry = rounds.get(u_key(st["u"]))
         others = [k for k in entry["sites"] if k != j] if entry else []
-        if (not others or not set(others) <= set(used)
+        if (not others or not set(others) <= usable
                 or all(np.array_equal(stats[k]["u"], st["u"]) for k in others)):
             continue  # nothing fresher to lean on: the plain Taylor model
         inside = j in entry["sites"]  # S_j − ρ Σ_{k∈F} S_k = (1 + ρ[j∈E]) S_j − ρ E, E the sum at u_j
@@ -97,7 +98,8 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
 
 
 def _zero(st: Mapping) -> dict:
-    """Statistics like st (its u, m, p, c) with every summed entry 0: the start of a weighted sum."""
+    """Statistics like st (its u, m, p; no c, which the caller sets) with every summed entry 0: the start of a
+    weighted sum."""
     return {key: (np.zeros_like(np.asarray(value, dtype=float)) if key in SUMMED else value)
             for key, value in st.items() if key not in THIRD and key != "c"}
 
