@@ -8,18 +8,25 @@ from scipy import linalg
 
 from spatialfed.algorithm import stale
 from spatialfed.algorithm.profile import (
+    THIRD,
+    NotPositiveDefinite,
+    Profile,
+    combine_statistics,
     default_bounds,
+    distance,
+    maximise,
     profile_loglik,
     projected_gradient,
     sum_statistics,
     taylor_statistics,
     _lm_solve,
     trust_region_step,
+    updated_radius,
 )
 from spatialfed.model import reference as ref
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
-from spatialfed.model.stats import site_statistics
+from spatialfed.model.stats import SUMMED, site_statistics
 
 KERNEL = Matern(1.5)
 CASES = [("full", 9), ("mpp", 9), ("pp", 9), ("full", 0)]  # m = 0, full: the independence model (Eq. 3)
@@ -256,3 +263,179 @@ def test_projected_gradient_zeroes_only_the_components_pushing_out_at_an_active_
     inside = np.array([-1.0 + 1e-9, 0.0, 1.0 - 1e-9])  # beyond atol = 1e-10 from both bounds: free
     np.testing.assert_array_equal(projected_gradient(inside, [-2.0, 3.0, 5.0], lower, upper), [-2.0, 3.0, 5.0])
     assert at_bound(u, lower, upper) == ("delta", "beta") and at_bound(inside, lower, upper) == ()
+
+
+# --- the statistics functions and the optimiser loop: edges the mutation run of 27 Nov found unguarded -------------
+
+def test_distance_is_euclidean_in_u():
+    assert distance([1, 2, 3], [1, 2, 3]) == 0.0
+    assert distance([0.0, 3.0, 0.0], [0.0, -1.0, 3.0]) == 5.0
+
+
+def test_combine_statistics_is_a_plus_coef_b_without_third_derivatives(parts):
+    models, _ = setup(parts, "mpp", 9)
+    a, b = site_statistics(models[0], U), site_statistics(models[1], U)
+    model = {**a, "d3S": np.ones((10, 1, 1)), "d3d": np.ones(10), "d3_radius": 1.0}
+    out = combine_statistics(model, b, -0.5)
+    assert not set(out) & set(THIRD)
+    for key in SUMMED:
+        np.testing.assert_allclose(out[key], np.asarray(a[key]) - 0.5 * np.asarray(b[key]), rtol=1e-14, atol=1e-14)
+    for key in ("u", "m", "p", "c"):
+        np.testing.assert_array_equal(out[key], a[key])
+    with pytest.raises(ValueError, match="different u"):
+        combine_statistics(a, site_statistics(models[1], U + 0.1), 1.0)
+
+
+def test_taylor_model_moves_the_derivatives_of_d_and_reads_a_missing_radius_as_unbounded(parts):
+    """dd at u is dd_j + d2d_j·Δ: the model recovers most of the change of the exact dd (its error is O(Δ²)); a
+    third-order model without "d3_radius" is used at any distance."""
+    models, _ = setup(parts, "mpp", 9)
+    lm = models[0]
+    st = site_statistics(lm, U)
+    at = U + 0.02 * np.array([1.0, -0.7, 0.5])
+    exact, model = site_statistics(lm, at), taylor_statistics(st, at)
+    change = np.abs(exact["dd"] - st["dd"]).max()
+    assert change > 0 and np.abs(model["dd"] - exact["dd"]).max() < 0.05 * change
+    lower, upper = default_bounds(1.0, 1.0)
+    refined = stale.refined(st, [site_statistics(lm, v) for v in stale.refine_points(st, 1e-3, lower, upper)],
+                            reach=1000.0)  # d3_radius = 1000·1e-3
+    unbounded = {key: value for key, value in refined.items() if key != "d3_radius"}
+    far = U + 0.2 * np.array([1.0, -0.7, 0.5])
+    np.testing.assert_array_equal(taylor_statistics(unbounded, far)["S"], taylor_statistics(refined, far)["S"])
+
+
+def test_profile_loglik_without_derivatives_and_with_a_quadratic_form_below_one(parts):
+    """Q̂ in (0, 1] (a large nugget variance: R⁻¹ ≈ δ small) is a valid profile, equal to the dense reference; without
+    derivatives grad and hess are None."""
+    models, knots = setup(parts, "full", 9)
+    u = np.log([1e-3, 1e-3, 0.2])
+    pr = statistics_route(models, knots, u, derivatives=False)
+    assert pr.grad is None and pr.hess is None
+    assert pr.loglik == pytest.approx(dense_reference(parts, knots, "full", u)[0], rel=1e-8)
+
+
+def test_profile_loglik_names_the_matrix_that_is_not_positive_definite(parts):
+    models, knots = setup(parts, "mpp", 9)
+    st = sum_statistics([site_statistics(lm, U) for lm in models])
+    m = int(st["m"])
+    bad = {**st, "S": st["S"].copy()}
+    bad["S"][0, 0] = np.inf  # a non-finite statistic in M's block: refused, not a loglik of −inf
+    with pytest.raises(NotPositiveDefinite, match=r"^M = K⁻¹ \+ Σ_j B_jᵀR_j⁻¹B_j is not positive definite at this u$"):
+        profile_loglik(bad, knots, KERNEL)
+    bad = {**st, "S": st["S"].copy()}
+    bad["S"][m, m] = -1.0  # M fine, the covariates' block not
+    with pytest.raises(NotPositiveDefinite, match=r"^the \(μ, γ\) normal matrix \(collinear covariates\?\) is not "):
+        profile_loglik(bad, knots, KERNEL)
+
+
+A_QUAD = np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 0.5]])
+TOP = np.array([0.3, -0.2, 0.1])
+BOX = (-5 * np.ones(3), 5 * np.ones(3))
+
+
+def quadratic(u, curvature=1.0, loglik=None, top=TOP):
+    """ℓ(u) = −½(u − top)ᵀA(u − top) with its gradient, and a Hessian `curvature` times the true one."""
+    u = np.asarray(u, dtype=float)
+    r = u - top
+    value = -0.5 * r @ A_QUAD @ r if loglik is None else loglik
+    return Profile(u=u, loglik=float(value), grad=-A_QUAD @ r, hess=-curvature * A_QUAD, mu=np.zeros(0),
+                   Sigma=np.zeros((0, 0)), gamma=np.zeros(0), n_obs=1)
+
+
+def test_maximise_reaches_the_top_within_its_move_and_its_tolerance():
+    base = quadratic(np.zeros(3))
+    top, _ = maximise(quadratic, base, 10.0, *BOX, steps=10, floor=1e-8, tol=1e-9)
+    np.testing.assert_allclose(top.u, TOP, rtol=1e-12, atol=1e-15)  # Newton on a quadratic: one step
+    near, step = maximise(quadratic, base, 0.1, *BOX, steps=10, floor=1e-8, tol=1e-9)
+    assert distance(near.u, base.u) == pytest.approx(0.1) and near.loglik > base.loglik
+    np.testing.assert_allclose(step.p, near.u)
+    # a Hessian 4× too curved: each step covers a quarter of the rest; 0.075, 0.056, 0.042 ≤ tol = 0.05 stops
+    calls = []
+    steep = lambda u: calls.append(u) or quadratic(u, curvature=4.0)
+    got, _ = maximise(steep, quadratic(np.zeros(3), curvature=4.0), 10.0, *BOX, steps=10, floor=1e-8, tol=0.05)
+    assert len(calls) == 3
+    np.testing.assert_allclose(got.u, TOP * (1 - 0.75**3), rtol=1e-12)
+    calls.clear()
+    maximise(steep, quadratic(np.zeros(3), curvature=4.0), 10.0, *BOX, steps=2, floor=1e-8, tol=0.05)
+    assert len(calls) == 2
+
+
+def test_maximise_keeps_a_step_only_if_the_loglik_does_not_decrease():
+    base = quadratic(np.zeros(3))
+    trials = []
+    refuse = lambda u: trials.append(distance(u, base.u)) or None  # not positive definite anywhere
+    got, step = maximise(refuse, base, 0.1, *BOX, steps=3, floor=1e-8, tol=1e-9)
+    assert got is base and not np.any(step.p) and step.predicted == 0.0
+    np.testing.assert_allclose(trials, [0.1, 0.025, 0.00625])  # each refusal shrinks the radius to ¼ of the step
+    lower = lambda u: quadratic(u, loglik=base.loglik - 1e-9)
+    assert maximise(lower, base, 0.1, *BOX, steps=3, floor=1e-8, tol=1e-9)[0] is base
+    equal = lambda u: quadratic(u, loglik=base.loglik)  # a flat step is kept
+    assert distance(maximise(equal, base, 0.1, *BOX, steps=1, floor=1e-8, tol=1e-9)[0].u, base.u) > 0
+
+
+def test_updated_radius_shrinks_below_a_quarter_and_grows_above_three_quarters_at_the_radius():
+    assert updated_radius(1.0, 0.1, 0.8, 4.0) == pytest.approx(0.2)  # ¼ of the step taken
+    assert updated_radius(1.0, -1.0, 1e-8, 4.0) == 1e-6
+    assert updated_radius(1.0, 0.25, 1.0, 4.0) == 1.0
+    assert updated_radius(1.0, 0.75, 1.0, 4.0) == 1.0
+    assert updated_radius(1.0, 0.9, 0.99, 4.0) == 2.0  # the step reached the radius
+    assert updated_radius(1.0, 0.9, 0.98, 4.0) == 1.0  # it stopped inside
+    assert updated_radius(3.0, 0.9, 3.0, 4.0) == 4.0  # capped
+    assert updated_radius(2.0, 0.9, 1.9, 8.0) == 2.0  # 1.9 < 0.99·2
+
+
+def test_maximise_uses_the_floor_given_and_returns_the_last_kept_step():
+    base = quadratic(np.zeros(3))
+    floored = trust_region_step(base.u, base.grad, base.hess, 10.0, *BOX, floor=0.5)
+    got, step = maximise(quadratic, base, 10.0, *BOX, steps=1, floor=0.5, tol=1e-9)
+    np.testing.assert_allclose(got.u, floored.p, rtol=1e-12)
+    assert np.abs(got.u - TOP).max() > 0.01  # the floor changed the step
+    # a kept step, then a refused one: the step returned is the kept one
+    answers = iter([quadratic, lambda u: None])
+    got, step = maximise(lambda u: next(answers)(u), base, 10.0, *BOX, steps=2, floor=1e-8, tol=1e-9)
+    np.testing.assert_allclose(step.p, got.u)
+    np.testing.assert_allclose(got.u, TOP, rtol=1e-12, atol=1e-15)
+    # the top beyond a corner of the box: the second step is zero (every entry fixed) and is returned
+    corner = (-np.ones(3), 0.05 * np.ones(3))
+    got, step = maximise(lambda u: quadratic(u, top=np.ones(3)), quadratic(np.zeros(3), top=np.ones(3)), 10.0,
+                         *corner, steps=5, floor=1e-8, tol=1e-9)
+    np.testing.assert_allclose(got.u, corner[1])
+    assert not np.any(step.p) and step.at_bound == ("delta", "sigma2", "beta")
+    # at the top already: no step kept, a zero step
+    at_top = quadratic(np.array(TOP))
+    got, step = maximise(quadratic, at_top, 1.0, *BOX, steps=3, floor=1e-8, tol=1e-9)
+    assert got is at_top and not np.any(step.p)
+
+
+def test_refined_model_moves_every_derivative_to_third_order(parts):
+    """The third-order model's dS, dd (errors O(h³)) and d2d (O(h²)) against the exact ones: each far closer than the
+    second-order model's (O(h²), O(h²), O(h))."""
+    models, _ = setup(parts, "full", 9)
+    lm = models[0]
+    st = site_statistics(lm, U)
+    lower, upper = default_bounds(1.0, 1.0)
+    refined = stale.refined(st, [site_statistics(lm, v) for v in stale.refine_points(st, 1e-3, lower, upper)],
+                            reach=100.0)
+    at = U + 0.01 * np.array([1.0, -0.7, 0.5])
+    exact, second, third = site_statistics(lm, at), taylor_statistics(st, at), taylor_statistics(refined, at)
+    for key in ("dS", "dd", "d2d"):
+        err2, err3 = (float(np.abs(np.asarray(got[key]) - exact[key]).max()) for got in (second, third))
+        assert err3 < 0.2 * err2, (key, err3, err2)
+
+
+def test_taylor_model_without_a_scaling_direction_is_the_plain_expansion(parts):
+    """Statistics without "c" (a sum over sites of different scalings) are expanded plainly: second order."""
+    models, _ = setup(parts, "mpp", 9)
+    st = site_statistics(models[0], U)
+    plain = {key: value for key, value in st.items() if key != "c"}
+    at = U + 0.02 * np.array([1.0, -0.7, 0.5])
+    exact, model = site_statistics(models[0], at), taylor_statistics(plain, at)
+    np.testing.assert_allclose(model["S"], exact["S"], rtol=1e-3, atol=1e-3 * np.abs(exact["S"]).max())
+
+
+def test_sum_keeps_the_scaling_direction_only_when_every_site_shares_it(parts):
+    models, _ = setup(parts, "mpp", 9)
+    a, b = site_statistics(models[0], U), site_statistics(models[1], U)
+    np.testing.assert_array_equal(sum_statistics([a, b])["c"], a["c"])
+    assert "c" not in sum_statistics([a, {key: value for key, value in b.items() if key != "c"}])
+    assert "c" not in sum_statistics([a, {**b, "c": np.array([1.0, 0.0, 0.0])}])

@@ -141,3 +141,101 @@ def test_no_knots_full_residual_is_the_independence_model(parts):
     assert q["f"] + 0.5 * len(z) * np.log(2 * np.pi) == pytest.approx(t["f"], rel=1e-12)
     np.testing.assert_allclose(q["grad"], t["grad"], atol=1e-10)
     np.testing.assert_allclose(q["hess"], t["hess"], atol=1e-10)
+
+
+# --- edges the mutation run of model/local.py (27 Nov) found unguarded (docs/contributing.md) -----------------------
+
+def test_moments_are_the_ols_sums_and_the_bounding_box_diagonal(setting):
+    _, z, X, knots, _ = setting
+    locs = np.column_stack([np.linspace(1.0, 4.0, len(z)), np.linspace(2.0, 6.0, len(z))[::-1]])  # a 3 × 4 box
+    mo = LocalModel(locs, z, X, knots, Matern(1.5)).moments()
+    assert mo["extent"] == pytest.approx(5.0, rel=1e-12)
+    np.testing.assert_allclose(mo["XtX"], X.T @ X)
+    np.testing.assert_allclose(mo["Xtz"], X.T @ z)
+    assert mo["ztz"] == pytest.approx(z @ z) and mo["n"] == len(z)
+
+
+def test_quantities_are_sent_under_the_names_the_server_reads(setting):
+    """`quantity` answers "value" as {"f": f_j}; mu_sigma carries W_j = B_jᵀR_j⁻¹X_j as "BtRX" (server.py)."""
+    locs, z, X, knots, par = setting
+    lm = LocalModel(locs, z, X, knots, Matern(1.5), "mpp")
+    assert lm.quantity("value", par) == {"f": lm.value(par)}
+    q = lm.quantity("mu_sigma", par)
+    assert set(q) == {"A", "b", "BtRX"}
+    h = 1e-6  # ∂b/∂γ = −BᵀR⁻¹X
+    db = np.column_stack([(lm.mu_sigma(par.replace(gamma=par.gamma + h * e))["b"]
+                           - lm.mu_sigma(par.replace(gamma=par.gamma - h * e))["b"]) / (2 * h) for e in np.eye(lm.p)])
+    np.testing.assert_allclose(q["BtRX"], -db, rtol=1e-6, atol=1e-8)
+
+
+def test_variogram_subsample_is_the_seeded_one_and_two_points_are_enough(setting):
+    locs, z, X, knots, _ = setting
+    from spatialfed.model.variogram import binned_semivariogram
+
+    lm = LocalModel(locs, z, X, knots, Matern(1.5))
+    gamma, edges = np.array([0.1, 0.2]), np.linspace(0.0, 1.5, 6)
+    idx = LocalModel.variogram_subsample(lm.n, 12, 7)
+    assert len(idx) == 12 and np.all(np.diff(idx) > 0)
+    sum_sq, count = binned_semivariogram(locs[idx], (z - X @ gamma)[idx], edges)
+    got = lm.variogram(gamma, edges, max_points=12, seed=7)
+    np.testing.assert_allclose(got["sum_sq"], sum_sq)
+    np.testing.assert_array_equal(got["count"], count)
+    assert len(LocalModel.variogram_subsample(lm.n, 2, 0)) == 2  # one pair is a valid subsample
+
+
+@pytest.mark.parametrize("residual,factor", [("full", "L"), ("mpp", "r")])
+def test_cached_arrays_list_every_cache_at_once(setting, residual, factor):
+    """With the whitened data, the Vecchia plan and the prediction factorisation all kept, each is listed."""
+    locs, z, X, knots, par = setting
+    lm = LocalModel(locs, z, X, knots, Matern(1.5), residual)
+    lm.value(par)
+    lm.residual_kriging(locs[:3] + 0.01, par)
+    lm.vecchia_plan
+    ids = {id(a) for a in lm.cached_arrays()}
+    for kept in (lm._white.Bh, lm._white.zh, lm._plan.order, lm._plan.nbrs, getattr(lm._kriging.factor, factor),
+                 lm._kriging.Bh):
+        assert id(kept) in ids
+
+
+def test_malformed_locations_are_named(setting):
+    locs, z, X, knots, par = setting
+    with pytest.raises(ValueError, match="^locs must be"):
+        LocalModel(locs[:, :1], z, X, knots, Matern(1.5))
+    lm = LocalModel(locs, z, X, knots, Matern(1.5))
+    for ask in (lm.nearest_distance, lambda at: lm.residual_kriging(at, par)):
+        with pytest.raises(ValueError, match="^prediction locations must be"):
+            ask(np.zeros((3, 3)))
+
+
+def test_a_column_of_observations_and_a_vector_covariate_are_read_by_shape(setting):
+    """z as an n × 1 column is the vector z; a 1-D X is one covariate column; "auto" is `full` on a small site."""
+    locs, z, X, knots, par = setting
+    col, flat = (LocalModel(locs, zz, X, knots, Matern(1.5), "mpp") for zz in (z[:, None], z))
+    assert col.z.shape == (len(z),)
+    assert col.value(par) == pytest.approx(flat.value(par), rel=1e-12)
+    one = par.replace(gamma=par.gamma[1:])
+    vec, mat = (LocalModel(locs, z, xx, knots, Matern(1.5), "mpp") for xx in (X[:, 1], X[:, 1:]))
+    assert vec.X.shape == (len(z), 1) and vec.value(one) == pytest.approx(mat.value(one), rel=1e-12)
+    assert LocalModel(locs, z, X, knots, Matern(1.5), "auto").residual == "full"
+    with pytest.raises(ValueError, match="^X contains 1 non-finite"):
+        LocalModel(locs, z, np.where(np.arange(X.size).reshape(X.shape) == 5, np.inf, X), knots, Matern(1.5))
+
+
+@pytest.mark.parametrize("residual,pilot_residual", [("mpp", "mpp"), ("vecchia", "full")])
+def test_pilot_is_the_seeded_subsample_with_the_same_model_kept_per_size(setting, residual, pilot_residual):
+    """pilot(points): itself up to `points` observations, else the rows of variogram_subsample(n, points, seed 0) with
+    the same knots, kernel and Vecchia settings; mpp/pp kept, a full or Vecchia residual "auto" (full when small)."""
+    locs, z, X, knots, _ = setting
+    kernel = Matern(1.5)
+    lm = LocalModel(locs, z, X, knots, kernel, residual, vecchia_k=5, vecchia_ordering="coord")
+    assert lm.pilot(lm.n) is lm and lm.pilot(lm.n + 1) is lm
+    small = lm.pilot(10)
+    idx = LocalModel.variogram_subsample(lm.n, 10, LocalModel.VARIOGRAM_SEED)
+    np.testing.assert_array_equal(small.locs, locs[idx])
+    np.testing.assert_array_equal(small.z, z[idx])
+    np.testing.assert_array_equal(small.X, X[idx])
+    np.testing.assert_array_equal(small.knots, knots)
+    assert small.kernel is kernel and small.residual == pilot_residual
+    assert (small.vecchia_k, small.vecchia_ordering) == (5, "coord")
+    assert lm.pilot(10) is small
+    assert lm.pilot(12).n == 12 and lm.pilot(12) is not small
