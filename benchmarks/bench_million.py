@@ -1,7 +1,7 @@
-"""10⁶ simulated points over J = 100 area sites (issue 14): simulate, write the store, fit with mpp and pp residuals
-under preset="default" (the library's: the block scheme when the rows below were measured, "stats" since
-2026-11-24) and preset="stats" (one round trip of sufficient statistics per iteration), recording wall time and peak
-memory.
+"""10⁶ simulated points over J = 100 area sites (issues 14 and 29): simulate, write the store with 10⁵ held-out
+cells, fit with the library's defaults (residual "auto": Vecchia on these 10⁴-point sites; asynchronous; the
+statistics scheme) or the --residual / --preset / --mode given, and predict the held-out cells, recording wall time,
+peak memory and the held-out scores.
 
 Simulation (``spatialfed.data.simulate.simulate``): N points on a jittered grid in [0,1]², SPEC §7's covariates and
 noise (p = 5, γ = (−1, 2, 1, 1, 1), noise sd 2), an exponential Matérn field (σ² = 1, β = 0.1) drawn by circulant
@@ -9,17 +9,20 @@ embedding on a regular grid of step β/100 (O(M log M) for the M torus cells, wh
 points, area partition into J sites. ``simulate_s``: locations, field and partition in memory; ``ingest_s``:
 writing the Zarr store (``data.store.write_store``).
 
-Each fit (m = 100 knots, ν = 0.5, ``--mode`` sync by default) runs on a Dask LocalCluster of ``--dask-workers``
+Each fit (m = 100 knots, ν = 0.5, the library's mode unless ``--mode`` says otherwise) runs on a Dask LocalCluster of ``--dask-workers``
 processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with the library's
 progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
 ``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
 sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during
 simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready),
 first_output_s and longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the
-longest stretch without one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth.
+longest stretch without one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth; with a test group,
+predict_s (outputs.prediction.predict of the held-out cells from the saved fit, on the same cluster), n_test, rmse,
+crps, coverage95.
 
-    nice -n 10 python benchmarks/bench_million.py --n 100000 --max-iter 5 --residual mpp --preset default  # quick
-    nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, mpp and pp, both presets
+    nice -n 10 python benchmarks/bench_million.py --n 100000 --test 10000 --max-iter 5     # quick
+    nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, every default, 10⁵ predicted
+    nice -n 10 python benchmarks/bench_million.py --residual mpp,pp --preset default,stats --mode sync --test 0
     nice -n 10 python benchmarks/bench_million.py --profile 100000      # cProfile of one fit (top 25 on stderr)
 
 One JSON row per fit on stdout (and appended to --out FILE). Measured 2026-11-23 on the shared 2-core machine:
