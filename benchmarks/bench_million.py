@@ -10,8 +10,8 @@ points, area partition into J sites. ``simulate_s``: locations, field and partit
 writing the Zarr store (``data.store.write_store``).
 
 Each fit (m = 100 knots, ν = 0.5, the library's mode unless ``--mode`` says otherwise) runs on a Dask
-LocalCluster of ``--dask-workers`` processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with the library's
-progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
+LocalCluster of ``--dask-workers`` processes (1 thread each, BLAS single-threaded; restarted before every fit
+after the first) with the library's progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
 ``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
 sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during
 simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready),
