@@ -9,16 +9,16 @@ embedding on a regular grid of step β/100 (O(M log M) for the M torus cells, wh
 points, area partition into J sites. ``simulate_s``: locations, field and partition in memory; ``ingest_s``:
 writing the Zarr store (``data.store.write_store``).
 
-Each fit (m = 100 knots, ν = 0.5, the library's mode unless ``--mode`` says otherwise) runs on a Dask
-LocalCluster of ``--dask-workers`` processes (1 thread each, BLAS single-threaded; restarted before every fit
-after the first) with the library's progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
-``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
-sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during
-simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready),
-first_output_s and longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the
-longest stretch without one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth; with a test group,
-predict_s (outputs.prediction.predict of the held-out cells from the saved fit, on the same cluster), n_test, rmse,
-crps, coverage95.
+Each fit (m = 100 knots, ν = 0.5, the library's mode unless ``--mode`` says otherwise) runs on a Dask LocalCluster of
+``--dask-workers`` processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with
+the library's progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not
+counted); ``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
+sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during simulate
++ ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready), first_output_s and
+longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the longest stretch without
+one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth; with a test group, predict_s
+(outputs.prediction.predict of the held-out cells from the saved fit, on the same cluster), n_test, rmse, crps,
+coverage95.
 
     nice -n 10 python benchmarks/bench_million.py --n 100000 --test 10000 --max-iter 5     # quick
     nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, every default, 10⁵ predicted
