@@ -1,7 +1,7 @@
-"""10⁶ simulated points over J = 100 area sites (issue 14): simulate, write the store, fit with mpp and pp residuals
-under preset="default" (the library's: the block scheme when the rows below were measured, "stats" since
-2026-11-24) and preset="stats" (one round trip of sufficient statistics per iteration), recording wall time and peak
-memory.
+"""10⁶ simulated points over J = 100 area sites (issues 14 and 29): simulate, write the store with 10⁵ held-out
+cells, fit with the library's defaults (residual "auto": Vecchia on these 10⁴-point sites; asynchronous; the
+statistics scheme) or the --residual / --preset / --mode given, and predict the held-out cells, recording wall time,
+peak memory and the held-out scores.
 
 Simulation (``spatialfed.data.simulate.simulate``): N points on a jittered grid in [0,1]², SPEC §7's covariates and
 noise (p = 5, γ = (−1, 2, 1, 1, 1), noise sd 2), an exponential Matérn field (σ² = 1, β = 0.1) drawn by circulant
@@ -9,17 +9,20 @@ embedding on a regular grid of step β/100 (O(M log M) for the M torus cells, wh
 points, area partition into J sites. ``simulate_s``: locations, field and partition in memory; ``ingest_s``:
 writing the Zarr store (``data.store.write_store``).
 
-Each fit (m = 100 knots, ν = 0.5, ``--mode`` sync by default) runs on a Dask LocalCluster of ``--dask-workers``
-processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with the library's
-progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not counted);
-``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
-sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during
-simulate + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready),
-first_output_s and longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the
-longest stretch without one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth.
+Each fit (m = 100 knots, ν = 0.5, the library's mode unless ``--mode`` says otherwise) runs on a Dask LocalCluster of
+``--dask-workers`` processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with
+the library's progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not
+counted); ``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
+sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during simulate
++ ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready), first_output_s and
+longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the longest stretch without
+one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth; with a test group, predict_s
+(outputs.prediction.predict of the held-out cells from the saved fit, on the same cluster), n_test, rmse, crps,
+coverage95.
 
-    nice -n 10 python benchmarks/bench_million.py --n 100000 --max-iter 5 --residual mpp --preset default  # quick
-    nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, mpp and pp, both presets
+    nice -n 10 python benchmarks/bench_million.py --n 100000 --test 10000 --max-iter 5     # quick
+    nice -n 10 python benchmarks/bench_million.py                        # 10⁶ points, every default, 10⁵ predicted
+    nice -n 10 python benchmarks/bench_million.py --residual mpp,pp --preset default,stats --mode sync --test 0
     nice -n 10 python benchmarks/bench_million.py --profile 100000      # cProfile of one fit (top 25 on stderr)
 
 One JSON row per fit on stdout (and appended to --out FILE). Measured 2026-11-23 on the shared 2-core machine:
@@ -42,18 +45,19 @@ from bench_large import PeakRSS, say  # noqa: E402
 from jsonrows import emitter  # noqa: E402
 
 
-def make_store(path: Path, n: int, J: int, seed: int) -> dict:
-    """Simulate n points and write them as a J-site area-partitioned store; timings and peak RSS."""
+def make_store(path: Path, n: int, J: int, seed: int, test: int = 0) -> dict:
+    """Simulate n points (and `test` held-out ones) and write them as a J-site area-partitioned store with its test
+    group; timings and peak RSS."""
     from spatialfed.data.simulate import simulate
     from spatialfed.data.store import write_store
 
     with PeakRSS(children=False) as mem:
         tic = time.perf_counter()
-        sim = simulate(J, n // J, partition="area", beta=0.1, seed=seed, progress=True)
+        sim = simulate(J, n // J, partition="area", beta=0.1, seed=seed, test_size=test, progress=True)
         simulate_s = time.perf_counter() - tic
         tic = time.perf_counter()
         write_store(path, sim.parts(), partition=sim.partition, crs=None, covariate_names=sim.covariate_names,
-                    truth=sim.truth, overwrite=True, extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
+                    truth=sim.truth, test=sim.test, overwrite=True, extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
         ingest_s = time.perf_counter() - tic
     say(f"simulated {len(sim.z)} points ({sim.method}) in {simulate_s:.1f} s, wrote {path} in {ingest_s:.1f} s, "
         f"peak {mem.mb:.0f} MB")
@@ -64,7 +68,9 @@ def make_store(path: Path, n: int, J: int, seed: int) -> dict:
 def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, object]:
     from spatialfed.api import FederatedGP
 
-    settings = {"mode": args.mode, "max_iter": args.max_iter}
+    settings = {"max_iter": args.max_iter}
+    if args.mode != "default":
+        settings["mode"] = args.mode
     if preset != "default":
         settings["preset"] = preset
     gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
@@ -92,14 +98,43 @@ def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, ob
                        "gamma": [round(float(g), 4) for g in p["gamma"]]}}, gp
 
 
+def _has_test(store: Path) -> bool:
+    from spatialfed.data.store import open_store
+
+    return open_store(store).has_test
+
+
+def predict_held_out(store: Path, gp, args, client) -> dict:
+    """Save the fit and predict the store's test group (outputs.prediction.predict, the default predictor): seconds
+    from the saved fit to the table in memory, and the held-out scores."""
+    from spatialfed.outputs.prediction import predict
+
+    fit_dir = Path(tempfile.mkdtemp(prefix="bench_million-fit-"))
+    try:
+        gp.save(fit_dir / "fit")
+        tic = time.perf_counter()
+        frame, scores = predict(fit_dir / "fit", str(store), runtime=args.runtime, client=client)
+        predict_s = time.perf_counter() - tic
+    finally:
+        shutil.rmtree(fit_dir, ignore_errors=True)
+    say(f"predicted {len(frame)} held-out cells in {predict_s:.1f} s: RMSE {scores['rmse']:.4f}, "
+        f"CRPS {scores['crps']:.4f}, 95 % cover {scores['coverage95']:.3f}")
+    return {"predict_s": round(predict_s, 2), "n_test": scores["n"], "rmse": round(scores["rmse"], 4),
+            "crps": round(scores["crps"], 4), "coverage95": round(scores["coverage95"], 4)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=float, default=1e6, help="points (default 10⁶)")
     ap.add_argument("--workers", type=int, default=100, help="J area sites (default 100)")
-    ap.add_argument("--residual", default="mpp,pp", help="comma list of mpp, pp, full (default mpp,pp)")
-    ap.add_argument("--preset", default="default,stats", help="comma list: default (the library's), stats, ...")
-    ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--residual", default="auto",
+                    help="comma list of auto (the library's default), vecchia, full, mpp, pp (default auto)")
+    ap.add_argument("--preset", default="default", help="comma list: default (the library's), stats, tuned, ...")
+    ap.add_argument("--mode", choices=("default", "sync", "async"), default="default",
+                    help="default: the library's (async)")
+    ap.add_argument("--test", type=float, default=1e5,
+                    help="held-out cells simulated with the field and predicted after each fit (default 10⁵; 0: none)")
     ap.add_argument("--knots", type=int, default=100)
     ap.add_argument("--max-iter", type=int, default=50)
     ap.add_argument("--runtime", choices=("dask", "simulated"), default="dask")
@@ -128,7 +163,7 @@ def main(argv=None) -> None:
         if args.reuse:
             made = {"simulate_s": None, "ingest_s": None, "sim_peak_rss_mb": None, "truth": None}
         else:
-            made = make_store(store, n, J, args.seed)
+            made = make_store(store, n, J, args.seed, int(args.test))
         if args.profile is not None:
             import cProfile
             import pstats
@@ -153,7 +188,10 @@ def main(argv=None) -> None:
             for k, (residual, preset) in enumerate((r, p) for r in residuals for p in presets):
                 if handle is not None and k:
                     handle.client.restart(timeout=900)
-                row, _ = fit(store, residual, preset, args, None if handle is None else handle.client)
+                client = None if handle is None else handle.client
+                row, gp = fit(store, residual, preset, args, client)
+                if _has_test(store):
+                    row.update(predict_held_out(store, gp, args, client))
                 emit({"n": n, "J": J, **{key: made[key] for key in ("simulate_s", "ingest_s")}, **row,
                       "sim_peak_rss_mb": made["sim_peak_rss_mb"], "truth": made["truth"],
                       "runtime": args.runtime, "dask_workers": args.dask_workers})

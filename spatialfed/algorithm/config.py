@@ -71,8 +71,9 @@ class StatsPolicy:
       control_variates — model a stale site through the sites that answered at its u_j (stale.site_models);
       inner_steps — safeguarded Newton steps per surrogate maximisation.
     Boundary:
-      probe_after, probe_step — a log-parameter that moved toward one side by ≥ probe_step in probe_after
-        consecutive Newton steps is tried once at its bound (ℓ ≈ ℓ∞ − c/δ never settles in free steps).
+      probe_step — a log-parameter whose Newton target recedes by at least half the step just taken toward it,
+        with a Newton step still ≥ probe_step, is tried once at its bound (ℓ ≈ ℓ∞ − c/δ never settles in free
+        steps; None: never): below it a fit is converging, not walking to a bound.
     Start (algorithm/pilot.py):
       pilot_points — each site's subsample for the pilot fit that moves φ₀ near the optimum (0: no pilot): 2m at the
         default m = 100, where the subsample's request costs about what the knot terms of any request cost;
@@ -96,16 +97,14 @@ class StatsPolicy:
     min_coverage: float = 0.5
     control_variates: bool = True
     inner_steps: int = 10
-    probe_after: int = 3
-    probe_step: float = 0.5
+    probe_step: float | None = 0.5
     hold_share: float = 0.15
     explore: bool = True
     pilot_points: int = 200
     pilot_share: float = 0.25
 
     def __post_init__(self):
-        for name in ("radius_growth", "eig_floor", "loglik_tol", "taylor_radius", "secant_reach", "settle_tol",
-                     "probe_step"):
+        for name in ("radius_growth", "eig_floor", "loglik_tol", "taylor_radius", "secant_reach", "settle_tol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"policy {name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.hold_share < 1:
@@ -116,9 +115,10 @@ class StatsPolicy:
             raise ValueError(f"policy pilot_points must be an integer ≥ 0 (0: no pilot), got {self.pilot_points!r}")
         if not 0 < self.min_coverage <= 1:
             raise ValueError(f"policy min_coverage must be in (0, 1], got {self.min_coverage!r}")
-        for name in ("inner_steps", "probe_after"):
-            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
-                raise ValueError(f"policy {name} must be an integer ≥ 1, got {getattr(self, name)!r}")
+        if int(self.inner_steps) != self.inner_steps or self.inner_steps < 1:
+            raise ValueError(f"policy inner_steps must be an integer ≥ 1, got {self.inner_steps!r}")
+        if self.probe_step is not None and not self.probe_step > 0:
+            raise ValueError(f"policy probe_step must be > 0 (None: never probe a bound), got {self.probe_step!r}")
         ladder = [("stale_tol", self.stale_tol), ("settle_tol", self.settle_tol), ("refine_step", self.refine_step),
                   ("secant_reach", self.secant_reach), ("taylor_radius", self.taylor_radius)]
         ladder = [(name, value) for name, value in ladder if value is not None]

@@ -43,7 +43,7 @@ class Pilot:
         self.cap, self.tol, self.max_rounds = policy.radius_growth * step_bound, float(tol), int(max_rounds)
         self.radius = float(step_bound)
         self.shrink = 1.0 - n_s / n  # (−H_s)⁻¹ less the full data's ≈ (−H_s)⁻¹ (1 − N_s/N)
-        self.probe = BoundaryProbe(policy.probe_after, policy.probe_step)
+        self.probe = BoundaryProbe(policy.probe_step)
         self.answers: dict[int, dict] = {}  # site -> its statistics at u in this round
         self.anchor: Profile | None = None  # the last accepted point
         self.step_len, self.predicted = 0.0, 0.0
@@ -106,7 +106,7 @@ class Pilot:
         if self.settled(base, step.p) or self.rounds >= self.max_rounds:
             self.u = self.estimate = target
             return True
-        probe = self.probe.step(base.u, step, self.radius, lower, upper)
+        probe = self.probe.step(base, step, lower, upper)
         if probe is not None:
             step = probe
         self.u = base.u + step.p

@@ -79,7 +79,7 @@ class StatsServer(FederatedServer):
         self._vouched = True  # the surrogate did not predict the last epoch's increase worse than sync's model
         self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
         self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
-        self._boundary = BoundaryProbe(self.policy.probe_after, self.policy.probe_step)
+        self._boundary = BoundaryProbe(self.policy.probe_step)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
         self._explore_radius = float(self.config.step_bound)  # the surrogate steps' trust radius (async)
         self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
@@ -332,7 +332,7 @@ class StatsServer(FederatedServer):
         if max(float(np.max(np.abs(step.p))), dgamma) <= self.config.tol and step.predicted <= self.policy.loglik_tol:
             self._finish(base, "tol", now)
             return
-        probe = self._boundary.step(base.u, step, self._radius, lower, upper)
+        probe = self._boundary.step(base, step, lower, upper)
         if probe is not None:
             step, new = probe, None
         new, predicted = self._epoch_point(base, step, new, probe is not None)

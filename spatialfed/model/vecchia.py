@@ -304,7 +304,8 @@ def kriging(lm, locs0: np.ndarray, params, k: int, tree: cKDTree) -> dict:
         _, nb = tree.query(locs0[rows], k=k)
         nb = np.asarray(nb).reshape(-1, k)
         P = lm.locs[nb]  # (b, k, 2)
-        FN = lm.kernel.correlation(np.sqrt(((P[:, :, None, :] - lm.knots[None, None]) ** 2).sum(-1)), beta) @ T.T
+        used, slot = np.unique(nb, return_inverse=True)  # nearby locations share most of their neighbours
+        FN = (lm.kernel.correlation(cdist(lm.locs[used], lm.knots), beta) @ T.T)[slot.reshape(nb.shape)]
         f0 = lm.kernel.correlation(cdist(locs0[rows], lm.knots), beta) @ T.T
         diff = P[:, :, None, :] - P[:, None, :, :]
         RNN = sigma2 * (lm.kernel.correlation(np.sqrt((diff**2).sum(-1)), beta) - FN @ _bt(FN)) + eps * np.eye(k)

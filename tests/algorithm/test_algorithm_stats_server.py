@@ -45,8 +45,9 @@ def test_sync_reaches_the_reference_maximiser_in_few_round_trips(problem, refere
     models, knots, kernel, residual = problem
     gamma_hat, theta_hat, ll_hat = reference
     assert sync.converged and sync.stop_reason == "tol" and sync.phase == "done"
-    # one round trip per iteration; pp starts far off (the variogram's nugget leaves out what pp drops into it)
-    assert sync.iterations <= {"full": 7, "pp": 9}[residual]
+    # one round trip per iteration; pp starts far off (the variogram's nugget leaves out what pp drops into it), and
+    # its first two steps in log δ look like a walk to a bound: the probe there is rejected, one more round trip
+    assert sync.iterations <= {"full": 7, "pp": 10}[residual]
     assert sync.answers == [sync.iterations] * len(models)
     np.testing.assert_allclose([sync.params.delta, sync.params.sigma2, sync.params.beta], theta_hat, rtol=1e-4)
     np.testing.assert_allclose(sync.params.gamma, gamma_hat, rtol=1e-4, atol=1e-6)
