@@ -63,3 +63,20 @@ def test_bad_parameters_and_points():
         k.cross(np.ones((3, 3)), np.ones((2, 2)), 1.0, 0.1)
     with pytest.raises(ValueError, match="non-finite"):
         k.cross(np.array([[0.0, np.nan]]), np.ones((2, 2)), 1.0, 0.1)
+
+
+def test_bad_arguments_are_named_and_the_largest_smoothness_is_accepted():
+    """Each refusal names the argument (mutation run of 27 Nov); ν = MAX_NU itself is allowed."""
+    from spatialfed.model.matern import MAX_NU
+
+    k = Matern(1.5)
+    ok = np.zeros((2, 2))
+    with pytest.raises(ValueError, match="^a must be"):
+        pairwise_distances(np.zeros((2, 3)), ok)
+    with pytest.raises(ValueError, match="^b must be"):
+        pairwise_distances(ok, np.zeros((2, 3)))
+    for call, name in ((lambda: k.covariance(ok, 1.0, -1.0), "beta"), (lambda: k.covariance(ok, 0.0, 1.0), "sigma2"),
+                       (lambda: k.beta_from_range(-1.0), "effective_range"), (lambda: k.range_from_beta(0.0), "beta")):
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            call()
+    assert Matern(MAX_NU).nu == MAX_NU

@@ -189,3 +189,35 @@ def test_the_virtual_clock_charges_the_vecchia_cost():
     lm30, _ = make(n=200, vecchia_k=30)
     p = Augmented(par, 0, "stats")
     assert FlopCost().seconds(lm30, p, 0.0) > 3 * FlopCost().seconds(lm5, p, 0.0)
+
+
+# --- edges the mutation run of model/vecchia.py (27 Nov) found unguarded (docs/contributing.md) ---------------------
+
+def test_row_chunks_and_batches_do_not_change_the_basis_the_whitened_data_or_the_kriging(monkeypatch):
+    """KnotFactors in row chunks (with and without derivatives), the whitened data (log det R and L⁻¹[B X z]) and the
+    kriging in batches of 16 points give what one chunk and one batch give."""
+    lm, par = make(n=70, vecchia_k=5)
+    locs0 = np.random.default_rng(3).uniform(size=(40, 2))
+
+    def answers():
+        lm.clear_cache()
+        kfs = [vecchia.KnotFactors(lm.kernel, lm.d_K, lm.locs, lm.knots, par.beta, derivatives=d) for d in (0, 1)]
+        return ([kf.F for kf in kfs] + [kfs[1].FH, kfs[1].Fd], {"f": lm.value(par), **lm.mu_sigma(par)},
+                lm.residual_kriging(locs0, par))
+
+    one = answers()
+    monkeypatch.setattr(vecchia, "ROW_CHUNK", 16)
+    monkeypatch.setattr(vecchia, "BATCH_BYTES", 1)  # 16 points per batch
+    many = answers()
+    for a, b in zip(one[0], many[0]):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
+    for part in (1, 2):
+        for key in one[part]:
+            assert rel(many[part][key], one[part][key]) < 1e-11, key
+
+
+def test_a_singular_residual_is_named_on_the_whitened_route_too():
+    lm, par = make(n=30, vecchia_k=5)
+    lm.locs[3] = lm.locs[2]
+    with pytest.raises(np.linalg.LinAlgError, match="duplicate locations"):
+        lm.value(par.with_u(par.u + np.array([40.0, 0.0, 0.0])))
