@@ -91,12 +91,18 @@ def _geometry(locs: np.ndarray, plan: VecchiaPlan, pos: np.ndarray):
     nb = plan.nbrs[pos]
     valid = np.concatenate([nb >= 0, np.ones((len(pos), 1), dtype=bool)], axis=1)
     idx = np.concatenate([np.where(nb >= 0, nb, i[:, None]), i[:, None]], axis=1)
-    x, y = locs[idx, 0], locs[idx, 1]
+    return idx, valid, _pairwise(locs[idx])
+
+
+def _pairwise(P: np.ndarray) -> np.ndarray:
+    """(b, k, k) distances among each row's points P (b, k, 2), per coordinate (a sum over a length-2 axis is
+    several times slower)."""
+    x, y = P[..., 0], P[..., 1]
     dx, dy = x[:, :, None] - x[:, None, :], y[:, :, None] - y[:, None, :]
     dx *= dx
     dy *= dy
-    dx += dy  # per coordinate: a sum over a length-2 axis is several times slower
-    return idx, valid, np.sqrt(dx, out=dx)
+    dx += dy
+    return np.sqrt(dx, out=dx)
 
 
 def _bt(A: np.ndarray) -> np.ndarray:
@@ -310,9 +316,8 @@ def kriging(lm, locs0: np.ndarray, params, k: int, tree: cKDTree) -> dict:
         used, slot = np.unique(nb, return_inverse=True)  # nearby locations share most of their neighbours
         FN = (lm.kernel.correlation(cdist(lm.locs[used], lm.knots), beta) @ T.T)[slot.reshape(nb.shape)]
         f0 = lm.kernel.correlation(cdist(locs0[rows], lm.knots), beta) @ T.T
-        diff = P[:, :, None, :] - P[:, None, :, :]
-        RNN = sigma2 * (lm.kernel.correlation(np.sqrt((diff**2).sum(-1)), beta) - FN @ _bt(FN)) + eps * np.eye(k)
-        d0 = np.sqrt(((P - locs0[rows, None, :]) ** 2).sum(-1))
+        RNN = sigma2 * (lm.kernel.correlation(_pairwise(P), beta) - FN @ _bt(FN)) + eps * np.eye(k)
+        d0 = np.hypot(P[..., 0] - locs0[rows, 0, None], P[..., 1] - locs0[rows, 1, None])
         kt = sigma2 * (lm.kernel.correlation(d0, beta) - np.einsum("bkm,bm->bk", FN, f0))
         v = np.linalg.solve(RNN, kt[:, :, None])[:, :, 0]
         resid = lm.z[nb] - lm.X[nb] @ params.gamma - FN @ Tmu
