@@ -77,16 +77,6 @@ def sum_statistics(stats: list[dict], scale: float = 1.0) -> dict:
     return out
 
 
-def combine_statistics(a: dict, b: dict, coef: float) -> dict:
-    """a + coef·b of two statistics taken at the same u (every summed entry, "n" included; a's u, m, p and c)."""
-    if not np.array_equal(np.asarray(a["u"], dtype=float), np.asarray(b["u"], dtype=float)):
-        raise ValueError("statistics computed at different u cannot be combined: evaluate their Taylor models first")
-    out = {key: value for key, value in a.items() if key not in THIRD}
-    for key in SUMMED:
-        out[key] = np.asarray(a[key], dtype=float) + coef * np.asarray(b[key], dtype=float)
-    return out
-
-
 def exact_scaling(stats: dict) -> np.ndarray:
     """w = c/|c|², with which S(u_j + Δ) = e^{w·Δ}G(Δ) and G is constant along c (0 when "c" is absent or 0)."""
     c = np.asarray(stats.get("c", np.zeros(3)), dtype=float)

@@ -17,7 +17,6 @@ from spatialfed.algorithm.profile import (
     _TRIPLE,
     THIRD,
     TRIPLES,
-    combine_statistics,
     exact_scaling,
     scaled_frame,
     sum_statistics,

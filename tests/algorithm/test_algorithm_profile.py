@@ -11,7 +11,6 @@ from spatialfed.algorithm.profile import (
     THIRD,
     NotPositiveDefinite,
     Profile,
-    combine_statistics,
     default_bounds,
     distance,
     maximise,
@@ -270,20 +269,6 @@ def test_projected_gradient_zeroes_only_the_components_pushing_out_at_an_active_
 def test_distance_is_euclidean_in_u():
     assert distance([1, 2, 3], [1, 2, 3]) == 0.0
     assert distance([0.0, 3.0, 0.0], [0.0, -1.0, 3.0]) == 5.0
-
-
-def test_combine_statistics_is_a_plus_coef_b_without_third_derivatives(parts):
-    models, _ = setup(parts, "mpp", 9)
-    a, b = site_statistics(models[0], U), site_statistics(models[1], U)
-    model = {**a, "d3S": np.ones((10, 1, 1)), "d3d": np.ones(10), "d3_radius": 1.0}
-    out = combine_statistics(model, b, -0.5)
-    assert not set(out) & set(THIRD)
-    for key in SUMMED:
-        np.testing.assert_allclose(out[key], np.asarray(a[key]) - 0.5 * np.asarray(b[key]), rtol=1e-14, atol=1e-14)
-    for key in ("u", "m", "p", "c"):
-        np.testing.assert_array_equal(out[key], a[key])
-    with pytest.raises(ValueError, match="different u"):
-        combine_statistics(a, site_statistics(models[1], U + 0.1), 1.0)
 
 
 def test_taylor_model_moves_the_derivatives_of_d_and_reads_a_missing_radius_as_unbounded(parts):
