@@ -57,7 +57,8 @@ def make_store(path: Path, n: int, J: int, seed: int, test: int = 0) -> dict:
         simulate_s = time.perf_counter() - tic
         tic = time.perf_counter()
         write_store(path, sim.parts(), partition=sim.partition, crs=None, covariate_names=sim.covariate_names,
-                    truth=sim.truth, test=sim.test, overwrite=True, extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
+                    truth=sim.truth, test=sim.test, overwrite=True,
+                    extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
         ingest_s = time.perf_counter() - tic
     say(f"simulated {len(sim.z)} points ({sim.method}) in {simulate_s:.1f} s, wrote {path} in {ingest_s:.1f} s, "
         f"peak {mem.mb:.0f} MB")
@@ -96,12 +97,6 @@ def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, ob
             "loglik": None if gp.loglik_ is None else float(gp.loglik_),
             "params": {"delta": p["delta"], "sigma2": p["sigma2"], "beta": p["beta"],
                        "gamma": [round(float(g), 4) for g in p["gamma"]]}}, gp
-
-
-def _has_test(store: Path) -> bool:
-    from spatialfed.data.store import open_store
-
-    return open_store(store).has_test
 
 
 def predict_held_out(store: Path, gp, args, client) -> dict:
@@ -177,6 +172,9 @@ def main(argv=None) -> None:
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
             emit({"n": n, "J": J, **made, **row, "runtime": "simulated (profiled)"})
             return
+        from spatialfed.data.store import open_store
+
+        has_test = open_store(store).has_test  # simulated with --test, or a --reuse store's own
         handle = None
         if args.runtime == "dask":
             from spatialfed.runtime.cluster import local_cluster
@@ -190,7 +188,7 @@ def main(argv=None) -> None:
                     handle.client.restart(timeout=900)
                 client = None if handle is None else handle.client
                 row, gp = fit(store, residual, preset, args, client)
-                if _has_test(store):
+                if has_test:
                     row.update(predict_held_out(store, gp, args, client))
                 emit({"n": n, "J": J, **{key: made[key] for key in ("simulate_s", "ingest_s")}, **row,
                       "sim_peak_rss_mb": made["sim_peak_rss_mb"], "truth": made["truth"],

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from spatialfed.algorithm.profile import Profile, Step, at_bound, projected_gradient
+from spatialfed.algorithm.profile import Profile, Step, at_bound, pushing_out
 
 
 def newton_step(base: Profile, lower, upper) -> np.ndarray | None:
     """−H⁻¹g over the parameters free to move (0 on an active bound), or None where −H is not positive definite."""
-    g = projected_gradient(base.u, base.grad, lower, upper)
-    free = (g != 0) | ((base.u > lower) & (base.u < upper))
+    g = np.asarray(base.grad, dtype=float)
+    free = ~pushing_out(base.u, g, lower, upper, atol=1e-10)
     H = 0.5 * (base.hess + base.hess.T)[np.ix_(free, free)]
     if not free.any() or np.linalg.eigvalsh(H).max() >= 0:
         return None

@@ -209,11 +209,16 @@ def default_bounds(s2: float, diameter: float) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def pushing_out(u, grad, lower, upper, atol: float = 0.0) -> np.ndarray:
+    """Entries of u on a bound of [lower, upper] (within atol) whose gradient of ℓ pushes them out: held there."""
+    g = np.asarray(grad, dtype=float)
+    return ((u <= lower + atol) & (g < 0)) | ((u >= upper - atol) & (g > 0))
+
+
 def projected_gradient(u, grad, lower, upper, atol: float = 1e-10) -> np.ndarray:
     """The gradient of ℓ with the components that push u out of [lower, upper] at an active bound set to 0."""
     g = np.array(grad, dtype=float)
-    g[(u <= lower + atol) & (g < 0)] = 0.0
-    g[(u >= upper - atol) & (g > 0)] = 0.0
+    g[pushing_out(u, g, lower, upper, atol)] = 0.0
     return g
 
 
@@ -251,7 +256,7 @@ def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float =
     fixed = np.zeros(3, dtype=bool)
     p = np.zeros(3)
     for _ in range(4):
-        fixed |= ((u <= lower) & (g < 0)) | ((u >= upper) & (g > 0))
+        fixed |= pushing_out(u, g, lower, upper)
         free = ~fixed
         rhs = g[free] - B[np.ix_(free, fixed)] @ p[fixed]
         Bf = B[np.ix_(free, free)]
