@@ -67,3 +67,16 @@ def test_message_size_does_not_grow_with_n(residual):
     k = 9 + 2 + 1
     assert message_size(small) == message_size(large) == 10 * k * k + 11
     assert stats_flops(80, 9, 2, residual) > stats_flops(20, 9, 2, residual)
+
+
+@pytest.mark.parametrize("residual,m", CASES)
+def test_statistics_scale_exactly_along_the_direction_they_report(residual, m):
+    """S(u + s·c) = e^s·S(u) along the returned c: (1, −1, 0) where R = σ²W̃ + δ⁻¹I scales with σ² and 1/δ together,
+    (1, 0, 0) for pp, whose R = δ⁻¹I does not depend on σ² (profile.exact_scaling moves the statistics along it)."""
+    lm = model(residual, m)
+    st = site_statistics(lm, U)
+    want = [1.0, 0.0, 0.0] if residual == "pp" else [1.0, -1.0, 0.0]
+    assert st["c"].tolist() == want
+    s = 0.7
+    moved = site_statistics(lm, U + s * st["c"])
+    np.testing.assert_allclose(moved["S"], np.exp(s) * st["S"], rtol=1e-9, atol=1e-12 * np.abs(st["S"]).max())

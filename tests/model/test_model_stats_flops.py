@@ -14,7 +14,7 @@ from scipy.linalg import lapack
 from spatialfed.model import stats as stats_mod
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
-from spatialfed.model.stats import site_statistics, stats_flops
+from spatialfed.model.stats import VECCHIA_RATE_FACTOR, site_statistics, stats_flops
 
 
 def product_flops(A, C) -> float:
@@ -99,3 +99,18 @@ def test_flops_are_the_sum_of_the_listed_operations(n, m, p):
     assert stats_flops(n, m, p, "full") == pytest.approx(full, rel=1e-12)
     for residual in ("mpp", "pp"):
         assert stats_flops(n, m, p, residual) == pytest.approx(diagonal, rel=1e-12)
+
+
+@pytest.mark.parametrize("n, m, p, k", [(50, 7, 2, 5), (3, 4, 1, 15), (2, 4, 1, 15), (1, 3, 0, 15)])
+def test_vecchia_flops_are_the_sum_of_the_listed_operations(n, m, p, k):
+    """The Vecchia cost term by term, per point with c = the point and its neighbours (at most the n − 1 earlier
+    points, at least one): a wrong coefficient, c off by one or the cap at small n misread changes the clock."""
+    q = m + p + 1
+    c = min(k, max(n - 1, 1)) + 1
+    per_point = (4 * 2.0 * c * m * c          # four c×m by m×c products
+                 + 3 * (2.0 / 3.0) * (c - 1) ** 3  # three LU factorisations of the k × k neighbour block
+                 + 40.0 * c * c + 8.0 * c * m  # the solves' right-hand sides, the local kernel
+                 + 20.0 * c * q               # 10 × c by c × q coefficients
+                 + 10.0 * m * m + 19 * 2.0 * q * q)  # 19 rank-one q × q Gram terms
+    want = VECCHIA_RATE_FACTOR * (12.0 * n * m * m + n * per_point)  # the whitened knot basis, then each point
+    assert stats_flops(n, m, p, "vecchia", k) == pytest.approx(want, rel=1e-12)
