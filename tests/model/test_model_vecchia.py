@@ -10,7 +10,7 @@ from scipy.spatial.distance import cdist
 from spatialfed.model import vecchia
 from spatialfed.model.local import resolve_residual
 from spatialfed.model.stats import PAIRS, message_size, site_statistics, stats_flops
-from spatialfed.model.vecchia_order import VECCHIA_AUTO_N, maxmin_order, ordered_neighbours, vecchia_plan
+from spatialfed.model.vecchia_order import VECCHIA_AUTO_N, coord_order, maxmin_order, ordered_neighbours, vecchia_plan
 from support import one_site
 
 KEYS = ("S", "dS", "d2S", "d", "dd", "d2d")
@@ -268,3 +268,79 @@ def test_the_vecchia_routes_name_the_knot_matrix_they_jitter():
     jitter = [str(w.message) for w in caught if issubclass(w.category, JitterWarning)]
     assert len(jitter) >= 2
     assert all(msg.startswith("the knot correlation matrix K is numerically singular") for msg in jitter), jitter
+
+
+# --- edges the mutation run of model/vecchia_order.py (27 Nov) found unguarded (docs/contributing.md) ---------------
+
+def brute_neighbours(locs_o, k):
+    """(n, k) positions of the ≤ k nearest earlier positions, nearest first, −1 padded: by brute force."""
+    n = len(locs_o)
+    out = np.full((n, k), -1)
+    for i in range(1, n):
+        d = cdist(locs_o[i][None], locs_o[:i])[0]
+        near = np.argsort(d)[:k]
+        out[i, : len(near)] = near
+    return out
+
+
+def test_maxmin_levels_are_the_points_nearest_the_centres_of_cells_without_an_earlier_point():
+    """Level l of the ordering (on 2^l × 2^l cells of the bounding square, scaled to [0, 1)) is, as a set, the point
+    nearest the centre of each cell that holds no point of an earlier level; within a level the order is seeded."""
+    rng = np.random.default_rng(11)
+    locs = np.column_stack([rng.uniform(3.0, 5.0, 60), rng.uniform(-7.0, -6.0, 60)])  # x-span ≈ 2, y-span ≈ 1
+    order = maxmin_order(locs)
+    lo = locs.min(axis=0)
+    x = (locs - lo) / np.max(locs.max(axis=0) - lo) * (1.0 - 1e-12)  # the larger span (x's, about 2)
+    taken, start = np.zeros(60, dtype=bool), 0
+    for level in range(8):
+        g = 2**level
+        cells = np.floor(x * g).astype(int)
+        cid = cells[:, 0] * g + cells[:, 1]
+        want = set()
+        for c in set(cid[~taken]) - set(cid[taken]):
+            members = np.flatnonzero((cid == c) & ~taken)
+            centre = (cells[members[0]] + 0.5) / g
+            want.add(int(members[np.argmin(np.sum((x[members] - centre) ** 2, axis=1))]))
+        got = set(order[start : start + len(want)].tolist())
+        assert got == want, level
+        taken[list(want)] = True
+        start += len(want)
+    assert start == 60 and np.array_equal(np.sort(order), np.arange(60))
+
+
+def test_orderings_by_name_with_the_default_seed_and_coord_by_x_then_y():
+    rng = np.random.default_rng(12)
+    locs = np.column_stack([rng.integers(0, 4, 30).astype(float), rng.uniform(size=30)])  # ties in x
+    order = coord_order(locs)
+    assert np.all(np.diff(locs[order, 0]) >= 0)
+    same_x = np.diff(locs[order, 0]) == 0
+    assert np.all(np.diff(locs[order, 1])[same_x] > 0)
+    mm = maxmin_order(locs, 0)
+    assert np.array_equal(maxmin_order(locs), mm) and np.array_equal(maxmin_order(locs), mm)
+    assert not np.array_equal(maxmin_order(locs, 1), mm)
+    assert np.array_equal(vecchia_plan(locs, 3).order, mm)
+    assert np.array_equal(vecchia_plan(locs, 3, "maxmin").order, mm)
+    assert np.array_equal(vecchia_plan(locs, 3, "coord").order, order)
+
+
+def test_k_is_capped_at_the_earlier_points_and_missing_neighbours_are_minus_one():
+    from spatialfed.model.vecchia_order import check_k
+
+    rng = np.random.default_rng(13)
+    assert vecchia_plan(rng.uniform(size=(5, 2)), 15).k == 4
+    assert vecchia_plan(rng.uniform(size=(2, 2)), 15).k == 1
+    plan = vecchia_plan(rng.uniform(size=(12, 2)), 4)
+    assert [int(np.sum(row >= 0)) for row in plan.nbrs] == [0, 1, 2, 3] + [4] * 8
+    assert set(plan.nbrs[plan.nbrs < 0].tolist()) == {-1}
+    assert check_k(1) == 1 and check_k(4.0) == 4
+    for bad in (True, 2.5, 0):
+        with pytest.raises(ValueError, match="vecchia_k"):
+            check_k(bad)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 1024])
+def test_ordered_neighbours_are_the_brute_force_ones_for_any_block(block):
+    """Blocks of up to `block` positions are searched exactly; beyond, among the 3k + 1 nearest of the block, which
+    here (n = 40, k = 3) covers every block."""
+    locs_o = np.random.default_rng(14).uniform(size=(40, 2))
+    np.testing.assert_array_equal(ordered_neighbours(locs_o, 3, block=block), brute_neighbours(locs_o, 3))
