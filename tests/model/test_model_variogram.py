@@ -105,3 +105,23 @@ def test_subsampled_semivariogram_tracks_the_all_pairs_one():
         assert n.sum() <= 2 * 500 * 499 / 2
         short = slice(0, 8)  # bins of h < 0.3, where the fit's information is (β = 0.1)
         np.testing.assert_allclose((sq / n)[short], (full_sq / full_n)[short], rtol=0.15)
+
+
+def test_pairs_closer_than_the_first_edge_are_dropped_for_any_row_block():
+    """Edges from 0.1: a pair nearer than edges[0] is in no bin (like one beyond edges[-1]); one-row blocks give the
+    all-pairs sums (mutation run of model/variogram.py, 27 Nov)."""
+    locs = np.array([[0.0, 0.0], [0.05, 0.0], [0.5, 0.0], [0.5, 0.3], [2.0, 2.0]])
+    e = np.array([1.0, -1.0, 2.0, 0.5, 3.0])
+    edges = np.array([0.1, 0.4, 0.8])
+    d = cdist(locs, locs)
+    i, k = np.triu_indices(5, 1)
+    want_sum, want_count = np.zeros(2), np.zeros(2)
+    for a, b in zip(i, k):
+        bin_ = np.searchsorted(edges, d[a, b], side="right") - 1
+        if 0 <= bin_ < 2:
+            want_sum[bin_] += 0.5 * (e[a] - e[b]) ** 2
+            want_count[bin_] += 1
+    for block in (1, 2, 256):
+        got_sum, got_count = binned_semivariogram(locs, e, edges, block=block)
+        np.testing.assert_allclose(got_sum, want_sum, rtol=1e-14)
+        np.testing.assert_array_equal(got_count, want_count)
