@@ -115,3 +115,65 @@ def test_bad_server_inputs():
         blocks.update_gamma(np.eye(2), np.array([np.nan, 1.0]))
     with pytest.raises(np.linalg.LinAlgError, match="collinear"):
         blocks.update_gamma(np.ones((2, 2)), np.ones(2))
+
+
+# --- edges the mutation run of model/blocks.py (27 Nov) found unguarded (docs/contributing.md) ----------------------
+
+def test_bad_server_inputs_are_named():
+    nan2 = np.array([np.nan, 1.0])
+    cases = [
+        ("Hessian", lambda: blocks.modified_hessian(np.diag(nan2))),
+        ("gradient", lambda: blocks.newton_step(np.zeros(2), nan2, np.eye(2))),
+        ("aggregated XᵀR⁻¹X", lambda: blocks.update_gamma(np.diag(nan2), np.ones(2))),
+        ("aggregated XᵀR⁻¹r", lambda: blocks.update_gamma(np.eye(2), nan2)),
+        ("aggregated A", lambda: blocks.update_mu_sigma(np.diag(nan2), np.ones(2), np.eye(2))),
+        ("aggregated b", lambda: blocks.update_mu_sigma(np.eye(2), nan2, np.eye(2))),
+    ]
+    for name, call in cases:
+        with pytest.raises(ValueError, match=f"^{name} contains 1 non-finite"):
+            call()
+    with pytest.raises(np.linalg.LinAlgError, match="^K is not positive definite"):
+        blocks.update_mu_sigma(np.eye(2), np.ones(2), -np.eye(2))
+    with pytest.raises(np.linalg.LinAlgError, match="^Σ_j A_j \\+ K⁻¹ is not positive definite"):
+        blocks.update_mu_sigma(-10.0 * np.eye(2), np.ones(2), np.eye(2))
+    with np.errstate(divide="ignore"), pytest.raises(np.linalg.LinAlgError, match="^K is not positive definite"):
+        blocks.KnotCovariance(np.array([[0.0, 0.0], [1.0, 0.0]]), Matern(0.5), 0.0, 0.3)  # σ² = 0: K = 0
+
+
+def test_a_jittered_knot_covariance_is_the_matrix_its_log_determinant_is_of():
+    import warnings
+
+    from scipy.spatial.distance import cdist
+
+    from spatialfed.model.linalg import JitterWarning, cholesky_with_jitter
+
+    g = np.linspace(0.1, 0.9, 3)
+    knots = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
+    knots = np.vstack([knots, knots[:1] + 1e-9])  # a near-duplicate knot: ρ_K singular for a smooth kernel
+    kernel, sigma2 = Matern(2.5), 1.7
+    rK = kernel.correlation(cdist(knots, knots), 0.2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kc = blocks.KnotCovariance(knots, kernel, sigma2, 0.2)
+        _, tau = cholesky_with_jitter(rK, "K")
+    messages = [str(w.message) for w in caught if issubclass(w.category, JitterWarning)]
+    assert tau > 0 and messages[0].startswith("the knot correlation matrix K is numerically singular")
+    jittered = rK + tau * np.eye(len(knots))
+    np.testing.assert_allclose(kc.K, sigma2 * jittered, rtol=1e-14, atol=0)
+    L = np.linalg.cholesky(jittered)
+    assert kc.logdet == pytest.approx(len(knots) * np.log(sigma2) + 2 * np.sum(np.log(np.diag(L))), rel=1e-10)
+
+
+def test_modified_hessian_floors_relative_to_the_largest_eigenvalue_even_below_one():
+    Hm = blocks.modified_hessian(np.diag([1e-3, 1e-12]), floor=1e-6)
+    np.testing.assert_allclose(np.linalg.eigvalsh(Hm), [1e-9, 1e-3], rtol=1e-9)
+
+
+def test_newton_step_defaults_and_the_floor_it_passes_on():
+    np.testing.assert_allclose(blocks.newton_step(np.zeros(3), np.array([0.2, -0.1, 0.0]), np.eye(3)),
+                               [-0.2, 0.1, 0.0])  # α = 1, inside the bound
+    np.testing.assert_allclose(blocks.newton_step(np.zeros(3), np.array([5.0, 0.0, 0.0]), np.eye(3)),
+                               [-1.0, 0.0, 0.0])  # bound = 1
+    H, g = np.diag([1.0, 1e-10]), np.array([0.0, 1e-10])
+    np.testing.assert_allclose(blocks.newton_step(np.zeros(2), g, H), [0.0, -1e-2], rtol=1e-9)  # floor 1e-8
+    np.testing.assert_allclose(blocks.newton_step(np.zeros(2), 100 * g, H, floor=1e-4), [0.0, -1e-4], rtol=1e-9)

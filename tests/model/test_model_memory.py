@@ -85,3 +85,33 @@ def test_fill_upper_symmetrises_in_place(monkeypatch):
     out = fill_upper(A)
     assert out is A
     np.testing.assert_array_equal(A, lower + np.tril(lower, -1).T)
+
+
+# --- edges the mutation run of model/dense.py (27 Nov) found unguarded (docs/contributing.md) -----------------------
+
+def test_column_blocks_are_the_byte_budget_over_the_height():
+    """Each block is block_bytes / (8 · height) columns (at least 16), height defaulting to n."""
+    def widths(*args, **kw):
+        return [c.stop - c.start for c in column_blocks(*args, **kw)]
+
+    assert widths(100, 8 * 20 * 50, height=50) == [20] * 5
+    assert widths(100, 8 * 20 * 100) == [20] * 5  # height = n
+    assert widths(100, 8 * 20, height=1) == [20] * 5
+    assert widths(100, 8, height=50) == [16] * 6 + [4]  # never fewer than 16 columns
+    assert widths(40) == [40]  # BLOCK_BYTES by default
+
+
+def test_the_full_residual_is_factorised_and_inverted_in_its_own_storage():
+    """R_j is built in Fortran order so that potrf and potri work in place: one n_j × n_j array, not three."""
+    from spatialfed.model.linalg import DenseFactor
+
+    lm, par = make(n=60)
+    kb = lm._factorise(par, whiten=False).kb
+    R = dense.dense_residual(lm, kb, par.sigma2, 1.0 / par.delta)
+    assert R.flags.f_contiguous
+    want = np.linalg.inv(np.tril(R) + np.tril(R, -1).T)
+    factor = DenseFactor(R, "R")
+    assert np.shares_memory(factor.L, R)
+    inv = dense.inverse_in_place(factor)
+    assert factor.L is None and np.shares_memory(inv, R)
+    np.testing.assert_allclose(inv, want, rtol=1e-9, atol=1e-12)

@@ -121,3 +121,16 @@ def test_nearest_distance_is_the_brute_force_minimum(data):
     lm = LocalModel(*parts[0], grid_knots(3), Matern(1.5), "full")
     np.testing.assert_allclose(lm.nearest_distance(locs0), cdist(locs0, parts[0][0]).min(axis=1), rtol=1e-12)
     assert lm.nearest_distance(parts[0][0][:5]).max() == 0.0  # an observed site is its own nearest observation
+
+
+def test_independent_kriging_names_its_bad_input(data):
+    """FGPR's personal kriging refuses malformed locations and non-finite covariates, naming which (mutation run of
+    model/kriging.py, 27 Nov)."""
+    parts, locs0, X0 = data
+    lms, par = fitted_state(parts, grid_knots(4), Matern(1.5), "full")
+    with pytest.raises(ValueError, match="^prediction locations must be an array of shape"):
+        lms[0].independent_kriging(np.ones((3, 3)), X0[:3], par)
+    with pytest.raises(ValueError, match="^prediction locations contains 1 non-finite"):
+        lms[0].independent_kriging(np.where(np.arange(66).reshape(33, 2) == 5, np.nan, locs0), X0, par)
+    with pytest.raises(ValueError, match="^prediction covariates contains 1 non-finite"):
+        lms[0].independent_kriging(locs0, np.where(np.arange(66).reshape(33, 2) == 5, np.nan, X0), par)

@@ -4,6 +4,7 @@ points is the dense kriging when k covers the site."""
 
 import numpy as np
 import pytest
+from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from spatialfed.model import vecchia
@@ -221,3 +222,49 @@ def test_a_singular_residual_is_named_on_the_whitened_route_too():
     lm.locs[3] = lm.locs[2]
     with pytest.raises(np.linalg.LinAlgError, match="duplicate locations"):
         lm.value(par.with_u(par.u + np.array([40.0, 0.0, 0.0])))
+
+
+# --- edges the mutation run of the rewritten `kriging` (27 Nov) found unguarded (docs/contributing.md) -------------
+
+def test_kriging_on_one_neighbour_is_the_dense_kriging_from_the_nearest_point():
+    from spatialfed.model.local import LocalModel
+
+    vec, par = make(n=40, vecchia_k=5)
+    for s0 in np.array([[0.3, 0.4], [0.71, 0.12]]):
+        i = int(np.argmin(np.hypot(*(vec.locs - s0).T)))
+        alone = LocalModel(vec.locs[[i]], vec.z[[i]], vec.X[[i]], vec.knots, vec.kernel, "full")
+        want, got = alone.residual_kriging(s0[None], par), vecchia.kriging(vec, s0[None], par, 1, cKDTree(vec.locs))
+        for key in want:
+            assert rel(got[key], want[key]) < 1e-10, key
+
+
+def test_kriging_of_the_independence_model_on_every_point_is_the_dense_kriging():
+    full, par = make(n=40, m=0, residual="full")
+    vec, _ = make(n=40, m=0, vecchia_k=5)
+    locs0 = np.random.default_rng(9).uniform(size=(7, 2))
+    want, got = full.residual_kriging(locs0, par), vecchia.kriging(vec, locs0, par, 40, cKDTree(vec.locs))
+    assert got["BRk"].shape == (7, 0)
+    for key in ("mean", "kRk"):
+        assert rel(got[key], want[key]) < 1e-8, key
+
+
+def test_the_vecchia_routes_name_the_knot_matrix_they_jitter():
+    import warnings
+
+    from spatialfed.model.linalg import JitterWarning
+    from spatialfed.model.local import LocalModel
+    from spatialfed.model.matern import Matern
+    from spatialfed.model.params import Params
+
+    lm, par = make(n=40, vecchia_k=5)
+    close = np.vstack([lm.knots, lm.knots[:1] + 1e-9])  # a near-duplicate knot: K singular for a smooth kernel
+    m = close.shape[0]
+    vec = LocalModel(lm.locs, lm.z, lm.X, close, Matern(2.5), "vecchia", vecchia_k=5)
+    p2 = Params(np.zeros(m), np.eye(m), par.gamma, par.delta, par.sigma2, par.beta)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        site_statistics(vec, p2)
+        vecchia.kriging(vec, np.array([[0.3, 0.4]]), p2, 5, cKDTree(vec.locs))
+    jitter = [str(w.message) for w in caught if issubclass(w.category, JitterWarning)]
+    assert len(jitter) >= 2
+    assert all(msg.startswith("the knot correlation matrix K is numerically singular") for msg in jitter), jitter
