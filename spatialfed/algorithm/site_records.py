@@ -1,6 +1,5 @@
 """What the statistics server knows of each site (SPEC §2b): its latest statistics, the sums of the answers given at
-one u, the answers near its u_j that make its model third order, the surrogate Σ_j T_j(u) built from them, and
-the models' measured errors that say where the surrogate can tell two points apart.
+one u, the answers near its u_j that make its model third order, and the surrogate Σ_j T_j(u) built from them.
 
 State only, no pacing: `SiteRecords` is told of answers and asked for models (algorithm/stats_server.py drives it).
 """
@@ -14,8 +13,7 @@ import numpy as np
 
 from spatialfed.algorithm import stale
 from spatialfed.algorithm.config import StatsPolicy
-from spatialfed.algorithm.profile import THIRD, distance, sum_statistics, taylor_statistics
-from spatialfed.model.stats import SUMMED
+from spatialfed.algorithm.profile import THIRD, distance
 
 
 class Surrogate(NamedTuple):
@@ -33,7 +31,7 @@ class SiteRecords:
     it answered, the point every site shares}; rounds {u key: summed exact statistics of the sites that answered at
     that u, and which} (stale.remember); refine {site: its answers near its u_j so far}; earlier {site: its two
     answers before its latest}; secant {site: its latest statistics with third derivatives from those
-    (stale.secant)}; pending and rates: answers whose epoch model is to be checked, and the error rates measured.
+    (stale.secant)}.
     """
 
     def __init__(self, policy: StatsPolicy):
@@ -44,8 +42,6 @@ class SiteRecords:
         self.refine: dict[int, list[dict]] = {}
         self.earlier: dict[int, list[dict]] = {}
         self.secant: dict[int, dict] = {}
-        self.pending: list[tuple[dict, dict]] = []  # (a site's epoch model, its answer elsewhere) to validate
-        self.rates: list[float] = []  # observed error rates of the models, the latest one per active site at most
 
     def answered(self, j: int, xi: dict, t: int, live: Iterable, epoch: bool = False) -> None:
         """Site j's statistics at the u it was asked (request of iteration t; `epoch`: at the epoch's point);
@@ -126,11 +122,10 @@ class SiteRecords:
         return Surrogate(at, max(min(radius, pol.taylor_radius - stalest), 0.0), stale_t, used,
                          used if stalest == 0 else None)
 
-    def influence(self, u, answered: list, n_obs: int, t: int, newton: Callable) -> tuple[np.ndarray | None, float]:
-        """Where the answered sites' surrogate leads from u, and how far the full optimum may lie from there: its
-        Newton step (newton(at, u) → step or None) and the jackknife's reach of the observations it stands in for
-        (how far leaving out one used site k moves that step, per observation of k, root-mean-square over k, times
-        the observations not used; inf when it cannot be told)."""
+    def influence(self, u, answered: list, n_obs: int, t: int, newton: Callable) -> float:
+        """The jackknife's reach of the observations the surrogate at u (its maximiser) stands in for: how far
+        leaving out one used site k moves the surrogate's Newton step (newton(at, u) → step or None) from u, per
+        observation of k, root-mean-square over k, times the observations not used; inf when it cannot be told."""
         def step(sites):
             found = self.surrogate(u, sites, n_obs, t, self.policy.taylor_radius)
             return (None, []) if found is None else (newton(found.at, u), found.used)
@@ -140,47 +135,7 @@ class SiteRecords:
         shifts = [float(np.linalg.norm(m - base)) / float(self.stats[k]["n"])
                   for k, m in zip(used, moves) if m is not None]
         unseen = float(n_obs) - sum(float(self.stats[k]["n"]) for k in used)
-        return base, (float(np.sqrt(np.mean(np.square(shifts)))) * unseen if shifts else np.inf)
-
-    def validate(self, j: int, xi: dict) -> None:
-        """Site j answered `xi` at v: keep it with j's model at its last epoch point (what a stale site's model is),
-        for `observed` to measure that model's error at v."""
-        model = self.epoch.get(j)
-        if model is not None and not np.array_equal(model["u"], xi["u"]):
-            self.pending.append((model, xi))
-
-    def observed(self, ell: Callable, at: Callable, n_sites: int, floor: float) -> None:
-        """Each pending answer's measured model error: ℓ at v on the surrogate `at` (j's answer in it) against the
-        same with j's answer replaced by its epoch model's value there (ell(statistics) → ℓ or None); |Δℓ| above
-        `floor` (rounding) over n_j·d³ is an observed rate κ of the models' third-order error κ·n_j·d³. The last
-        `n_sites` rates are kept: about one round of answers."""
-        for model, xi in self.pending:
-            v = np.asarray(xi["u"], dtype=float)
-            total = at(v)
-            swapped = sum_statistics([total, taylor_statistics(model, v), {**xi, **{
-                key: -np.asarray(xi[key], dtype=float) for key in SUMMED}}])
-            a, b, d = ell(total), ell(swapped), distance(v, model["u"])
-            if a is not None and b is not None and abs(a - b) > floor:
-                self.rates.append(abs(a - b) / (float(xi["n"]) * d**3))
-        self.pending = []
-        del self.rates[:-n_sites]
-
-    def error_slope(self, a, b, active) -> float | None:
-        """A bound on how much the surrogate's errors at a and b differ: Σ_j 3κ·n_j·d_j²·|a − b|, d_j the farther
-        of a and b from site j's model centre, κ the largest observed rate (None before any is observed)."""
-        if not self.rates:
-            return None
-        models = self.nearest(a, active)
-        d = [max(distance(a, st["u"]), distance(b, st["u"])) for st in models.values()]
-        n = [float(st["n"]) for st in models.values()]
-        return 3.0 * max(self.rates) * float(np.dot(n, np.square(d))) * distance(a, b)
-
-    def beats(self, ell: Callable, at: Callable, u, than, active) -> bool:
-        """u is higher than `than` on the surrogate `at` (ell as in `observed`) by more than the models' observed
-        errors can account for (error_slope): where the surrogate cannot tell two points apart, it does not choose."""
-        slope = None if than is None else self.error_slope(u, than, active)
-        a, b = (None, None) if slope is None else (ell(at(u)), ell(at(than)))
-        return a is not None and b is not None and a - b > slope
+        return float(np.sqrt(np.mean(np.square(shifts)))) * unseen if shifts else np.inf
 
     def nearest(self, u, active) -> dict[int, dict]:
         """Each active site's model nearest to u: around its latest answer (with third derivatives where it has
@@ -212,7 +167,6 @@ class SiteRecords:
         """Forget site j (a lost worker); the sums at one u are rebuilt without it."""
         for records in (self.stats, self.epoch, self.refine, self.earlier, self.secant):
             records.pop(j, None)
-        self.pending = []
         for key, entry in list(self.rounds.items()):
             if j in entry["sites"]:
                 del self.rounds[key]

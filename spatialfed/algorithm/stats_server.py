@@ -4,13 +4,16 @@ and steps on the exact profile log-likelihood, synchronously or asynchronously (
 Phases: moments → variogram (φ₀, as FederatedServer) → pilot (pilot.py, large sites) → loop → (final →) done; error
 on a failed receive.
 
-The loop runs in **epochs**: every site answers at the epoch's point, whose exact ℓ_LR accepts or rejects it and
-decides the stop and the next point — sync's trust-region Newton step (sync mode: that is all). In async mode the
-slowest site is asked again the moment it answers, while faster sites answer where the surrogate Σ_j T_j(u)
-(site_records) leads, when pacing.Pacing says they still answer the next epoch in time. The surrogate picks a point
-or publishes an estimate only where it ranks it higher by more than its models' measured errors account for; a much
-slower site may first wait a bounded share of its round trip for the others (_release). docs/algorithm.md argues
-that async ends no later than sync up to that wait and a fast round trip per mispredicted epoch.
+The loop runs in **epochs**: every site answers at the epoch's point, then the exact ℓ_LR there accepts or rejects
+it, decides the stop and publishes the next point — sync's trust-region Newton step; in sync mode that is all. In
+async mode the slowest site is asked again the moment it answers, so epochs keep sync's pace, while faster sites
+answer where the surrogate Σ_j T_j(u) (site_records) leads when pacing.Pacing says they can still answer the next
+epoch in time and their processor is free. The next point is the surrogate's maximiser where it can judge it,
+ranks it above sync's step and predicted the last epoch's increase no worse than sync's model (after one misleading
+point, sync's steps); a surrogate step is an estimate (a trace row) only from every site's model and within half the
+epoch's step of its point. Before the first epoch a much slower site may wait a bounded share of its round trip for
+the others' surrogate (_release). Docs/algorithm.md argues that async ends no later than sync up to that wait and a
+fast round trip per mispredicted epoch.
 """
 
 from __future__ import annotations
@@ -71,20 +74,23 @@ class StatsServer(FederatedServer):
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
         self._sync_pred = 0.0  # the increase sync's quadratic model predicted for its own step there
-        self._sur_pred, self._quad_pred = None, 0.0  # increases surrogate (None: no judge) and sync predicted there
+        self._sur_pred: float | None = None  # the increase the surrogate predicted for the current epoch's point
+        self._quad_pred = 0.0  # the increase sync's quadratic model predicted for it
         self._vouched = True  # the surrogate did not predict the last epoch's increase worse than sync's model
-        self._surrogate_epoch, self._distrust = False, False  # epoch point the surrogate's; one misled: sync's after
+        self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
+        self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
         self._boundary = BoundaryProbe(self.policy.probe_step)
-        self._explore, self._explore_radius = None, float(self.config.step_bound)  # surrogate's request, its radius
+        self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
+        self._explore_radius = float(self.config.step_bound)  # the surrogate steps' trust radius (async)
         self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
-        self._new = 0  # answers since the last surrogate step
         self._settled = False  # the last surrogate step was short with room to go farther (refining pays off)
+        self._new = 0  # answers since the last surrogate step
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
         self._held, self._hold_start = [], 0.0  # slow sites whose first request waits for the others' surrogate
         self._short = False  # the last surrogate step was shorter than secant_reach, with room to go farther
-        self._final, self._final_reason = None, None  # the final pass's request and reason (no accepted point yet)
+        self._final: Augmented | None = None  # the final pass's request (a stop before any accepted point)
+        self._final_reason: str | None = None
         self._pilot: Pilot | None = None  # the pilot start's rounds (pilot.py), once the φ₀ passes are done
-        self._shown: np.ndarray | None = None  # u of the last estimate (trace row) of the loop
 
     @property
     def rounds(self) -> float:
@@ -161,7 +167,6 @@ class StatsServer(FederatedServer):
                 continue
             live = [task.params.u for task in self._in_flight.values() if "refine" not in task.extra]
             at_epoch = j in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
-            self.records.validate(j, q.xi)
             self.records.answered(j, q.xi, q.t, live + ([self._epoch.params.u] if self._epoch else []), at_epoch)
             if at_epoch:
                 self._owed.remove(j)
@@ -172,12 +177,13 @@ class StatsServer(FederatedServer):
     def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
         """Continue without site j: its statistics leave the sums, N and the epoch."""
         self._remove_worker(j, step, cause, now)
-        self._P[j], self._held = [], [k for k in self._held if k != j]
+        self._P[j] = []
         self._in_flight.pop(j, None)
         self._obsolete.discard(j)
         self._collected.pop(j, None)
         self.records.drop(j)
         self.pacing.drop(j)
+        self._held = [k for k in self._held if k != j]
         if self._n_j:
             self.n_obs = sum(self._n_j[k] for k in self.active)
         if self.phase in (Phase.MOMENTS, Phase.VARIOGRAM):
@@ -228,19 +234,18 @@ class StatsServer(FederatedServer):
             self._held, self._hold_start = self.pacing.held(self.active, self.policy.hold_share), float(now)
 
     def _release(self) -> None:
-        """End the hold: the first epoch restarts at the surrogate's point u_s when that is nearer the full optimum
-        u* than φ₀ — the answered sites' Newton step N from u_s leads to their optimum, within the jackknife's reach
-        ι of u* (_influence), so |u_s − u*| ≤ |N| + ι < |φ₀ − u*| when |φ₀ − u_s − N| > |N| + 2ι — and every other
-        site answers at u_s before the held ones could (the restart delays no one). Otherwise they answer at φ₀."""
+        """End the hold. The first epoch restarts at the surrogate's point u_s when that is nearer the full optimum
+        than φ₀ by the jackknife: |u_s − φ₀| > 2·ι, ι its estimate of how far the unseen sites' data move the optimum
+        from u_s (_influence; |u_s − u*| ≲ ι < |φ₀ − u*|), and when the restart delays no site (every other site
+        answers at u_s before the held ones can). Otherwise the held sites answer at φ₀."""
         held, self._held = [j for j in self._held if j in self.active], []
-        if self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u):
-            way, reach = self._influence(held)
-            if (way is not None and self.pacing.free_restart(held, self.active, self._last_now)
-                    and distance(self._u + way, self._epoch.params.u) > np.linalg.norm(way) + 2 * reach):
-                self._start_epoch()
+        if (self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u)
+                and self.pacing.free_restart(held, self.active, self._last_now)
+                and distance(self._u, self._epoch.params.u) > 2 * self._influence(held)):
+            self._start_epoch()
 
-    def _influence(self, held: list[int]) -> tuple[np.ndarray | None, float]:
-        """The answered sites' Newton step from u and the reach of the others' data (SiteRecords.influence)."""
+    def _influence(self, held: list[int]) -> float:
+        """How far the data of the sites the surrogate stands in for can move its maximiser (SiteRecords.influence)."""
         def newton(at, u):
             pr = self._evaluate(at, u, derivatives=True)
             return None if pr is None else trust_region_step(u, pr.grad, pr.hess, np.inf, *self.bounds,
@@ -335,7 +340,6 @@ class StatsServer(FederatedServer):
         self.boundary = at_bound(new.u, lower, upper)
         self._set_params(new)
         self._record(STATS_STEP, now, 0, new.loglik)
-        self._shown = new.u
         self.epochs += 1
         if self.rounds > self.config.max_iter:
             self._stop("max_iter", now)
@@ -370,8 +374,7 @@ class StatsServer(FederatedServer):
         if origin is not None and on_surrogate is not None:
             self._sur_pred = on_surrogate.loglik - origin.loglik
         if (not self._vouched or best is None or origin is None or on_surrogate is None or best.loglik <= origin.loglik
-                or on_surrogate.loglik >= best.loglik or distance(best.u, sync.u) > 0.5 * reach
-                or not self.records.beats(self._ell, found.at, best.u, sync.u, self.active)):
+                or on_surrogate.loglik >= best.loglik or distance(best.u, sync.u) > 0.5 * reach):
             return sync, step.predicted  # (a correction as long as half the step: the two models disagree)
         d = best.u - base.u
         self._surrogate_epoch, self._sur_pred = True, best.loglik - origin.loglik
@@ -391,8 +394,6 @@ class StatsServer(FederatedServer):
         if base is None:  # the models disagree here: wait for fresher answers
             return
         self._check_promise(at, base.loglik, exact_for)
-        if (every := len(used) == len(self.active)):  # the models' errors, measured where sites answered since
-            self.records.observed(self._ell, at, len(self.active), self.policy.loglik_tol)
         new, step = self._maximise(at, base, radius)
         move = distance(new.u, base.u)
         if move <= self.config.tol:
@@ -405,10 +406,8 @@ class StatsServer(FederatedServer):
         self._set_params(new)
         # an estimate only from every site's model and where it agrees with sync's step (within |s|/2 of the epoch
         # point, as _epoch_point); elsewhere it is a probe that faster sites explore
-        if (every and distance(new.u, self._epoch.params.u) <= 0.5 * self._epoch_step
-                and self.records.beats(self._ell, at, new.u, self._shown, self.active)):
+        if len(used) == len(self.active) and distance(new.u, self._epoch.params.u) <= 0.5 * self._epoch_step:
             self._record(STATS_STEP, now, staleness, new.loglik)
-            self._shown = new.u
         self.iterations = self.t + 1
         self.t += 1
         self._explore = Augmented(self.params, self.t, STATS_STEP)
@@ -449,13 +448,11 @@ class StatsServer(FederatedServer):
         except NotPositiveDefinite:
             return None
 
-    def _ell(self, st) -> float | None:
-        return getattr(self._evaluate(lambda _: st, st["u"]), "loglik", None)
-
     def _set_params(self, pr: Profile) -> None:
         self.params = Params(mu=pr.mu, Sigma=pr.Sigma, gamma=pr.gamma, delta=float(np.exp(pr.u[0])),
                              sigma2=float(np.exp(pr.u[1])), beta=float(np.exp(pr.u[2])))
 
+    # --- the end --------------------------------------------------------------------------------------
     def _stop(self, reason: str, now: float) -> None:
         """max_iter or time budget: report the last accepted point, or before one exists ask every site at the
         current u (a final pass) and report that."""
@@ -473,12 +470,15 @@ class StatsServer(FederatedServer):
         """Report the exact estimate and ℓ_LR at pr (the "final" trace row) and stop."""
         self._set_params(pr)
         self.boundary = at_bound(pr.u, *self.bounds)
-        self.loglik, self.stop_reason, self.converged = pr.loglik, reason, reason == "tol"
+        self.loglik = pr.loglik
+        self.stop_reason = reason
+        self.converged = reason == "tol"
         self._record("final", now, 0, self.loglik)
         self._P = [[] for _ in range(self.n_workers)]
         self._obsolete = set(self._in_flight)
         self.phase = Phase.DONE
 
+    # --- checkpoints ----------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """FederatedServer.snapshot plus every other attribute of this server under "stats_server" (nothing a fit
         holds is left out: tests/algorithm/test_algorithm_snapshots.py)."""

@@ -70,7 +70,7 @@ def test_async_with_a_straggler_reaches_the_same_optimum(problem, sync):
     assert fast.loglik == pytest.approx(sync.loglik, abs=1e-6)
     np.testing.assert_allclose(fast.params.u, sync.params.u, atol=1e-4)
     assert fast.answers[-1] < fast.answers[0]  # the straggler answered less often
-    assert fast.records.rates  # the stale sites' models were checked where sites answered (estimates' gate)
+    assert max(row["max_staleness"] for row in fast.trace) > 0  # stale sites entered through their Taylor models
 
 
 def test_async_with_graded_sites_converges_to_the_same_optimum(problem, sync):

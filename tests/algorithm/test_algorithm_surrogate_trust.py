@@ -34,9 +34,6 @@ def exact_records(models, scale=1.0, shift=(0.0, 0.0, 0.0)):
     shift = np.asarray(shift, dtype=float)
 
     class Exact(SiteRecords):
-        def error_slope(self, a, b, active):  # the surrogate's own models: none of them errs
-            return 0.0
-
         def surrogate(self, u_at, active, n_obs, t, radius):
             def at(u):
                 stats = [site_statistics(models[j], np.asarray(u) - shift) for j in sorted(active)]
@@ -109,22 +106,3 @@ def test_a_surrogate_step_that_disagrees_with_the_epoch_step_is_not_an_estimate(
     fit_ = fit_with(problem, exact_records(problem[0], shift=(0.0, 0.0, 0.4)))
     assert fit_.probes and all(d <= half * (1 + 1e-9) + 1e-12 for d, half in fit_.rows)
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
-
-
-def test_a_surrogate_whose_error_is_unmeasured_neither_picks_nor_publishes_a_point(problem, sync):
-    """Where no model error has been measured (error_slope None) the surrogate cannot tell its maximiser from sync's
-    point: every epoch point is sync's step and every trace row an epoch point, so the async trace is the
-    synchronous one, row for row, at the same times (the straggler paces both)."""
-    class Unmeasured(SiteRecords):
-        def error_slope(self, a, b, active):
-            return None
-
-    models, knots, kernel = problem
-    fit_ = fit_with(problem, Unmeasured)
-    slow_sync = run_virtual(models, knots, kernel, slowdowns=SLOW, server=StatsServer(
-        len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8)))
-    assert not any(fit_.chosen) and fit_.probes > 0  # the surrogate stepped, and led the fast sites
-    rows = [[r["time_s"], r["delta"], r["sigma2"], r["beta"]] for r in fit_.trace]
-    expected = [[r["time_s"], r["delta"], r["sigma2"], r["beta"]] for r in slow_sync.trace]
-    np.testing.assert_allclose(rows, expected, rtol=1e-9)
-    assert fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
