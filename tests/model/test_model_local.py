@@ -197,6 +197,18 @@ def test_cached_arrays_list_every_cache_at_once(setting, residual, factor):
         assert id(kept) in ids
 
 
+def test_a_singular_full_residual_is_named_as_r_j_of_the_worker_data(setting):
+    """Three points at one location with a vanishing nugget (δ = e⁸⁰·δ): R_j = σ²W̃ + δ⁻¹I has three equal rows to
+    rounding, and the error names R_j and the site's size."""
+    locs, z, X, knots, par = setting
+    locs = locs.copy()
+    locs[3:5] = locs[2]
+    tiny = par.with_u(par.u + np.array([80.0, 0.0, 0.0]))
+    for nu in (0.5, 1.5):
+        with pytest.raises(np.linalg.LinAlgError, match=r"^R_j of worker data \(n=40\) is not positive definite"):
+            LocalModel(locs, z, X, knots, Matern(nu)).value(tiny)
+
+
 def test_malformed_locations_are_named(setting):
     locs, z, X, knots, par = setting
     with pytest.raises(ValueError, match="^locs must be"):

@@ -80,3 +80,20 @@ def test_bad_arguments_are_named_and_the_largest_smoothness_is_accepted():
         with pytest.raises(ValueError, match=f"^{name} must be"):
             call()
     assert Matern(MAX_NU).nu == MAX_NU
+
+
+@pytest.mark.parametrize("nu", [0.8, 3.7, 40.0])
+def test_general_smoothness_keeps_its_limits_where_the_bessel_product_leaves_double_range(nu):
+    """x^ν K_ν(x) is 0·∞ near 0 for a large ν (x^ν underflows, K_ν overflows: from x ≈ 1e-7 at ν = 40) and ∞·0 far
+    out: there ρ is its limit 1 with ρ̇ = ρ̈ = 0, and far out all three are 0 (they were 0 at both ends)."""
+    k = Matern(nu)
+    d = np.array([0.0, 1e-300, 1e-100, 1e-30, 1e-9, 1e-3, 1.0, 1e3, 1e300])
+    with np.errstate(all="ignore"):
+        rho, d1, d2 = k.correlation_derivatives(d, 1.0)
+        alone = k.correlation(d, 1.0)
+    near, far = d <= 1e-9, d >= 1e3
+    np.testing.assert_allclose(rho[near], 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.r_[d1[near], d2[near]], 0.0, atol=1e-12)
+    assert np.all(rho[far] == 0.0) and np.all(d1[far] == 0.0) and np.all(d2[far] == 0.0)
+    assert np.all(np.diff(rho) <= 1e-12) and np.all(np.isfinite(np.r_[rho, d1, d2]))  # non-increasing
+    np.testing.assert_array_equal(alone, rho)

@@ -123,6 +123,19 @@ def test_nearest_distance_is_the_brute_force_minimum(data):
     assert lm.nearest_distance(parts[0][0][:5]).max() == 0.0  # an observed site is its own nearest observation
 
 
+def test_independent_kriging_names_a_singular_covariance_of_its_data(data):
+    """Three observations at one location with a vanishing nugget (δ = e⁴⁰·δ): C_jj + δ⁻¹I has three equal rows
+    to rounding, and the error names that matrix and the site's size."""
+    parts, locs0, X0 = data
+    lms, par = fitted_state(parts, grid_knots(4), Matern(1.5), "full")
+    locs, z, X = (np.array(a) for a in parts[0])
+    locs[3:5] = locs[2]
+    lm = LocalModel(locs, z, X, grid_knots(4), Matern(1.5), "full")
+    tiny = par.with_u(par.u + np.array([40.0, 0.0, 0.0]))
+    with pytest.raises(np.linalg.LinAlgError, match=rf"^C_jj \+ δ⁻¹I of worker data \(n={lm.n}\) is not positive"):
+        lm.independent_kriging(locs0, X0, tiny)
+
+
 def test_independent_kriging_names_its_bad_input(data):
     """FGPR's personal kriging refuses malformed locations and non-finite covariates, naming which (mutation run of
     model/kriging.py, 27 Nov)."""

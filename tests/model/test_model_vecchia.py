@@ -224,6 +224,17 @@ def test_a_singular_residual_is_named_on_the_whitened_route_too():
         lm.value(par.with_u(par.u + np.array([40.0, 0.0, 0.0])))
 
 
+@pytest.mark.parametrize("route", ["statistics", "whitened"])
+def test_an_exactly_singular_neighbour_set_is_named_like_a_zero_conditional_variance(route):
+    """Three points at one location: a later point conditioned on two of them has an exactly singular R_NN (the
+    solve fails before any conditional variance exists), named as the zero conditional variance is."""
+    lm, par = make(n=30, vecchia_k=5)
+    lm.locs[3:5] = lm.locs[2]
+    u = par.u + np.array([40.0, 0.0, 0.0])
+    with pytest.raises(np.linalg.LinAlgError, match="singular or non-positive conditional variance.*duplicate"):
+        site_statistics(lm, u) if route == "statistics" else lm.value(par.with_u(u))
+
+
 # --- edges the mutation run of the rewritten `kriging` (27 Nov) found unguarded (docs/contributing.md) -------------
 
 def test_kriging_on_one_neighbour_is_the_dense_kriging_from_the_nearest_point():
