@@ -4,16 +4,15 @@ and steps on the exact profile log-likelihood, synchronously or asynchronously (
 Phases: moments → variogram (φ₀, as FederatedServer) → pilot (pilot.py, large sites) → loop → (final →) done; error
 on a failed receive.
 
-The loop runs in **epochs**: every site answers at the epoch's point, then the exact ℓ_LR there accepts or rejects
-it, decides the stop and publishes the next point — sync's trust-region Newton step; in sync mode that is all. In
-async mode the slowest site is asked again the moment it answers, so epochs keep sync's pace, while faster sites
-answer where the surrogate Σ_j T_j(u) (site_records) leads when pacing.Pacing says they can still answer the next
-epoch in time and their processor is free. The next point is the surrogate's maximiser where it can judge it,
-ranks it above sync's step and predicted the last epoch's increase no worse than sync's model (after one misleading
-point, sync's steps); a surrogate step is an estimate (a trace row) only from every site's model and within half the
-epoch's step of its point. Before the first epoch a much slower site may wait a bounded share of its round trip for
-the others' surrogate (_release). Docs/algorithm.md argues that async ends no later than sync up to that wait and a
-fast round trip per mispredicted epoch.
+The loop runs in **epochs**: every site answers at the epoch's point, whose exact ℓ_LR accepts or rejects it and
+decides the stop and the next point — sync's trust-region Newton step (sync mode: that is all). In async mode the
+slowest site is asked again the moment it answers, while faster sites answer where the surrogate Σ_j T_j(u)
+(site_records) leads, when pacing.Pacing says they still answer the next epoch in time on a free processor. The next
+point is the surrogate's maximiser where it can judge it, ranks it above sync's step and predicted the last epoch's
+increase no worse than sync's model (after one misleading point, sync's steps); an estimate (a trace row) only from
+every site's model within half the epoch's step of its point. A much slower site may first wait a bounded share of
+its round trip (_release). docs/algorithm.md argues that async ends no later than sync up to that wait and a fast
+round trip per mispredicted epoch.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
-                                          maximise, profile_loglik, taylor_statistics, trust_region_step,
-                                          updated_radius)
+                                          maximise, newton_decrement, profile_loglik, taylor_statistics,
+                                          trust_region_step, updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
@@ -296,14 +295,15 @@ class StatsServer(FederatedServer):
         u = self._epoch.params.u
         here = self._exact_profile(u)
         surrogate, self._surrogate_epoch = self._surrogate_epoch, False
-        anchor = None if self._anchor is None else self._anchor[0].loglik
+        base, anchor = (None, None) if self._anchor is None else (self._anchor[0], self._anchor[0].loglik)
         worse = anchor is not None and (here is None or here.loglik < anchor - 1e-12 * abs(here.loglik))
         if anchor is not None and surrogate and not worse and self._epoch_pred > self.policy.loglik_tol:
-            # short of 0.75 of its promise it misled (one strike); it is kept only if it gained what a very
-            # successful synchronous step would have (0.75 of sync's prediction): a strike costs one epoch at most
+            # short of 0.75 of its promise it misled (one strike); kept if it gained 0.75 of sync's prediction (a very
+            # successful step) or, where ℓ is quadratic (gap ℓ* − ℓ within Wilks' p/2 = 1.5), if it is nearer the maximum
             gain = here.loglik - anchor
             self._distrust = gain / self._epoch_pred <= 0.75
-            worse = self._distrust and gain <= 0.75 * self._sync_pred
+            d_here, d_base = (newton_decrement(p, *self.bounds, self.policy.eig_floor) for p in (here, base))
+            worse = self._distrust and gain <= 0.75 * self._sync_pred and not (0 < gain and d_here < d_base <= 1.5)
         if anchor is not None:  # the surrogate's measured error on this epoch decides whether it picks the next point
             gain = -np.inf if here is None else here.loglik - anchor
             self._vouched = not worse and (self._sur_pred is None
