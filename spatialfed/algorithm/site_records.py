@@ -122,10 +122,11 @@ class SiteRecords:
         return Surrogate(at, max(min(radius, pol.taylor_radius - stalest), 0.0), stale_t, used,
                          used if stalest == 0 else None)
 
-    def influence(self, u, answered: list, n_obs: int, t: int, newton: Callable) -> float:
-        """The jackknife's reach of the observations the surrogate at u (its maximiser) stands in for: how far
-        leaving out one used site k moves the surrogate's Newton step (newton(at, u) → step or None) from u, per
-        observation of k, root-mean-square over k, times the observations not used; inf when it cannot be told."""
+    def influence(self, u, answered: list, n_obs: int, t: int, newton: Callable) -> tuple[np.ndarray | None, float]:
+        """Where the answered sites' surrogate leads from u, and how far the full optimum may lie from there: its
+        Newton step (newton(at, u) → step or None) and the jackknife's reach of the observations it stands in for
+        (how far leaving out one used site k moves that step, per observation of k, root-mean-square over k, times
+        the observations not used; inf when it cannot be told)."""
         def step(sites):
             found = self.surrogate(u, sites, n_obs, t, self.policy.taylor_radius)
             return (None, []) if found is None else (newton(found.at, u), found.used)
@@ -135,7 +136,7 @@ class SiteRecords:
         shifts = [float(np.linalg.norm(m - base)) / float(self.stats[k]["n"])
                   for k, m in zip(used, moves) if m is not None]
         unseen = float(n_obs) - sum(float(self.stats[k]["n"]) for k in used)
-        return float(np.sqrt(np.mean(np.square(shifts)))) * unseen if shifts else np.inf
+        return base, (float(np.sqrt(np.mean(np.square(shifts)))) * unseen if shifts else np.inf)
 
     def nearest(self, u, active) -> dict[int, dict]:
         """Each active site's model nearest to u: around its latest answer (with third derivatives where it has

@@ -234,18 +234,19 @@ class StatsServer(FederatedServer):
             self._held, self._hold_start = self.pacing.held(self.active, self.policy.hold_share), float(now)
 
     def _release(self) -> None:
-        """End the hold. The first epoch restarts at the surrogate's point u_s when that is nearer the full optimum
-        than φ₀ by the jackknife: |u_s − φ₀| > 2·ι, ι its estimate of how far the unseen sites' data move the optimum
-        from u_s (_influence; |u_s − u*| ≲ ι < |φ₀ − u*|), and when the restart delays no site (every other site
-        answers at u_s before the held ones can). Otherwise the held sites answer at φ₀."""
+        """End the hold: the first epoch restarts at the surrogate's point u_s when that is nearer the full optimum
+        u* than φ₀ — the answered sites' Newton step N from u_s leads to their optimum, within the jackknife's reach
+        ι of u* (_influence), so |u_s − u*| ≤ |N| + ι < |φ₀ − u*| when |φ₀ − u_s − N| > |N| + 2ι — and every other
+        site answers at u_s before the held ones could (the restart delays no one). Otherwise they answer at φ₀."""
         held, self._held = [j for j in self._held if j in self.active], []
-        if (self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u)
-                and self.pacing.free_restart(held, self.active, self._last_now)
-                and distance(self._u, self._epoch.params.u) > 2 * self._influence(held)):
-            self._start_epoch()
+        if self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u):
+            way, reach = self._influence(held)
+            if (way is not None and self.pacing.free_restart(held, self.active, self._last_now)
+                    and distance(self._u + way, self._epoch.params.u) > np.linalg.norm(way) + 2 * reach):
+                self._start_epoch()
 
-    def _influence(self, held: list[int]) -> float:
-        """How far the data of the sites the surrogate stands in for can move its maximiser (SiteRecords.influence)."""
+    def _influence(self, held: list[int]) -> tuple[np.ndarray | None, float]:
+        """The answered sites' Newton step from u and the reach of the others' data (SiteRecords.influence)."""
         def newton(at, u):
             pr = self._evaluate(at, u, derivatives=True)
             return None if pr is None else trust_region_step(u, pr.grad, pr.hess, np.inf, *self.bounds,
