@@ -264,7 +264,9 @@ def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]
         if not isinstance(arr, zarr.Array):
             raise StoreError(f"{path}: '{where}/{name}' must be an array, found a group")
         shapes[name] = (arr.shape, arr.dtype)
-    n = shapes["z"][0][0] if len(shapes["z"][0]) == 1 else -1
+    if len(shapes["z"][0]) != 1:  # no row count to check locs and X against
+        raise StoreError(f"{path}: '{where}/z' has shape {shapes['z'][0]}, expected (n,), one value per row; {fix()}")
+    n = shapes["z"][0][0]
     expected = {"locs": (n, 2), "z": (n,), "X": (n, p)}
     for name in ARRAYS:
         shape, dtype = shapes[name]

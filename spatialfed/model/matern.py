@@ -116,7 +116,7 @@ class Matern:
         d1[pos] = const * xnu * xp * k_m1
         # ∂²ρ/∂u_β² = −x d/dx[const x^{ν+1} K_{ν−1}] = const (x^{ν+2} K_{ν−2} − 2 x^{ν+1} K_{ν−1})
         d2[pos] = const * xnu * xp * (xp * k_m2 - 2.0 * k_m1)
-        # 0·∞ where x^ν underflows and K_ν overflows (x → 0: the limits are ρ = 1, ρ̇ = ρ̈ = 0; from about x < 1e-7
+        # 0·∞ where x^ν underflows and K_ν overflows (x → 0: the limits are ρ = 1, ρ̇ = ρ̈ = 0; from about x < 7e-7
         # at ν = 40) or x^ν overflows and K_ν underflows (x → ∞: all three are 0)
         for arr, near in ((rho, 1.0), (d1, 0.0), (d2, 0.0)):
             bad = ~np.isfinite(arr)

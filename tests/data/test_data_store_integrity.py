@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import warnings
 
@@ -271,3 +272,96 @@ def test_fingerprint_and_checksums_of_a_fixed_store_do_not_change_between_versio
     assert st.checksums == ("935c6edbf18f6a2e9a6713154f7bef3d3d388192e7008a7dc42f3567eaa801e5",
                             "ca006a5bf857ff6ea593489ed8f293a580d7b44cfb681649adcea660f14a2f0b")
     assert st.fingerprint == "sha256:8210775a0d743f21e244b9506206dc85711f00095fba526f8ca7a102b72f213a"
+
+
+# --- edges the mutation run of open_store's helpers (27 Nov) found unguarded (docs/contributing.md) ---------------
+
+def test_a_partition_with_one_integrity_record_of_two_is_malformed_not_legacy(tmp_path):
+    """A legacy store has neither record; a partition with only one of them was damaged or mixed in."""
+    for gone in ("n_rows", "sha256"):
+        path = tmp_path / f"no-{gone}.zarr"
+        write(path)
+        edit_attrs(path / "workers" / "1" / "zarr.json", **{gone: None})
+        with pytest.raises(StoreError, match=r"partition workers/1 has malformed integrity records"):
+            open_store(path)
+
+
+def test_a_partition_with_integer_arrays_or_a_z_that_is_not_a_vector_is_refused_at_open(tmp_path):
+    path = tmp_path / "s.zarr"
+    write(path)
+    group = zarr.open_group(path / "workers" / "1", mode="a")
+    X = group["X"][...]
+    group.create_array("X", data=np.round(X).astype(np.int64), chunks=X.shape, overwrite=True)
+    with pytest.raises(StoreError, match=r"'workers/1/X' has dtype int64, expected float64"):
+        open_store(path)
+    group.create_array("X", data=X, chunks=X.shape, overwrite=True)
+    z = group["z"][...]
+    for bad in (np.array(1.0), z[:, None]):  # no row count, or rows of one column: z is named, not locs
+        group.create_array("z", data=bad, overwrite=True)
+        with pytest.raises(StoreError, match=rf"'workers/1/z' has shape {re.escape(str(bad.shape))}, expected \(n,\)"):
+            open_store(path)
+
+
+def test_open_store_reads_the_metadata_on_disk_not_a_consolidated_copy(tmp_path):
+    """zarr.consolidate_metadata copies the metadata below a group into its zarr.json; open_store reads the groups
+    and arrays that are there now (an array deleted, or a worker group added, after consolidating is seen)."""
+    path = tmp_path / "s.zarr"
+    write(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # consolidated metadata is not part of Zarr v3 (a ZarrUserWarning)
+        zarr.consolidate_metadata(path, path="workers/1")
+        zarr.consolidate_metadata(path)
+    shutil.copytree(path, tmp_path / "extra.zarr")
+    shutil.rmtree(path / "workers" / "1" / "X")
+    with pytest.raises(StoreError, match=r"group 'workers/1' has no array 'X'"):
+        open_store(path)
+    shutil.copytree(tmp_path / "extra.zarr" / "workers" / "0", tmp_path / "extra.zarr" / "workers" / "3")
+    with pytest.raises(StoreError, match=r"workers/ holds groups \['0', '1', '2', '3'\], expected exactly 0..2"):
+        open_store(tmp_path / "extra.zarr")
+
+
+@pytest.mark.parametrize("rows", [8.0, "8", True])
+def test_a_row_count_that_is_not_an_integer_is_a_malformed_record(tmp_path, rows):
+    path = tmp_path / "s.zarr"
+    write(path)
+    edit_attrs(path / "workers" / "1" / "zarr.json", n_rows=rows)
+    with pytest.raises(StoreError, match=rf"malformed integrity records \(n_rows={re.escape(repr(rows))},"):
+        open_store(path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"n_workers": 0}, "n_workers must be a positive integer, got 0"),
+    ({"n_workers": True}, "n_workers must be a positive integer, got True"),
+    ({"covariate_names": []}, r"covariate_names must be a non-empty list of strings, got \[\]"),
+    ({"covariate_names": ["a", 1]}, r"covariate_names must be a non-empty list of strings, got \['a', 1\]"),
+    ({"covariate_names": "ab"}, "covariate_names must be a non-empty list of strings, got 'ab'"),
+])
+def test_root_attributes_of_the_wrong_kind_are_named_before_the_fingerprint(tmp_path, changes, message):
+    path = tmp_path / "s.zarr"
+    write(path)
+    edit_attrs(path / "zarr.json", **changes)
+    with pytest.raises(StoreError, match=message):
+        open_store(path)
+
+
+def test_the_truth_of_a_store_is_read_as_floats_whatever_its_json_spelling(tmp_path):
+    """A legacy store (no fingerprint to break) whose truth another writer spelt with integers."""
+    path = tmp_path / "s.zarr"
+    write(path, truth={"gamma": [1.0, 2.0], "delta": 4.0, "sigma2": 1.0, "beta": 0.2, "nu": 0.5})
+    edit_attrs(path / "zarr.json", fingerprint=None,
+               truth={"gamma": [1, 2], "delta": 4, "sigma2": 1, "beta": 0.2, "nu": 0.5})
+    for where in ("workers/0", "workers/1", "workers/2", "test"):
+        edit_attrs(path / where / "zarr.json", n_rows=None, sha256=None)
+    with pytest.warns(UserWarning, match="before stores recorded checksums"):
+        truth = open_store(path).truth
+    assert truth == {"gamma": [1.0, 2.0], "delta": 4.0, "sigma2": 1.0, "beta": 0.2, "nu": 0.5}
+    assert all(type(v) is float for v in [*truth["gamma"], *(truth[k] for k in ("delta", "sigma2", "beta", "nu"))])
+
+
+def test_the_worker_groups_found_are_listed_in_numeric_order(tmp_path):
+    path = tmp_path / "s.zarr"
+    write_store(path, make_parts((3,) * 11), partition="area", crs=None, covariate_names=["a", "b"])
+    edit_attrs(path / "zarr.json", n_workers=12)
+    groups = ", ".join(f"'{j}'" for j in range(11))
+    with pytest.raises(StoreError, match=re.escape(f"workers/ holds groups [{groups}], expected exactly 0..11")):
+        open_store(path)

@@ -84,7 +84,7 @@ def test_bad_arguments_are_named_and_the_largest_smoothness_is_accepted():
 
 @pytest.mark.parametrize("nu", [0.8, 3.7, 40.0])
 def test_general_smoothness_keeps_its_limits_where_the_bessel_product_leaves_double_range(nu):
-    """x^ν K_ν(x) is 0·∞ near 0 for a large ν (x^ν underflows, K_ν overflows: from x ≈ 1e-7 at ν = 40) and ∞·0 far
+    """x^ν K_ν(x) is 0·∞ near 0 for a large ν (x^ν underflows, K_ν overflows: below x ≈ 7e-7 at ν = 40) and ∞·0 far
     out: there ρ is its limit 1 with ρ̇ = ρ̈ = 0, and far out all three are 0 (they were 0 at both ends)."""
     k = Matern(nu)
     d = np.array([0.0, 1e-300, 1e-100, 1e-30, 1e-9, 1e-3, 1.0, 1e3, 1e300])
