@@ -45,34 +45,12 @@ def optimum(models, knots, kernel, u):
     raise AssertionError("no convergence")
 
 
-def test_the_jackknife_reach_covers_where_the_held_site_moves_the_optimum(problem):
-    """The premise of the hold's restart rule: the optimum of all sites lies within ι of the others' optimum u_s,
-    ι = records.influence(u_s, ...) for the observations it stands in for (site 3's)."""
+def held_out(problem, shift=(0.0, 0.0, 0.0), answered=(0, 1, 2)):
+    """Sites 0–2 answer at their optimum u_s moved by `shift`; site 3 is held out. Returns u, the optimum of all
+    four and records.influence(u, answered, ...) with a Newton step on the surrogate."""
     models, knots, kernel = problem
     u_s = optimum(models[:3], knots, kernel, np.log([8.0, 0.8, 0.08]))
-    u_all = optimum(models, knots, kernel, u_s)
-    records = SiteRecords(StatsPolicy())
-    for j, lm in enumerate(models[:3]):
-        records.answered(j, site_statistics(lm, u_s), 0, [], epoch=True)
-
-    def newton(at, u):
-        pr = profile_loglik(at(u), knots, kernel)
-        return trust_region_step(u, pr.grad, pr.hess, np.inf, np.full(3, -20.0), np.full(3, 20.0)).p
-
-    n_obs = sum(lm.n for lm in models)
-    way, reach = records.influence(u_s, [0, 1, 2], n_obs, 0, newton)
-    assert way is not None and 0 < distance(u_all, u_s) <= reach
-    assert records.influence(u_s, [], n_obs, 0, newton) == (None, np.inf)
-
-
-def test_from_an_unsettled_point_the_optimum_lies_within_the_newton_step_and_the_reach(problem):
-    """A hold can end while the others' surrogate is still moving (9 of 10 sites overshot log β by 0.5 and were
-    coming back): from such a u the full optimum lies farther than the jackknife's reach ι alone, but within the
-    surrogate's Newton step N plus ι, the bound the restart rule uses."""
-    models, knots, kernel = problem
-    u_s = optimum(models[:3], knots, kernel, np.log([8.0, 0.8, 0.08]))
-    u_all = optimum(models, knots, kernel, u_s)
-    u = u_s + np.array([0.0, 0.0, 0.4])
+    u_all, u = optimum(models, knots, kernel, u_s), u_s + np.asarray(shift)
     records = SiteRecords(StatsPolicy())
     for j, lm in enumerate(models[:3]):
         records.answered(j, site_statistics(lm, u), 0, [], epoch=True)
@@ -81,5 +59,20 @@ def test_from_an_unsettled_point_the_optimum_lies_within_the_newton_step_and_the
         pr = profile_loglik(at(v), knots, kernel)
         return trust_region_step(v, pr.grad, pr.hess, np.inf, np.full(3, -20.0), np.full(3, 20.0)).p
 
-    way, reach = records.influence(u, [0, 1, 2], sum(lm.n for lm in models), 0, newton)
+    return u, u_all, records.influence(u, list(answered), sum(lm.n for lm in models), 0, newton)
+
+
+def test_the_jackknife_reach_covers_where_the_held_site_moves_the_optimum(problem):
+    """The premise of the hold's restart rule: the optimum of all sites lies within ι of the others' optimum u_s,
+    ι = records.influence(u_s, ...) for the observations it stands in for (site 3's)."""
+    u_s, u_all, (way, reach) = held_out(problem)
+    assert way is not None and 0 < distance(u_all, u_s) <= reach
+    assert held_out(problem, answered=())[2] == (None, np.inf)
+
+
+def test_from_an_unsettled_point_the_optimum_lies_within_the_newton_step_and_the_reach(problem):
+    """A hold can end while the others' surrogate is still moving (9 of 10 sites overshot log β by 0.5 and were
+    coming back): from such a u the full optimum lies farther than the jackknife's reach ι alone, but within the
+    surrogate's Newton step N plus ι, the bound the restart rule uses."""
+    u, u_all, (way, reach) = held_out(problem, shift=(0.0, 0.0, 0.4))
     assert reach < distance(u_all, u) <= np.linalg.norm(way) + reach
