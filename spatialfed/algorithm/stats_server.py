@@ -295,14 +295,14 @@ class StatsServer(FederatedServer):
         u = self._epoch.params.u
         here = self._exact_profile(u)
         surrogate, self._surrogate_epoch = self._surrogate_epoch, False
-        base, anchor = (None, None) if self._anchor is None else (self._anchor[0], self._anchor[0].loglik)
+        anchor = None if self._anchor is None else self._anchor[0].loglik
         worse = anchor is not None and (here is None or here.loglik < anchor - 1e-12 * abs(here.loglik))
         if anchor is not None and surrogate and not worse and self._epoch_pred > self.policy.loglik_tol:
             # short of 0.75 of its promise it misled (one strike); kept if it gained 0.75 of sync's prediction (a very
-            # successful step) or, where ℓ is quadratic (gap ℓ* − ℓ within Wilks' p/2 = 1.5), if it is nearer the maximum
+            # successful step) or, where ℓ is quadratic (gap ℓ* − ℓ within Wilks' p/2 = 1.5), if nearer the maximum
             gain = here.loglik - anchor
             self._distrust = gain / self._epoch_pred <= 0.75
-            d_here, d_base = (newton_decrement(p, *self.bounds, self.policy.eig_floor) for p in (here, base))
+            d_here, d_base = (newton_decrement(p, *self.bounds, self.policy.eig_floor) for p in (here, self._anchor[0]))
             worse = self._distrust and gain <= 0.75 * self._sync_pred and not (0 < gain and d_here < d_base <= 1.5)
         if anchor is not None:  # the surrogate's measured error on this epoch decides whether it picks the next point
             gain = -np.inf if here is None else here.loglik - anchor
