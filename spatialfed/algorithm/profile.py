@@ -182,14 +182,17 @@ def profile_loglik(stats: dict, knots, kernel, derivatives: bool = True) -> Prof
             for a in range(3):
                 Fa[a, :m, :m] -= KiKa[a] @ Ki
                 g2[a] += np.trace(KiKa[a])
-                for b in range(3):
-                    Fab[a, b, :m, :m] += KiKa[a] @ KiKa[b] @ Ki + KiKa[b] @ KiKa[a] @ Ki - Ki @ kc.d2[a][b] @ Ki
-                    H2[a, b] += np.trace(Ki @ kc.d2[a][b]) - np.sum(KiKa[a] * KiKa[b].T)
+            for a, b in PAIRS:  # symmetric in (a, b): Y + Yᵀ = K⁻¹K_aK⁻¹K_bK⁻¹ + K⁻¹K_bK⁻¹K_aK⁻¹
+                Y, KiKab = KiKa[a] @ KiKa[b] @ Ki, Ki @ kc.d2[a][b]
+                Fab[a, b, :m, :m] += Y + Y.T - KiKab @ Ki
+                Fab[b, a, :m, :m] = Fab[a, b, :m, :m]
+                H2[a, b] += np.trace(KiKab) - np.sum(KiKa[a] * KiKa[b].T)
             SMa = [Sigma @ Fa[a, :m, :m] for a in range(3)]
             for a in range(3):
                 g2[a] += np.trace(SMa[a])
-                for b in range(3):
-                    H2[a, b] += np.sum(Sigma * Fab[a, b, :m, :m]) - np.sum(SMa[a] * SMa[b].T)
+            for a, b in PAIRS:
+                H2[a, b] += np.sum(Sigma * Fab[a, b, :m, :m]) - np.sum(SMa[a] * SMa[b].T)
+                H2[b, a] = H2[a, b]
         Fv = np.einsum("aij,j->ai", Fa, v)
         w = Fv[:, :-1]
         AiW = linalg.cho_solve(Acf, w.T)

@@ -118,7 +118,7 @@ class SiteRecords:
             return None
         stalest = max(have[j] for j in used)
         stale_t = t + 1 if len(used) < len(active) else max(t - models[j]["t"] for j in used)
-        at = stale.site_models(models, self.rounds, used, n_obs / n_used, pol.control_variates)
+        at = stale.site_models(models, self.rounds, used, n_obs / n_used, pol.control_variates, u_at)
         return Surrogate(at, max(min(radius, pol.taylor_radius - stalest), 0.0), stale_t, used,
                          used if stalest == 0 else None)
 

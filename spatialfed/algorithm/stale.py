@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from spatialfed.algorithm.expansion import Expansion
 from spatialfed.algorithm.profile import (
     _PAIR,
     _TRIPLE,
@@ -20,7 +21,6 @@ from spatialfed.algorithm.profile import (
     exact_scaling,
     scaled_frame,
     sum_statistics,
-    taylor_statistics,
 )
 from spatialfed.model.stats import PAIRS, SUMMED
 
@@ -47,7 +47,7 @@ def remember(rounds: dict, stats: Mapping[int, dict], j: int, live: Iterable) ->
 
 
 def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Sequence[int], scale: float,
-                control_variates: bool = True):
+                control_variates: bool = True, center=None) -> Expansion:
     """u ↦ scale · Σ_{j ∈ used} T_j(u), T_j the model of site j's statistics at u.
 
     T_j is the second-order Taylor model around its u_j (taylor_statistics; exact at u_j). With control_variates,
@@ -88,12 +88,8 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         for name in SUMMED:
             groups[key][name] += c * np.asarray(st[name], dtype=float)
 
-    def at(u):
-        parts = [taylor_statistics(st, u) for st in groups.values()]
-        parts += [_times(taylor_statistics(st, u), c) for st, c in third]
-        return sum_statistics(parts, scale=scale)
-
-    return at
+    terms = [(st, 1.0) for st in groups.values()] + third
+    return Expansion(terms, terms[0][0]["u"] if center is None else center, scale)
 
 
 def _zero(st: Mapping) -> dict:
@@ -101,11 +97,6 @@ def _zero(st: Mapping) -> dict:
     weighted sum."""
     return {key: (np.zeros_like(np.asarray(value, dtype=float)) if key in SUMMED else value)
             for key, value in st.items() if key not in THIRD and key != "c"}
-
-
-def _times(st: Mapping, c: float) -> dict:
-    """c · st (every summed entry)."""
-    return {**st, **{key: c * np.asarray(st[key], dtype=float) for key in SUMMED}}
 
 
 def refine_points(st: Mapping, h: float, lower, upper) -> list[np.ndarray]:
