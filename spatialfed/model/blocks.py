@@ -43,6 +43,21 @@ class KnotCovariance:
         self.d1 = [zero, self.K, sigma2 * rK1]
         self.d2 = [[zero, zero, zero], [zero, self.K, sigma2 * rK1], [zero, sigma2 * rK1, sigma2 * rK2]]
 
+    def inverse_derivatives(self) -> tuple[list, list, np.ndarray, np.ndarray]:
+        """(∂_aK⁻¹, ∂_abK⁻¹, ∂_a log det K, ∂_ab log det K) in u: K⁻¹ = ρ⁻¹/σ² and log det K = m log σ² + log det ρ,
+        so with L_β = K⁻¹K_β only β's terms need products: ∂_βK⁻¹ = −L_βK⁻¹, ∂_ββK⁻¹ = 2L_βL_βK⁻¹ − K⁻¹K_ββK⁻¹,
+        ∂_ββ log det K = tr(K⁻¹K_ββ) − tr(L_βL_β); ∂_σK⁻¹ = −K⁻¹, ∂_σσK⁻¹ = K⁻¹, ∂_σβK⁻¹ = L_βK⁻¹; δ's are 0."""
+        Ki, zero = self.Kinv, np.zeros_like(self.Kinv)
+        L1, L2 = Ki @ self.d1[2], Ki @ self.d2[2][2]
+        L1Ki = L1 @ Ki
+        Y = L1 @ L1Ki
+        dKi = [zero, -Ki, -L1Ki]
+        d2Ki = [[zero, zero, zero], [zero, Ki, L1Ki], [zero, L1Ki, Y + Y.T - L2 @ Ki]]
+        dlogdet = np.array([0.0, float(Ki.shape[0]), float(np.trace(L1))])
+        d2logdet = np.zeros((3, 3))
+        d2logdet[2, 2] = float(np.trace(L2) - np.sum(L1 * L1.T))
+        return dKi, d2Ki, dlogdet, d2logdet
+
 
 def knot_covariance(knots, kernel: Matern, sigma2: float, beta: float) -> np.ndarray:
     """K = C_θ(S*, S*) (Eq. 4), with the jitter policy of docs/equations.md for near-singular K."""
@@ -74,17 +89,12 @@ def h_terms(mu, Sigma, knots, kernel: Matern, sigma2: float, beta: float) -> dic
     S = Sigma + np.outer(mu, mu)
     _, logdet_sigma = np.linalg.slogdet(Sigma)
     f = 0.5 * (inner2(Ki, S) - logdet_sigma + kc.logdet - m)
-    KiKa = [Ki @ Ka for Ka in kc.d1]
-    Dinv = [-(KiKa_a @ Ki) for KiKa_a in KiKa]  # ∂K⁻¹/∂u_a = −K⁻¹K_aK⁻¹
-    grad = np.array([0.5 * (inner2(Dinv[a], S) + np.trace(KiKa[a])) for a in range(3)])
+    Dinv, D2, dlogdet, d2logdet = kc.inverse_derivatives()
+    grad = 0.5 * (np.array([inner2(D, S) for D in Dinv]) + dlogdet)
     hess = np.zeros((3, 3))
     for a in range(3):
         for b in range(a, 3):
-            # ∂²K⁻¹ = K⁻¹K_bK⁻¹K_aK⁻¹ + K⁻¹K_aK⁻¹K_bK⁻¹ − K⁻¹K_abK⁻¹
-            D2 = KiKa[b] @ KiKa[a] @ Ki + KiKa[a] @ KiKa[b] @ Ki - Ki @ kc.d2[a][b] @ Ki
-            hess[a, b] = hess[b, a] = 0.5 * (
-                inner2(D2, S) + np.trace(Ki @ kc.d2[a][b]) - np.trace(KiKa[a] @ KiKa[b])
-            )
+            hess[a, b] = hess[b, a] = 0.5 * (inner2(D2[a][b], S) + d2logdet[a, b])
     return {
         "f": float(f),
         "grad": grad,
