@@ -53,8 +53,10 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
     T_j is the second-order Taylor model around its u_j (taylor_statistics; exact at u_j). With control_variates,
     a stale site j is modelled through the sites F that also answered at u_j (all of them used), whose models are
     fresher: T_j(u) = ρ Σ_{k∈F} T_k(u) + Taylor[S_j − ρ Σ_{k∈F} S_k](u; u_j), ρ = n_j / n_F. Only the difference
-    between site j and the others is extrapolated from u_j; it varies with u far less than S_j itself (on the
-    benchmark's sites, a straggler asked 0.03 from u* moved the optimum by 1e-4 in u instead of 8e-4)."""
+    between site j and the others is extrapolated from u_j; it varies with u far less than S_j itself.
+
+    Returned as an `expansion.Expansion` summed around `center` (default: the first model's u_j), which evaluates the
+    sum at the cost of about one model."""
     # Σ_j T_j(u) = Σ_k coef_k T_k(u) + Σ_{j stale} Taylor[S_j − ρ_j Σ_{k∈F_j} S_k](u; u_j), and a second-order model
     # is linear in the statistics it expands: the terms around one u_j (one scaling c) are summed, then expanded once
     coef = {k: 1.0 for k in used}
@@ -74,7 +76,7 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
             coef[k] += rho
         around += [(st, 1.0 + (rho if inside else 0.0), st), (entry["sum"], -rho, st)]
     groups: dict[tuple, dict] = {}  # (u_j, c) -> the weighted sum of the second-order terms there
-    third = []  # models of third order (refined or secant), expanded one by one
+    third = []  # models of third order (refined or secant): their cubic terms apply only within their radius
     for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:
         if c == 0.0:
             continue
