@@ -75,22 +75,27 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         for k in others:
             coef[k] += rho
         around += [(st, 1.0 + (rho if inside else 0.0), st), (entry["sum"], -rho, st)]
-    groups: dict[tuple, dict] = {}  # (u_j, c) -> the weighted sum of the second-order terms there
-    third = []  # models of third order (refined or secant): their cubic terms apply only within their radius
+    groups: dict[tuple, list] = {}  # (u_j, c) -> the second-order terms there: [(statistics, coefficient, c, own)]
+    terms = []  # what the Expansion sums: third-order models (refined or secant; cubic within their radius), groups
     for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:
         if c == 0.0:
             continue
         if frame is None and any(key in st for key in THIRD):
-            third.append((st, c))
+            terms.append((st, c))
             continue
         scaling = (st if frame is None else frame).get("c")
         key = (u_key(st["u"]), None if scaling is None else np.asarray(scaling, dtype=float).tobytes())
-        if key not in groups:
-            groups[key] = {**_zero(st), **({} if scaling is None else {"c": scaling})}
-        for name in SUMMED:
-            groups[key][name] += c * np.asarray(st[name], dtype=float)
-
-    terms = [(st, 1.0) for st in groups.values()] + third
+        groups.setdefault(key, []).append((st, c, scaling, frame is None))
+    for members in groups.values():
+        st, c, scaling, own = members[0]
+        if own and len(members) == 1:  # a site's own second-order model, alone at its u_j: expanded as it is
+            terms.append((st, c))
+            continue
+        total = {**_zero(st), **({} if scaling is None else {"c": scaling})}
+        for member, weight, _, _ in members:
+            for name in SUMMED:
+                total[name] += weight * np.asarray(member[name], dtype=float)
+        terms.append((total, 1.0))
     return Expansion(terms, terms[0][0]["u"] if center is None else center, scale)
 
 
