@@ -33,14 +33,14 @@ def _contract(index: np.ndarray, shape: tuple, D: np.ndarray) -> np.ndarray:
 
 
 class _Poly:
-    """A quadratic polynomial around `center` in packed form: value G (q,), gradient g (3, q), Hessian H (6, q) in
-    PAIRS order, each entry flattened (q = k·k for S's frame, 1 for d)."""
+    """A quadratic polynomial in packed form: value G (q,), gradient g (3, q), Hessian H (6, q) in PAIRS order at
+    its centre, each entry flattened (q = k·k for S's frame, 1 for d)."""
 
-    def __init__(self, center, G, g, H):
-        self.center, self.G, self.g, self.H = center, G, g, H
+    def __init__(self, G, g, H):
+        self.G, self.g, self.H = G, g, H
 
     def at(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(value, gradient, Hessian) at center + D."""
+        """(value, gradient, Hessian) at centre + D."""
         HD = _contract(_HD, (3, 6), D) @ self.H
         return self.G + D @ (self.g + 0.5 * HD), self.g + HD, self.H
 
@@ -79,28 +79,30 @@ class Expansion:
         self.center, self.scale = np.asarray(center, dtype=float), float(scale)
         self.m, self.p = int(first["m"]), int(first["p"])
         self.shape = np.shape(first["S"])
+        self.q = int(np.prod(self.shape))
         self.n = float(sum(c * float(st["n"]) for st, c in terms))
         cs = [np.asarray(st["c"], dtype=float) for st, _ in terms if "c" in st]
         self.c = cs[0] if len(cs) == len(terms) and all(np.array_equal(c, cs[0]) for c in cs) else None
-        self.groups = []  # per scaling w: (w, the frame's Poly, d's Poly, [(u_i, c_i, T_i, T^d_i, radius)])
-        for key in dict.fromkeys(exact_scaling(st).tobytes() for st, _ in terms):
-            self.groups.append(self._group(np.frombuffer(key), [(st, c) for st, c in terms
-                                                                if exact_scaling(st).tobytes() == key]))
+        by_scaling: dict[bytes, list] = {}
+        for st, c in terms:
+            by_scaling.setdefault(exact_scaling(st).tobytes(), []).append((st, c))
+        # per scaling w: (w, the frame's Poly, d's Poly, [(u_i, c_i, T_i, T^d_i, radius)])
+        self.groups = [self._group(np.frombuffer(key), members) for key, members in by_scaling.items()]
 
     def _group(self, w: np.ndarray, members):
-        q = int(np.prod(self.shape))
+        q = self.q
         G, g, H = np.zeros(q), np.zeros((3, q)), np.zeros((6, q))
         d, dd, d2d = np.zeros(1), np.zeros((3, 1)), np.zeros((6, 1))
         cubics = []
         for st, c in members:
             u0 = np.asarray(st["u"], dtype=float)
             e = self.center - u0
-            Fc, gc, Hc = _Poly(u0, *_frame(st, w, q)).at(e)
+            Fc, gc, Hc = _Poly(*_frame(st, w, q)).at(e)
             s = c * float(np.exp(w @ e))
             G += s * Fc
             g += s * gc
             H += s * Hc
-            own = _Poly(u0, np.atleast_1d(float(st["d"])), np.reshape(np.asarray(st["dd"], dtype=float), (3, 1)),
+            own = _Poly(np.atleast_1d(float(st["d"])), np.reshape(np.asarray(st["dd"], dtype=float), (3, 1)),
                         np.reshape(np.asarray(st["d2d"], dtype=float), (6, 1)))
             dc, gdc, Hdc = own.at(e)
             d += c * dc
@@ -110,15 +112,14 @@ class Expansion:
                 cubics.append((u0, c, np.reshape(np.asarray(st["d3S"], dtype=float), (10, q)),
                                np.reshape(np.asarray(st["d3d"], dtype=float), (10, 1)),
                                float(st.get("d3_radius", np.inf))))
-        return w, _Poly(self.center, G, g, H), _Poly(self.center, d, dd, d2d), cubics
+        return w, _Poly(G, g, H), _Poly(d, dd, d2d), cubics
 
     def __call__(self, u) -> dict:
         u = np.asarray(u, dtype=float)
-        q = int(np.prod(self.shape))
+        q, D = self.q, u - self.center
         S, dS, d2S = np.zeros(q), np.zeros((3, q)), np.zeros((6, q))
         d, dd, d2d = np.zeros(1), np.zeros((3, 1)), np.zeros((6, 1))
         for w, frame, plain, cubics in self.groups:
-            D = u - self.center
             s = float(np.exp(w @ D))
             G, g, H = (s * x for x in frame.at(D))
             dv, gv, Hv = plain.at(D)
