@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from spatialfed.algorithm.profile import TRIPLES, exact_scaling
+from spatialfed.algorithm.profile import TRIPLES, exact_scaling, scaled_frame
 from spatialfed.model.names import PAIRS
 
 #: (row a, pair r, index b) with H_ab in pair r: (H D)_a = Σ_r H_r D_b over these
@@ -54,14 +54,9 @@ def _cubic(T: np.ndarray, D: np.ndarray):
 
 
 def _frame(st: Mapping, w: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """profile.scaled_frame packed: G = S, ∂_aG = ∂_aS − w_aS, ∂_abG = ∂_abS − w_a∂_bS − w_b∂_aS + w_aw_bS."""
-    S = np.reshape(np.asarray(st["S"], dtype=float), q)
-    dS = np.reshape(np.asarray(st["dS"], dtype=float), (3, q))
-    d2S = np.reshape(np.asarray(st["d2S"], dtype=float), (6, q))
-    if not np.any(w):
-        return S, dS, d2S
-    return S, dS - w[:, None] * S, np.stack([d2S[r] - w[a] * dS[b] - w[b] * dS[a] + w[a] * w[b] * S
-                                            for r, (a, b) in enumerate(PAIRS)])
+    """profile.scaled_frame packed and flattened to (q,), (3, q), (6, q)."""
+    S, dS, d2S = scaled_frame(st, w, packed=True)
+    return np.reshape(S, q), np.reshape(dS, (3, q)), np.reshape(d2S, (6, q))
 
 
 class Expansion:

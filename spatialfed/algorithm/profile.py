@@ -26,6 +26,8 @@ from spatialfed.model.stats import PAIRS, SUMMED
 U_NAMES = ("delta", "sigma2", "beta")
 #: 3×3 table of positions in PAIRS
 _PAIR = np.array([[PAIRS.index((min(a, b), max(a, b))) for b in range(3)] for a in range(3)])
+#: (a's, b's) of PAIRS
+_PAIR_AB = np.array(PAIRS).T
 #: distinct triples (a ≤ b ≤ c) of the third derivatives "d3S" and "d3d" a refined model carries (stale.refined)
 TRIPLES = tuple(itertools.combinations_with_replacement(range(3), 3))
 #: 3×3×3 table of positions in TRIPLES
@@ -83,14 +85,16 @@ def exact_scaling(stats: dict) -> np.ndarray:
     return c / float(c @ c) if np.any(c) else c
 
 
-def scaled_frame(stats: dict, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def scaled_frame(stats: dict, w: np.ndarray, packed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """G = S, ∂_aG = ∂_aS − w_aS, ∂_abG = ∂_abS − w_a∂_bS − w_b∂_aS + w_aw_bS at the statistics' own u (3×k×k and
-    3×3×k×k): S with its exact scaling e^{w·Δ} taken out."""
-    S, dS, d2S = np.asarray(stats["S"]), np.asarray(stats["dS"]), np.asarray(stats["d2S"])[_PAIR]
-    if not np.any(w):
-        return S, dS, d2S
-    wdS = np.einsum("a,bij->abij", w, dS)
-    return S, dS - w[:, None, None] * S, d2S - wdS - wdS.transpose(1, 0, 2, 3) + np.einsum("a,b,ij->abij", w, w, S)
+    3×3×k×k, or with `packed` the second derivatives in PAIRS order, 6×k×k): S with its exact scaling e^{w·Δ} taken
+    out."""
+    S, dS, d2S = (np.asarray(stats[key], dtype=float) for key in ("S", "dS", "d2S"))
+    if np.any(w):
+        wa, wb = (np.reshape(w[i], (len(PAIRS),) + (1,) * S.ndim) for i in _PAIR_AB)
+        d2S = d2S - wa * dS[_PAIR_AB[1]] - wb * dS[_PAIR_AB[0]] + wa * wb * S
+        dS = dS - np.reshape(w, (3,) + (1,) * S.ndim) * S
+    return (S, dS, d2S) if packed else (S, dS, d2S[_PAIR])
 
 
 def taylor_statistics(stats: dict, u) -> dict:
