@@ -51,6 +51,25 @@ def test_every_combination_is_a_row(tiny):
     assert all(0 < r[key] <= r["wall_s"] + 0.01 for r in rows for key in ("sync_server_s", "async_server_s"))
     # the two seeds are two data sets: their synchronous settle times differ
     assert rows[0]["sync_s"] != rows[2]["sync_s"]
+    # beside 1e-3, the ratio at a looser and a tighter tolerance
+    assert all(set(r["ratio_by_rtol"]) == {"0.01", "0.0001"} for r in rows)
+    assert all(v == pytest.approx(1.0, abs=1e-12) for r in rows if r["profile"] == "balanced"
+               for v in r["ratio_by_rtol"].values())
+
+
+def test_settle_ratio_at_each_tolerance():
+    """Two traces whose estimates straddle the 1e-3 band: async is later at 1e-3 only (a band-edge effect)."""
+    ref = {"delta": 1.0, "sigma2": 2.0, "beta": 0.1, "gamma": [3.0]}
+
+    def trace(*rows):
+        return [{"time_s": t, "delta": 1.0 + e, "sigma2": 2.0, "beta": 0.1, "gamma": [3.0]} for t, e in rows]
+
+    sync = trace((0.0, 0.5), (1.0, 9e-4), (2.0, 1e-6))
+    asyn = trace((0.0, 0.5), (1.0, 1.1e-3), (1.5, 5e-5), (2.0, 1e-6))
+    assert bench.settle_ratio(sync, asyn, ref, 1e-3) == pytest.approx(1.5)
+    assert bench.settle_ratio(sync, asyn, ref, 1e-2) == pytest.approx(1.0)
+    assert bench.settle_ratio(sync, asyn, ref, 1e-4) == pytest.approx(0.75)
+    assert bench.settle_ratio(sync, trace((0.0, 0.5), (1.0, 0.1)), ref, 1e-3) is None
 
 
 def test_summary_is_computed_from_the_rows(tiny):
