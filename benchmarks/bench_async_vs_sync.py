@@ -509,6 +509,8 @@ def run_stats_dask(store, setting, profiles, max_iter, dask_workers, slowdown_sc
                          "settled": sync_s is not None and async_s is not None,
                          "dloglik": asyn.loglik_ - ref_gp.loglik_, "sync_dloglik": sync.loglik_ - ref_gp.loglik_,
                          "sync_rounds": sync.n_iter_, "async_rounds": round(async_m["rounds"], 2),
+                         "ratio_by_rtol": {f"{rtol:g}": settle_ratio(sync.trace_, asyn.trace_, ref, rtol)
+                                           for rtol in RTOL_BESIDE},
                          "async_aggregations": asyn.n_iter_,
                          "async_slowest_answers": int(min(async_m["answers"])), "dask_workers": dask_workers,
                          "slowdown_scale": slowdown_scale,
