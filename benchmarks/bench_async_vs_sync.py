@@ -273,18 +273,26 @@ def compare(profile, runtime, ref, sync, asyn, **more) -> dict:
     """One row: settle times against the reference fit `ref`, their ratio, ℓ differences to the reference."""
     sync_s = time_to_target(sync.trace_, ref.params_)
     async_s = time_to_target(asyn.trace_, ref.params_)
-    ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
-    return {"profile": profile, "runtime": runtime, "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
+    return {"profile": profile, "runtime": runtime, "sync_s": sync_s, "async_s": async_s,
+            "ratio": time_ratio(sync_s, async_s),
             "settled": sync_s is not None and async_s is not None, "dloglik": asyn.loglik_ - ref.loglik_,
             "sync_dloglik": sync.loglik_ - ref.loglik_, "sync_rounds": sync.n_iter_,
-            "ratio_by_rtol": {f"{rtol:g}": settle_ratio(sync.trace_, asyn.trace_, ref.params_, rtol)
-                              for rtol in RTOL_BESIDE}, **more}
+            "ratio_by_rtol": ratios_beside(sync.trace_, asyn.trace_, ref.params_), **more}
+
+
+def time_ratio(sync_s, async_s) -> float | None:
+    """async_s / sync_s (None when either run never settled)."""
+    return None if (sync_s is None or async_s is None) else async_s / sync_s
 
 
 def settle_ratio(sync_trace, async_trace, ref, rtol) -> float | None:
     """async / sync time to settle within rtol of ref (None when either never settles)."""
-    sync_s, async_s = time_to_target(sync_trace, ref, rtol), time_to_target(async_trace, ref, rtol)
-    return None if (sync_s is None or async_s is None) else async_s / sync_s
+    return time_ratio(time_to_target(sync_trace, ref, rtol), time_to_target(async_trace, ref, rtol))
+
+
+def ratios_beside(sync_trace, async_trace, ref) -> dict:
+    """{rtol: settle_ratio} at each of RTOL_BESIDE (a row's ratio_by_rtol)."""
+    return {f"{rtol:g}": settle_ratio(sync_trace, async_trace, ref, rtol) for rtol in RTOL_BESIDE}
 
 
 def run_stats(store, setting, profiles, max_iter, options=None):
@@ -503,14 +511,13 @@ def run_stats_dask(store, setting, profiles, max_iter, dask_workers, slowdown_sc
             asyn, async_m = fit_stats_dask(store, client, setting, "async", profile, max_iter=max_iter,
                                            time_budget=budget, scale=slowdown_scale)
             async_s = time_to_target(asyn.trace_, ref)
-            ratio = None if (sync_s is None or async_s is None) else async_s / sync_s
             costs = task_costs(client, store, setting, ref, slowdown_scale * profile_slowdowns(profile, J))
-            rows.append({"profile": profile, "runtime": "dask", "sync_s": sync_s, "async_s": async_s, "ratio": ratio,
+            rows.append({"profile": profile, "runtime": "dask", "sync_s": sync_s, "async_s": async_s,
+                         "ratio": time_ratio(sync_s, async_s),
                          "settled": sync_s is not None and async_s is not None,
                          "dloglik": asyn.loglik_ - ref_gp.loglik_, "sync_dloglik": sync.loglik_ - ref_gp.loglik_,
                          "sync_rounds": sync.n_iter_, "async_rounds": round(async_m["rounds"], 2),
-                         "ratio_by_rtol": {f"{rtol:g}": settle_ratio(sync.trace_, asyn.trace_, ref, rtol)
-                                           for rtol in RTOL_BESIDE},
+                         "ratio_by_rtol": ratios_beside(sync.trace_, asyn.trace_, ref),
                          "async_aggregations": asyn.n_iter_,
                          "async_slowest_answers": int(min(async_m["answers"])), "dask_workers": dask_workers,
                          "slowdown_scale": slowdown_scale,
