@@ -103,6 +103,19 @@ class KnotBasis:
         return U, np.hstack([self.B, self.dB])
 
 
+def residual_covariance(kernel: Matern, knots: np.ndarray, beta: float, sigma2: float, a, b) -> np.ndarray:
+    """cov(w̃(a), w̃(b)) = σ²(ρ(a, b) − ρ(a, S*) ρ_K⁻¹ ρ(S*, b)) between two sets of locations: the residual process
+    of Remark 3 (what the low-rank part leaves), for sites and server alike."""
+    knots = np.asarray(knots, dtype=float).reshape(-1, 2)
+    low = 0.0
+    if knots.shape[0]:
+        LK, _ = cholesky_with_jitter(kernel.correlation(cdist(knots, knots), beta), "the knot correlation matrix K")
+        fa, fb = (linalg.solve_triangular(LK, kernel.correlation(cdist(knots, x), beta), lower=True,
+                                          check_finite=False) for x in (a, b))
+        low = fa.T @ fb
+    return sigma2 * (kernel.correlation(cdist(a, b), beta) - low)
+
+
 def rowsum2(U: np.ndarray, V: np.ndarray) -> np.ndarray:
     """diag(U Vᵀ + V Uᵀ)."""
     return 2.0 * np.einsum("ij,ij->i", U, V)

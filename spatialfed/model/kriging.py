@@ -11,7 +11,7 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from spatialfed.errors import check_finite
-from spatialfed.model.basis import KnotBasis
+from spatialfed.model.basis import KnotBasis, residual_covariance
 from spatialfed.model.dense import column_blocks
 from spatialfed.model.linalg import DenseFactor
 from spatialfed.model.matern import check_points
@@ -33,14 +33,31 @@ def residual_cross(lm, locs0: np.ndarray, kb: KnotBasis, sigma2: float) -> np.nd
     return cross
 
 
-def residual_kriging(lm, fz, locs0: np.ndarray, params: Params) -> dict:
-    """E[w̃(s₀) | η = μ, z_j] and the variance pieces (LocalModel.residual_kriging) through the factorisation `fz`."""
+def residual_kriging(lm, fz, locs0: np.ndarray, params: Params, anchors: np.ndarray | None = None) -> dict:
+    """E[w̃(s₀) | η = μ, z_j] and the variance pieces (LocalModel.residual_kriging) through the factorisation `fz`;
+    with `anchors` U also "cross" = cov(w̃(s₀), w̃(U) | z_j) = c̃(s₀, U) − k̃₀R_j⁻¹k̃_Uᵀ (n₀ × |U|, outputs/exchange.py).
+    Needs a dense factor (`full`)."""
     rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
     out = {"mean": np.empty(len(locs0)), "BRk": np.empty((len(locs0), lm.m)), "kRk": np.empty(len(locs0))}
+    if anchors is not None:
+        kh_u = fz.factor.whiten(residual_cross(lm, anchors, fz.kb, params.sigma2).T)
+        out["cross"] = np.empty((len(locs0), len(anchors)))
     for rows in column_blocks(len(locs0), KRIGING_BYTES, height=lm.n):  # memory O(KRIGING_BYTES), any n₀
         kh = fz.factor.whiten(residual_cross(lm, locs0[rows], fz.kb, params.sigma2).T)
         out["mean"][rows], out["BRk"][rows] = kh.T @ rh, kh.T @ fz.Bh
         out["kRk"][rows] = np.einsum("ij,ij->j", kh, kh)
+        if anchors is not None:
+            prior = residual_covariance(lm.kernel, lm.knots, params.beta, params.sigma2, locs0[rows], anchors)
+            out["cross"][rows] = prior - kh.T @ kh_u
+    return out
+
+
+def anchor_posterior(lm, fz, anchors: np.ndarray, params: Params) -> dict:
+    """This site's posterior of its residual at the exchange points U (η = μ): "mean" m = k̃_U R_j⁻¹ r_j, "BRk"
+    (its η-coefficients, as residual_kriging) and "cov" P = c̃(U, U) − k̃_U R_j⁻¹ k̃_Uᵀ (outputs/exchange.py)."""
+    out = residual_kriging(lm, fz, anchors, params, anchors)
+    out["cov"] = out.pop("cross")
+    del out["kRk"]
     return out
 
 

@@ -122,6 +122,7 @@ class LocalModel:
         self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
         self._tree: cKDTree | None = None  # k-d tree of locs (owner assignment), O(n_j), built on first use
         self._pilot: LocalModel | None = None  # the pilot start's subsample of this site (`pilot`), built on first use
+        self._anchored: tuple[bytes, LocalModel] | None = None  # Vecchia: the exchange points' neighbourhood, dense
 
     @property
     def vecchia_plan(self) -> VecchiaPlan:
@@ -149,6 +150,7 @@ class LocalModel:
         """Drop what is kept between requests (the whitened data and the prediction factorisation)."""
         self._white = None
         self._kriging = None
+        self._anchored = None
 
     def cached_arrays(self) -> list[np.ndarray]:
         """The arrays this model keeps between requests beyond its data (for memory checks and diagnostics)."""
@@ -162,6 +164,8 @@ class LocalModel:
             out += [a for a in (getattr(fz.factor, "L", None), getattr(fz.factor, "r", None), fz.Bh, fz.Xh, fz.zh)
                     if a is not None]
             out += [v for v in vars(fz.kb).values() if isinstance(v, np.ndarray)]
+        if self._anchored is not None:
+            out += self._anchored[1].cached_arrays()
         return out
 
     def cached_nbytes(self) -> int:
@@ -294,9 +298,7 @@ class LocalModel:
     def nearest_distance(self, locs0) -> np.ndarray:
         """Distance from each prediction location to this worker's nearest observation (owner assignment): a k-d
         tree query, O(n₀ log n_j) time and O(n₀) memory (a dense n₀ × n_j distance matrix cost 40× more)."""
-        if self._tree is None:
-            self._tree = cKDTree(self.locs)
-        return self._tree.query(check_points(locs0, "prediction locations"), k=1)[0]
+        return self._neighbours().query(check_points(locs0, "prediction locations"), k=1)[0]
 
     def _kriging_factor(self, params: Params) -> _Factorised:
         """The one factorisation a worker keeps: R_j at params' (δ, θ), reused by every prediction batch."""
@@ -305,21 +307,58 @@ class LocalModel:
             self._kriging = _Factorised(self, *params.theta_key)
         return self._kriging
 
-    def residual_kriging(self, locs0, params: Params) -> dict:
+    def residual_kriging(self, locs0, params: Params, anchors=None) -> dict:
         """E[w̃(s₀) | η = μ, z_j], and the pieces of Var(y(s₀) | z) owed to this worker's residual.
 
         With k̃ = cov(w̃(s₀), w̃_j): mean = k̃R_j⁻¹(z_j − X_jγ − B_jμ), BRk = (B_jᵀR_j⁻¹k̃ᵀ)ᵀ and
         kRk = diag(k̃R_j⁻¹k̃ᵀ); sizes grow with the number of prediction points, never with n_j. The Vecchia residual
         conditions each location on its PREDICT_FACTOR·k nearest points of the site instead (model/vecchia.py:
-        kriging).
+        kriging). With exchange points `anchors` (U) also "cross": cov(w̃(s₀), w̃(U) | z_j), n₀ × |U|
+        (`anchor_posterior`).
         """
         self._check_params(params)
         locs0 = check_points(locs0, "prediction locations")
         if self.residual == "vecchia":  # the residual conditioned on the k nearest points of the site
-            if self._tree is None:
-                self._tree = cKDTree(self.locs)
-            return vecchia.kriging(self, locs0, params, PREDICT_FACTOR * self.vecchia_k, self._tree)
-        return kriging.residual_kriging(self, self._kriging_factor(params), locs0, params)
+            out = vecchia.kriging(self, locs0, params, PREDICT_FACTOR * self.vecchia_k, self._neighbours())
+            if anchors is not None:
+                sub, anchors = self._anchor_model(anchors)
+                out["cross"] = kriging.residual_kriging(sub, sub._kriging_factor(params), locs0, params,
+                                                        anchors)["cross"]
+            return out
+        if anchors is not None:
+            anchors = self._anchor_model(anchors)[1]
+        return kriging.residual_kriging(self, self._kriging_factor(params), locs0, params, anchors)
+
+    def anchor_posterior(self, anchors, params: Params) -> dict:
+        """This site's posterior of its residual at the exchange points U of the seamless predictor (η = μ): mean,
+        BRk and covariance (model/kriging.py: anchor_posterior; outputs/exchange.py). A Vecchia site conditions on
+        the PREDICT_FACTOR·k nearest points of each exchange point, together (a dense residual on their union)."""
+        self._check_params(params)
+        sub, anchors = self._anchor_model(anchors)
+        return kriging.anchor_posterior(sub, sub._kriging_factor(params), anchors, params)
+
+    def _neighbours(self) -> cKDTree:
+        if self._tree is None:
+            self._tree = cKDTree(self.locs)
+        return self._tree
+
+    def _anchor_model(self, anchors) -> tuple["LocalModel", np.ndarray]:
+        """(the model the exchange points are conditioned on, the checked points): this site for the dense
+        residual; for Vecchia the dense residual on the union of their nearest neighbours (kept for the batches)."""
+        anchors = check_points(anchors, "exchange points")
+        if self.residual == "full":
+            return self, anchors
+        if self.residual != "vecchia":
+            raise ValueError(f"the boundary exchange needs a correlated residual (full or vecchia), not "
+                             f"{self.residual!r}")
+        key = anchors.tobytes()
+        if self._anchored is None or self._anchored[0] != key:
+            k = min(PREDICT_FACTOR * self.vecchia_k, self.n)
+            idx = np.unique(self._neighbours().query(anchors, k=k)[1])
+            self._anchored = None
+            sub = LocalModel(self.locs[idx], self.z[idx], self.X[idx], self.knots, self.kernel, residual="full")
+            self._anchored = (key, sub)
+        return self._anchored[1], anchors
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:
         """Kriging from this worker's data alone under the independence model (Eq. 3) with global (γ, δ, θ):

@@ -52,7 +52,7 @@ from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.model.vecchia_order import VECCHIA_K
-from spatialfed.outputs import metrics, seamless
+from spatialfed.outputs import exchange, metrics, seamless
 from spatialfed.outputs import tables
 from spatialfed.outputs.results import check_same_store, load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
@@ -233,9 +233,12 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
         return
     # the seamless band: one number per site, asked once (pp has no residual part and mpp's is uncorrelated between
     # distinct locations, a surface without seams: nothing to blend)
-    h = seamless.band_width(workers) if predictor == "seamless" and model.residual not in ("pp", "mpp") else None
+    band = None
+    if predictor == "seamless" and model.residual not in ("pp", "mpp"):
+        spacing = seamless.sampling_spacing(workers)
+        band = (seamless.BAND * spacing, exchange.build(workers, model, spacing))
     for i in range(0, len(locs0), batch):
-        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, h)
+        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, band)
 
 
 def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream=None):
@@ -278,11 +281,11 @@ def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamles
 
 
 def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worker: int | None,
-                   band: float | None = None) -> dict:
-    """predict_at for one block of locations (seamless with its band half-width `band`, lowrank, independent or
-    personal)."""
+                   band: tuple | None = None) -> dict:
+    """predict_at for one block of locations (seamless with `band` = (its half-width, its boundary exchange),
+    lowrank, independent or personal)."""
     if band is not None:
-        return seamless.predict_block(workers, model, locs0, X0, band)
+        return seamless.predict_block(workers, model, locs0, X0, *band)
     par = model.params
     owners = np.full(len(locs0), int(worker)) if predictor == "personal" else owners_of(workers, locs0)
     groups = _groups(owners)

@@ -19,7 +19,8 @@ claims more precision than its parts. docs/maps.md, "Seamless prediction".
 
 Band: h = BAND × the data's sampling spacing (the median over sites of each site's median nearest-neighbour
 distance, `geometry.spacing`; one number per site crosses the network). Sites answer only for the locations of
-their band; what they return is sized by those locations, never by n_j. Fits with residual pp or mpp have no
+their band; what they return is sized by those locations, never by n_j. Before the blend each site's part is tied
+to its neighbours' by the boundary exchange (outputs/exchange.py), which brings the data across a boundary in. Fits with residual pp or mpp have no
 correlated residual to blend: `prediction.predict_batches` gives them the owner predictor.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from spatialfed.model.params import Params
+from spatialfed.outputs import exchange
 from spatialfed.model.predict import assign_owners, lowrank_prior
 
 #: band half-width h in sampling spacings (docs/maps.md, "Seamless prediction")
@@ -52,16 +54,21 @@ def blend_weights(distances, h: float) -> np.ndarray:
 
 
 def band_width(workers, band: float = BAND) -> float:
-    """h = band × the median of the sites' sampling spacings (each site reports one number)."""
+    """h = band × the data's sampling spacing (`sampling_spacing`)."""
     if not band > 0:
         raise ValueError(f"the seamless band (band) must be > 0 sampling spacings, got {band!r}")
+    return float(band * sampling_spacing(workers))
+
+
+def sampling_spacing(workers) -> float:
+    """The median of the sites' sampling spacings (each site reports one number)."""
     spacings = workers.call("spacing", {j: () for j in range(workers.n_workers)})
     s = np.array([spacings[j] for j in range(workers.n_workers)], dtype=float)
     s = s[np.isfinite(s) & (s > 0)]
     if not s.size:
         raise ValueError("no site has two distinct observations: the seamless predictor's band needs a sampling "
                          "spacing; use predictor='lowrank'")
-    return float(band * np.median(s))
+    return float(np.median(s))
 
 
 def combine_blend(locs0, X0, params: Params, knots, kernel, weights: np.ndarray, parts: dict) -> dict:
@@ -81,16 +88,19 @@ def combine_blend(locs0, X0, params: Params, knots, kernel, weights: np.ndarray,
     return {"mean": mean, "sd_latent": np.sqrt(var), "sd": np.sqrt(var + 1.0 / params.delta)}
 
 
-def predict_block(workers, model, locs0, X0, h: float) -> dict:
+def predict_block(workers, model, locs0, X0, h: float, ex: exchange.Exchange | None = None) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} of the seamless predictor at one block of locations: one round of
-    distances, then one round of residual kriging by every site with a location in its band."""
+    distances, then one round of residual kriging by every site with a location in its band, each part tied to the
+    boundary exchange `ex` when given (outputs/exchange.py)."""
     d = workers.call("nearest_distance", {j: (locs0,) for j in range(workers.n_workers)})
     d = np.array([d[j] for j in range(workers.n_workers)])
     owners = assign_owners(d)
     weights = blend_weights(d, h)
     asked = {j: np.flatnonzero(weights[j] > 0) for j in range(workers.n_workers)}
     asked = {j: idx for j, idx in asked.items() if idx.size}
-    answers = workers.call("residual_kriging", {j: (locs0[idx], model.params) for j, idx in asked.items()})
-    parts = {j: (asked[j], answers[j]) for j in asked}
+    tied = {} if ex is None else ex.anchors
+    answers = workers.call("residual_kriging", {j: (locs0[idx], model.params) + ((tied[j],) if j in tied else ())
+                                                for j, idx in asked.items()})
+    parts = {j: (asked[j], exchange.correct(ex, j, answers[j]) if j in tied else answers[j]) for j in asked}
     out = combine_blend(locs0, X0, model.params, model.knots, model.kernel, weights, parts)
     return {**out, "owner": owners}

@@ -136,7 +136,8 @@ def _hull(lm: LocalModel) -> bytes:
 #: what a site computes for prediction and for the default domain (each returns request-sized arrays only)
 SITE_CALLS = {
     "nearest_distance": LocalModel.nearest_distance,          # n₀ distances
-    "residual_kriging": LocalModel.residual_kriging,          # n₀-sized mean, n₀×m BRk, n₀ kRk
+    "residual_kriging": LocalModel.residual_kriging,          # n₀-sized mean, n₀×m BRk, n₀ kRk (n₀×|U_j| cross)
+    "anchor_posterior": LocalModel.anchor_posterior,          # |U_j| mean, |U_j|×m BRk, |U_j|² cov
     "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
     "moments": LocalModel.moments,                            # p×p, p, 1, 1
     "bounds": _bounds,                                        # 4 numbers

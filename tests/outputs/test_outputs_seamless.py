@@ -1,5 +1,6 @@
-"""Seamless prediction (issue 30): partition-of-unity weights, continuity across an owners' boundary, the owner
-predictor's answer deep inside a region, sites that answer from their own data only, and the seam statistic."""
+"""Seamless prediction (issue 30): partition-of-unity weights, continuity across an owners' boundary, the blend's
+owner predictor deep inside a region, sites that answer from their own data only, and the seam statistic (the
+boundary exchange's maths: tests/outputs/test_outputs_exchange.py)."""
 
 import numpy as np
 import pytest
@@ -80,13 +81,16 @@ def test_mean_and_sd_continuous_across_the_boundary(fitted):
     assert min(owner_gaps) > 100 * gaps[2, 0] and min(owner_gaps) > 1e-3  # the seam the owner predictor leaves
 
 
-def test_deep_inside_a_region_equals_the_owner_predictor(fitted):
+def test_deep_inside_a_region_the_blend_is_the_owner_predictor(fitted):
+    """Without the boundary exchange the blend is the owner predictor wherever the owner's weight is 1; with it
+    the same points move (the exchange ties every site's residual to its neighbours')."""
     store, _, model = fitted
     locs0, _, X0 = load_test(store)
     with pr.open_workers(open_store(store), model, "simulated") as workers:
-        got = pr.predict_at(workers, model, locs0, X0, "seamless")
-        ref = pr.predict_at(workers, model, locs0, X0, "lowrank")
         h = seamless.band_width(workers)
+        got = seamless.predict_block(workers, model, locs0, X0, h)
+        ref = pr.predict_at(workers, model, locs0, X0, "lowrank")
+        tied = pr.predict_at(workers, model, locs0, X0, "seamless")
         d = np.array([lm.nearest_distance(locs0) for lm in workers.models])
     deep = seamless.blend_weights(d, h).max(axis=0) == 1.0
     assert 20 <= deep.sum() < len(locs0)  # both kinds of points are present
@@ -94,6 +98,7 @@ def test_deep_inside_a_region_equals_the_owner_predictor(fitted):
         np.testing.assert_allclose(got[key][deep], ref[key][deep], rtol=1e-12, atol=0, err_msg=key)
     np.testing.assert_array_equal(got["owner"], ref["owner"])
     assert np.abs(got["mean"][~deep] - ref["mean"][~deep]).max() > 1e-6  # the band does blend
+    assert np.abs(tied["mean"][deep] - ref["mean"][deep]).max() > 1e-6   # the exchange reaches inside
 
 
 class Spy:
@@ -116,30 +121,36 @@ class Spy:
 
 
 def test_sites_answer_from_their_own_data_only(fitted):
-    """Through the real code path: the predictor asks only for distances, the spacing and residual kriging, each
-    answer sized by the locations asked; a change to site 1's data changes the prediction only where site 1's
-    weight is positive, and site 0's answers not at all."""
+    """Through the real code path: the predictor asks only for distances, the spacing, the bounds and, at points
+    the server chooses, residual kriging and the exchange posteriors, each answer sized by the points asked; a
+    change to site 1's data changes the prediction where site 1's weight is positive, and site 0's answers not at
+    all."""
     store, _, model = fitted
     locs0, _, X0 = load_test(store)
     with pr.open_workers(open_store(store), model, "simulated") as workers:
         spy = Spy(workers)
         before = pr.predict_at(spy, model, locs0, X0, "seamless")
-        assert {name for name, *_ in spy.log} == {"spacing", "nearest_distance", "residual_kriging"}
+        assert {name for name, *_ in spy.log} == {"spacing", "bounds", "nearest_distance", "residual_kriging",
+                                                  "anchor_posterior"}
         for name, j, n0, sizes in spy.log:
-            assert name == "spacing" or (sizes and all(s == n0 for s in sizes)), (name, j, n0, sizes)
+            small = (name == "spacing") or (name == "bounds" and sizes == [4])
+            assert small or (sizes and all(s == n0 for s in sizes)), (name, j, n0, sizes)
         kriged = [(j, n0) for name, j, n0, _ in spy.log if name == "residual_kriging"]
         assert sorted(j for j, _ in kriged) == [0, 1] and sum(n for _, n in kriged) > len(locs0)
         h = seamless.band_width(workers)
         w1 = seamless.blend_weights(np.array([lm.nearest_distance(locs0) for lm in workers.models]), h)[1]
-        site0 = workers.models[0].residual_kriging(locs0, model.params)
+        site0 = workers.models[0].residual_kriging(locs0, model.params, locs0[:5])
+        site0_u = workers.models[0].anchor_posterior(locs0[:5], model.params)
         lm1 = workers.models[1]
         lm1.z = lm1.z + 3.0 * np.sin(7 * lm1.locs[:, 0])   # site 1's data change; nobody else's
         lm1.clear_cache()
         after = pr.predict_at(workers, model, locs0, X0, "seamless")
-        again0 = workers.models[0].residual_kriging(locs0, model.params)
+        again0 = workers.models[0].residual_kriging(locs0, model.params, locs0[:5])
+        again0_u = workers.models[0].anchor_posterior(locs0[:5], model.params)
     for key in site0:
         np.testing.assert_array_equal(again0[key], site0[key])
-    np.testing.assert_array_equal(after["mean"][w1 == 0], before["mean"][w1 == 0])
+    for key in site0_u:
+        np.testing.assert_array_equal(again0_u[key], site0_u[key])
     assert np.all(np.abs(after["mean"][w1 > 0.05] - before["mean"][w1 > 0.05]) > 0)
 
 
