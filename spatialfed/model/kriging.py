@@ -52,6 +52,21 @@ def residual_kriging(lm, fz, locs0: np.ndarray, params: Params, anchors: np.ndar
     return out
 
 
+def anchor_weights(lm, fz, anchors: np.ndarray, params: Params) -> np.ndarray:
+    """R_j⁻¹ k̃(S_j, U) (n_j × |U|): what `anchor_cross` needs of the exchange points, once per (δ, θ)."""
+    return fz.factor.unwhiten_t(fz.factor.whiten(residual_cross(lm, anchors, fz.kb, params.sigma2).T))
+
+
+def anchor_cross(lm, fz, locs0: np.ndarray, anchors: np.ndarray, params: Params, weights: np.ndarray) -> np.ndarray:
+    """cov(w̃(s₀), w̃(U) | z_j) = c̃(s₀, U) − k̃(s₀, S_j) R_j⁻¹ k̃(S_j, U) from `anchor_weights`, in row blocks:
+    O(n_j (m + |U|)) per location instead of a triangular solve of n_j² (residual_kriging's "cross")."""
+    out = np.empty((len(locs0), len(anchors)))
+    for rows in column_blocks(len(locs0), KRIGING_BYTES, height=lm.n):
+        prior = residual_covariance(lm.kernel, lm.knots, params.beta, params.sigma2, locs0[rows], anchors)
+        out[rows] = prior - residual_cross(lm, locs0[rows], fz.kb, params.sigma2) @ weights
+    return out
+
+
 def anchor_posterior(lm, fz, anchors: np.ndarray, params: Params) -> dict:
     """This site's posterior of its residual at the exchange points U (η = μ): "mean" m = k̃_U R_j⁻¹ r_j, "BRk"
     (its η-coefficients, as residual_kriging) and "cov" P = c̃(U, U) − k̃_U R_j⁻¹ k̃_Uᵀ (outputs/exchange.py)."""

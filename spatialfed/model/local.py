@@ -122,7 +122,7 @@ class LocalModel:
         self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
         self._tree: cKDTree | None = None  # k-d tree of locs (owner assignment), O(n_j), built on first use
         self._pilot: LocalModel | None = None  # the pilot start's subsample of this site (`pilot`), built on first use
-        self._anchored: tuple[bytes, LocalModel] | None = None  # Vecchia: the exchange points' neighbourhood, dense
+        self._anchored: tuple | None = None  # Vecchia: (key, the exchange points' neighbourhood, R⁻¹k̃ by θ)
 
     @property
     def vecchia_plan(self) -> VecchiaPlan:
@@ -165,7 +165,7 @@ class LocalModel:
                     if a is not None]
             out += [v for v in vars(fz.kb).values() if isinstance(v, np.ndarray)]
         if self._anchored is not None:
-            out += self._anchored[1].cached_arrays()
+            out += self._anchored[1].cached_arrays() + list(self._anchored[2].values())
         return out
 
     def cached_nbytes(self) -> int:
@@ -320,10 +320,14 @@ class LocalModel:
         locs0 = check_points(locs0, "prediction locations")
         if self.residual == "vecchia":  # the residual conditioned on the k nearest points of the site
             out = vecchia.kriging(self, locs0, params, PREDICT_FACTOR * self.vecchia_k, self._neighbours())
-            if anchors is not None:
+            if anchors is not None:  # through R⁻¹k̃(N, U), kept: O(n₀ |N| (m + |U|)) per request
                 sub, anchors = self._anchor_model(anchors)
-                out["cross"] = kriging.residual_kriging(sub, sub._kriging_factor(params), locs0, params,
-                                                        anchors)["cross"]
+                fz = sub._kriging_factor(params)
+                weights = self._anchored[2]
+                if params.theta_key not in weights:
+                    weights.clear()
+                    weights[params.theta_key] = kriging.anchor_weights(sub, fz, anchors, params)
+                out["cross"] = kriging.anchor_cross(sub, fz, locs0, anchors, params, weights[params.theta_key])
             return out
         if anchors is not None:
             anchors = self._anchor_model(anchors)[1]
@@ -357,7 +361,7 @@ class LocalModel:
             idx = np.unique(self._neighbours().query(anchors, k=k)[1])
             self._anchored = None
             sub = LocalModel(self.locs[idx], self.z[idx], self.X[idx], self.knots, self.kernel, residual="full")
-            self._anchored = (key, sub)
+            self._anchored = (key, sub, {})
         return self._anchored[1], anchors
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:

@@ -37,8 +37,10 @@ from spatialfed.model.basis import residual_covariance
 GRID = 2.0
 #: a grid point is on the boundary of its two nearest sites when their distances differ by at most this (spacings)
 SLACK = 1.0
-#: the server's solve is O(|U|³) time and O(|U|²) memory: beyond this many points the grid is coarsened
+#: the server's solve is O(|U|³) time and O(|U|²) memory: beyond this many points the grid is thinned
 MAX_POINTS = 6000
+#: on a large grid, every PROBE-th point in each direction first (to choose the thinning)
+PROBE = 4
 #: the grid is queried in chunks of this many points (the sites' distances, J per point, stay O(J · CHUNK))
 CHUNK = 50_000
 
@@ -59,24 +61,32 @@ def boundary_points(bounds: np.ndarray, nearest, spacing: float, reach: float,
                     max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """(U, pairs): grid points within SLACK·spacing of equidistant from their two nearest sites and within `reach`
     of the nearer, with those two sites (|U| × 2). `bounds` (J × 4: x₀, y₀, x₁, y₁ per site), `nearest(points)`
-    the sites' nearest-observation distances (J × n)."""
+    the sites' nearest-observation distances (J × n). The grid has GRID spacings, or every c-th of its points in
+    each direction, c the least integer that keeps at most max_points: along a band of fixed width the points scale
+    as 1/c², so a first pass on every PROBE-th point estimates c."""
     lo, hi = bounds[:, :2].min(axis=0), bounds[:, 2:].max(axis=0)
-    step = GRID * spacing
-    while True:
-        xs, ys = (np.arange(a, b + step, step) for a, b in zip(lo, hi))
-        grid = np.stack(np.meshgrid(xs, ys), axis=-1).reshape(-1, 2)
-        keep, pairs = [], []
-        for c in range(0, len(grid), CHUNK):
-            d = np.asarray(nearest(grid[c:c + CHUNK]), dtype=float)
-            two = np.argsort(d, axis=0)[:2] if d.shape[0] > 1 else np.zeros((2, d.shape[1]), dtype=int)
+    xs, ys = (np.arange(a, b + GRID * spacing, GRID * spacing) for a, b in zip(lo, hi))
+
+    def on_boundary(c):
+        gx, gy = (a.ravel() for a in np.meshgrid(xs[::c], ys[::c]))
+        grid, keep, pairs = np.column_stack([gx, gy]), [], []
+        for start in range(0, len(grid), CHUNK):
+            d = np.asarray(nearest(grid[start:start + CHUNK]), dtype=float)
+            two = np.argsort(d, axis=0)[:2]
             d1, d2 = (np.take_along_axis(d, two[i:i + 1], axis=0)[0] for i in (0, 1))
-            ok = (d.shape[0] > 1) & (d2 - d1 <= SLACK * spacing) & (d1 <= reach)
-            keep.append(c + np.flatnonzero(ok))
+            ok = (d2 - d1 <= SLACK * spacing) & (d1 <= reach)
+            keep.append(start + np.flatnonzero(ok))
             pairs.append(two[:, ok].T)
-        keep = np.concatenate(keep)
-        if len(keep) <= max_points:
-            return grid[keep], np.concatenate(pairs).reshape(-1, 2)
-        step *= np.sqrt(len(keep) / max_points) * 1.05  # boundary points scale as 1/step² (a band of fixed width)
+        return grid[np.concatenate(keep)], np.concatenate(pairs).reshape(-1, 2)
+
+    c = 1
+    if len(xs) * len(ys) > PROBE * PROBE * max_points:  # a large grid: estimate the thinning first
+        c = max(1, int(np.ceil(PROBE * np.sqrt(len(on_boundary(PROBE)[0]) / max_points))))
+    while True:
+        U, pairs = on_boundary(c)
+        if len(U) <= max_points:
+            return U, pairs
+        c += 1
 
 
 def site_points(pairs: np.ndarray, n_sites: int) -> dict:
