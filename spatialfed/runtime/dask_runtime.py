@@ -9,12 +9,11 @@ Where the data live
 How requests run
     ``client.submit(site.answer, spec_j, p, s_j, delay, workers=[address_j], key="theta-w3-t12-1a2b3c", pure=False)``;
     `distributed.as_completed(...).batches()` hands back everything finished since the last batch (`completed`).
-    Keys start with the sub-step, so the dashboard's task stream colours tasks by sub-step and its hover shows the
-    site and iteration. Everything runs inside the span ``spatialfed-fit``.
+    Keys start with the sub-step (the dashboard's task stream colours by it); all inside the span ``spatialfed-fit``.
 
 Heterogeneity emulation
-    A site with slowdown s_j that computed a task for c CPU seconds sleeps (s_j − 1)·c before returning, as if it ran on
-    a machine s_j times slower — sleeping, not spinning, so emulated slowness costs wall time but no core.
+    A site with slowdown s_j that computed a task for c CPU seconds sleeps (s_j − 1)·c before returning (as if on a
+    machine s_j times slower; sleeping costs wall time, not a core).
 
 Worker loss (docs/recovery.md)
     Tasks are pinned (``allow_other_workers=False``), so a task whose Dask worker left would wait in the scheduler's
@@ -33,9 +32,8 @@ Deadlines
     With no worker left, the runtime waits `worker_wait_s` (10 s: a LocalCluster's nanny restarts a killed worker
     process in about 1.5 s) for one to join, then raises ClusterLostError.
     When the connection to the scheduler closes, distributed's client cancels every future (reason
-    "scheduler-connection-lost"): `completed` raises ClusterLostError at once; a scheduler that stops answering
-    without closing the connection is given up after `scheduler_wait_s` (10 s). `stop` skips every call to a
-    scheduler that is gone, and bounds the others.
+    "scheduler-connection-lost"): `completed` raises ClusterLostError at once; a silent scheduler is given up after
+    `scheduler_wait_s` (10 s). `stop` skips every call to a scheduler that is gone, and bounds the others.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from concurrent.futures import CancelledError as FutureCancelled
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -122,6 +121,7 @@ class DaskRuntime(Runtime):
         self._spare: list[str] = []  # live Dask workers holding no site (the watchdog's last look)
         self.lost_workers: list[str] = []  # Dask workers that left during the run, in the order noticed
         self._inflight: dict = {}  # key -> (future, j, request, Dask worker address), until its result is fetched
+        self._per_address: Counter = Counter()  # in-flight tasks per Dask worker (`free` in O(1))
         self._threads: dict[str, int] = {}  # Dask worker address -> its threads (the last look at the workers)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -144,7 +144,7 @@ class DaskRuntime(Runtime):
         J = len(self.specs)
         self._stop, self._wake, self._context, self._inflight = (threading.Event(), threading.Event(),
                                                                  contextlib.ExitStack(), {})
-        self._gone, self._scheduler_lost = set(), None
+        self._per_address, self._gone, self._scheduler_lost = Counter(), set(), None
         self._s = resolve_slowdowns(self.slowdowns, J)
         self.assignment = assign_partitions(J, self.addresses or self._workers_now())
         self.sizes = [0] * J
@@ -236,6 +236,7 @@ class DaskRuntime(Runtime):
         with self._lock:
             leftovers = [item[0] for item in self._inflight.values()]
             self._inflight.clear()
+            self._per_address.clear()
         connected = self.client.status == "running" and self._scheduler_lost is None
         if connected:
             with contextlib.suppress(Exception):
@@ -258,8 +259,7 @@ class DaskRuntime(Runtime):
         a task sent to a busy one queues behind the others' tasks there)."""
         address = self.assignment[j]
         with self._lock:
-            tasks = sum(1 for item in self._inflight.values() if item[3] == address)
-        return tasks < self._threads.get(address, 1)
+            return self._per_address[address] < self._threads.get(address, 1)
 
     def describe(self) -> dict:
         return {"assignment": list(self.assignment), "n_tasks": self.n_tasks, "reassigned": self.reassigned,
@@ -282,6 +282,7 @@ class DaskRuntime(Runtime):
                                  pure=False)
         with self._lock:
             self._inflight[fut.key] = (fut, j, request, self.assignment[j])
+            self._per_address[self.assignment[j]] += 1
         (self._ac if ac is None else ac).add(fut)
         self.n_tasks += 1
 
@@ -298,7 +299,8 @@ class DaskRuntime(Runtime):
             return self._event(fut, item[1], item[2], item[3])
         finally:
             with self._lock:
-                self._inflight.pop(fut.key, None)
+                if self._inflight.pop(fut.key, None) is not None:
+                    self._per_address[item[3]] -= 1
 
     def _event(self, fut, j: int, request, address: str | None = None) -> Event:
         """The Event of a completed future that ran on `address`: lost (its Dask worker left: the site moves),
