@@ -105,8 +105,8 @@ def main(argv=None) -> int:
     ax.set(xlabel=f"x along the dotted line y = {y_line} (dashed: boundary between sites)",
            ylabel="spatial part", xlim=(0, 1))
     ax.legend(fontsize=8, ncols=2)
-    fig.suptitle("Seamless prediction: the sites' residual predictions blended by smooth partition-of-unity weights "
-                 f"(4 area sites × 300 points, seed {args.seed})")
+    fig.suptitle("Seamless prediction: the sites' residual predictions tied at their boundaries and blended by "
+                 f"partition-of-unity weights (4 area sites × 300 points, seed {args.seed})")
     png = write_atomic(args.out / "seamless_map.png", lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
     summary = {"seam": {p: round(v, 3) for p, v in seams.items()}, "band": h, "params": {
         k: float(getattr(model.params, k)) for k in ("delta", "sigma2", "beta")}}

@@ -25,6 +25,7 @@ point ties its two sites. docs/maps.md, "Seamless prediction".
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,7 +158,13 @@ def build(workers, model, spacing: float) -> Exchange | None:
     if not anchors:
         return None
     posteriors = workers.call("anchor_posterior", {j: (U[ix], model.params) for j, ix in anchors.items()})
-    return solve_exchange(U, anchors, posteriors, model)
+    try:
+        return solve_exchange(U, anchors, posteriors, model)
+    except np.linalg.LinAlgError as exc:
+        warnings.warn(f"{exc}: the seamless predictor's boundary exchange is numerically singular at these "
+                      "parameters; predicting with the blend of the sites' own kriging alone", RuntimeWarning,
+                      stacklevel=2)
+        return None
 
 
 def correct(ex: Exchange, j: int, part: dict) -> dict:

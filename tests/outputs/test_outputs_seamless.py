@@ -154,6 +154,27 @@ def test_sites_answer_from_their_own_data_only(fitted):
     assert np.all(np.abs(after["mean"][w1 > 0.05] - before["mean"][w1 > 0.05]) > 0)
 
 
+def test_a_singular_exchange_falls_back_to_the_blend(fitted, monkeypatch):
+    """If the exchange's solve fails (numerically singular), prediction warns in one line and blends alone."""
+    import numpy.linalg
+
+    from spatialfed.outputs import exchange
+
+    store, _, model = fitted
+    locs0, _, X0 = load_test(store)
+
+    def singular(*args):
+        raise numpy.linalg.LinAlgError("the exchange posterior precision is not positive definite (LAPACK info 3)")
+
+    monkeypatch.setattr(exchange, "solve_exchange", singular)
+    with pr.open_workers(open_store(store), model, "simulated") as workers:
+        with pytest.warns(RuntimeWarning, match="blend of the sites' own kriging alone"):
+            got = pr.predict_at(workers, model, locs0, X0, "seamless")
+        ref = seamless.predict_block(workers, model, locs0, X0, seamless.band_width(workers))
+    for key in KEYS:
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("residual", ["pp", "mpp"])
 def test_pp_and_mpp_fits_have_nothing_to_blend(fitted, residual):
     import dataclasses
