@@ -148,8 +148,9 @@ def add_fitted(p, runtimes: tuple, predictors: tuple) -> None:
     p.add_argument("fit_dir", metavar="DIR", help="output directory of `spatialfed fit` (fit.json, model.zarr)")
     p.add_argument("--store", required=True, metavar="STORE.zarr", help="the partitioned store the model was fitted on")
     p.add_argument("--predictor", choices=predictors, default=None,
-                   help="seamless (federated low-rank kriging, the residual blended over the sites near each "
-                        "point: no jumps at the boundaries between sites; default for lowrank fits), lowrank (the "
+                   help="seamless (federated low-rank kriging, the sites' residuals tied at their boundaries and "
+                        "blended over the sites near each point: no jumps at the boundaries between sites; default "
+                        "for lowrank fits), lowrank (the "
                         "same, the residual from the site holding the nearest observation alone: the owner "
                         "predictor), independent (each point kriged by its owner alone), personal (one worker's "
                         "data, see --worker) or ols (pooled least squares)")
