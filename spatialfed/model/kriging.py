@@ -23,11 +23,11 @@ KRIGING_BYTES = 32 * 2**20
 
 def residual_cross(lm, locs0: np.ndarray, kb: KnotBasis, sigma2: float) -> np.ndarray:
     """cov(w̃(s₀), w̃_j) (n₀ × n_j) of Remark 3; zero off coincident points for mpp, zero for pp."""
-    b0 = kb._right_solve(lm.kernel.correlation(cdist(locs0, lm.knots), kb.beta))
     if lm.residual == "full":
-        return sigma2 * (lm.kernel.correlation(cdist(locs0, lm.locs), kb.beta) - b0 @ kb.rjs.T)
+        return residual_covariance(lm.kernel, lm.knots, kb.beta, sigma2, locs0, lm.locs)
     cross = np.zeros((locs0.shape[0], lm.n))
     if lm.residual == "mpp":
+        b0 = kb._right_solve(lm.kernel.correlation(cdist(locs0, lm.knots), kb.beta))
         i, k = np.nonzero(cdist(locs0, lm.locs) == 0.0)
         cross[i, k] = sigma2 * (1.0 - np.einsum("ij,ij->i", b0[i], kb.rjs[k]))
     return cross
@@ -35,36 +35,40 @@ def residual_cross(lm, locs0: np.ndarray, kb: KnotBasis, sigma2: float) -> np.nd
 
 def residual_kriging(lm, fz, locs0: np.ndarray, params: Params, anchors: np.ndarray | None = None) -> dict:
     """E[w̃(s₀) | η = μ, z_j] and the variance pieces (LocalModel.residual_kriging) through the factorisation `fz`;
-    with `anchors` U also "cross" = cov(w̃(s₀), w̃(U) | z_j) = c̃(s₀, U) − k̃₀R_j⁻¹k̃_Uᵀ (n₀ × |U|, outputs/exchange.py).
-    Needs a dense factor (`full`)."""
+    with `anchors` U also "cross" = cov(w̃(s₀), w̃(U) | z_j) (n₀ × |U|, `anchor_cross`). Needs a dense factor
+    (`full`) for the cross."""
     rh = fz.zh - fz.Xh @ params.gamma - fz.Bh @ params.mu
     out = {"mean": np.empty(len(locs0)), "BRk": np.empty((len(locs0), lm.m)), "kRk": np.empty(len(locs0))}
     if anchors is not None:
-        kh_u = fz.factor.whiten(residual_cross(lm, anchors, fz.kb, params.sigma2).T)
+        weights = anchor_weights(lm, fz, anchors, params)
         out["cross"] = np.empty((len(locs0), len(anchors)))
     for rows in column_blocks(len(locs0), KRIGING_BYTES, height=lm.n):  # memory O(KRIGING_BYTES), any n₀
-        kh = fz.factor.whiten(residual_cross(lm, locs0[rows], fz.kb, params.sigma2).T)
+        k0 = residual_cross(lm, locs0[rows], fz.kb, params.sigma2)
+        kh = fz.factor.whiten(k0.T)
         out["mean"][rows], out["BRk"][rows] = kh.T @ rh, kh.T @ fz.Bh
         out["kRk"][rows] = np.einsum("ij,ij->j", kh, kh)
         if anchors is not None:
-            prior = residual_covariance(lm.kernel, lm.knots, params.beta, params.sigma2, locs0[rows], anchors)
-            out["cross"][rows] = prior - kh.T @ kh_u
+            out["cross"][rows] = _cross(lm, locs0[rows], anchors, params, k0, weights)
     return out
 
 
 def anchor_weights(lm, fz, anchors: np.ndarray, params: Params) -> np.ndarray:
-    """R_j⁻¹ k̃(S_j, U) (n_j × |U|): what `anchor_cross` needs of the exchange points, once per (δ, θ)."""
+    """R_j⁻¹ k̃(S_j, U) (n_j × |U|): what the cross-covariances need of the exchange points, once per (δ, θ)."""
     return fz.factor.unwhiten_t(fz.factor.whiten(residual_cross(lm, anchors, fz.kb, params.sigma2).T))
 
 
 def anchor_cross(lm, fz, locs0: np.ndarray, anchors: np.ndarray, params: Params, weights: np.ndarray) -> np.ndarray:
-    """cov(w̃(s₀), w̃(U) | z_j) = c̃(s₀, U) − k̃(s₀, S_j) R_j⁻¹ k̃(S_j, U) from `anchor_weights`, in row blocks:
-    O(n_j (m + |U|)) per location instead of a triangular solve of n_j² (residual_kriging's "cross")."""
+    """cov(w̃(s₀), w̃(U) | z_j) alone (no kriging of the mean), in row blocks: O(n_j (m + |U|)) per location."""
     out = np.empty((len(locs0), len(anchors)))
     for rows in column_blocks(len(locs0), KRIGING_BYTES, height=lm.n):
-        prior = residual_covariance(lm.kernel, lm.knots, params.beta, params.sigma2, locs0[rows], anchors)
-        out[rows] = prior - residual_cross(lm, locs0[rows], fz.kb, params.sigma2) @ weights
+        k0 = residual_cross(lm, locs0[rows], fz.kb, params.sigma2)
+        out[rows] = _cross(lm, locs0[rows], anchors, params, k0, weights)
     return out
+
+
+def _cross(lm, locs0, anchors, params: Params, k0: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """c̃(s₀, U) − k̃(s₀, S_j) R_j⁻¹ k̃(S_j, U), from k0 = k̃(s₀, S_j) and `anchor_weights`."""
+    return residual_covariance(lm.kernel, lm.knots, params.beta, params.sigma2, locs0, anchors) - k0 @ weights
 
 
 def anchor_posterior(lm, fz, anchors: np.ndarray, params: Params) -> dict:

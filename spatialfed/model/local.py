@@ -65,6 +65,7 @@ class _Factorised:
         self.key = (delta, sigma2, beta)
         self.eps = 1.0 / delta
         self.sigma2 = sigma2
+        self.anchor_weights = None  # R⁻¹k̃(S, U) of a Vecchia site's exchange points (its anchor model; first use)
         if model.residual == "vecchia":  # no factor: the whitened data come point by point (model/vecchia.py)
             self.kb = self.factor = None
             kf = vecchia.KnotFactors(model.kernel, model.d_K, model.locs, model.knots, beta, derivatives=False)
@@ -122,7 +123,7 @@ class LocalModel:
         self._kriging: _Factorised | None = None  # one factorisation, kept for prediction requests only
         self._tree: cKDTree | None = None  # k-d tree of locs (owner assignment), O(n_j), built on first use
         self._pilot: LocalModel | None = None  # the pilot start's subsample of this site (`pilot`), built on first use
-        self._anchored: tuple | None = None  # Vecchia: (key, the exchange points' neighbourhood, R⁻¹k̃ by θ)
+        self._anchored: tuple | None = None  # Vecchia: (the exchange points' bytes, their neighbourhood's model)
 
     @property
     def vecchia_plan(self) -> VecchiaPlan:
@@ -164,8 +165,9 @@ class LocalModel:
             out += [a for a in (getattr(fz.factor, "L", None), getattr(fz.factor, "r", None), fz.Bh, fz.Xh, fz.zh)
                     if a is not None]
             out += [v for v in vars(fz.kb).values() if isinstance(v, np.ndarray)]
+            out += [] if fz.anchor_weights is None else [fz.anchor_weights]
         if self._anchored is not None:
-            out += self._anchored[1].cached_arrays() + list(self._anchored[2].values())
+            out += self._anchored[1].cached_arrays()
         return out
 
     def cached_nbytes(self) -> int:
@@ -323,11 +325,9 @@ class LocalModel:
             if anchors is not None:  # through R⁻¹k̃(N, U), kept: O(n₀ |N| (m + |U|)) per request
                 sub, anchors = self._anchor_model(anchors)
                 fz = sub._kriging_factor(params)
-                weights = self._anchored[2]
-                if params.theta_key not in weights:
-                    weights.clear()
-                    weights[params.theta_key] = kriging.anchor_weights(sub, fz, anchors, params)
-                out["cross"] = kriging.anchor_cross(sub, fz, locs0, anchors, params, weights[params.theta_key])
+                if fz.anchor_weights is None:
+                    fz.anchor_weights = kriging.anchor_weights(sub, fz, anchors, params)
+                out["cross"] = kriging.anchor_cross(sub, fz, locs0, anchors, params, fz.anchor_weights)
             return out
         if anchors is not None:
             anchors = self._anchor_model(anchors)[1]
@@ -361,7 +361,7 @@ class LocalModel:
             idx = np.unique(self._neighbours().query(anchors, k=k)[1])
             self._anchored = None
             sub = LocalModel(self.locs[idx], self.z[idx], self.X[idx], self.knots, self.kernel, residual="full")
-            self._anchored = (key, sub, {})
+            self._anchored = (key, sub)
         return self._anchored[1], anchors
 
     def independent_kriging(self, locs0, X0, params: Params) -> dict:

@@ -20,8 +20,9 @@ claims more precision than its parts. docs/maps.md, "Seamless prediction".
 Band: h = BAND × the data's sampling spacing (the median over sites of each site's median nearest-neighbour
 distance, `geometry.spacing`; one number per site crosses the network). Sites answer only for the locations of
 their band; what they return is sized by those locations, never by n_j. Before the blend each site's part is tied
-to its neighbours' by the boundary exchange (outputs/exchange.py), which brings the data across a boundary in. Fits with residual pp or mpp have no
-correlated residual to blend: `prediction.predict_batches` gives them the owner predictor.
+to its neighbours' by the boundary exchange (outputs/exchange.py), which brings the data across a boundary in.
+Fits with residual pp or mpp have no correlated residual to blend: `prediction.predict_batches` gives them the
+owner predictor.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from spatialfed.model.params import Params
-from spatialfed.outputs import exchange
 from spatialfed.model.predict import assign_owners, lowrank_prior
+from spatialfed.outputs import exchange
 
 #: band half-width h in sampling spacings (docs/maps.md, "Seamless prediction")
 BAND = 3.0
