@@ -298,6 +298,47 @@ def _lm_solve(B: np.ndarray, g: np.ndarray, radius: float) -> np.ndarray:
     return np.linalg.solve(B + hi * eye, g)
 
 
+def newton_length(step: Step, hess, radius: float, floor: float) -> float | None:
+    """‖p‖∞ of a pure Newton step p = −H⁻¹g (−H positive definite, p strictly inside the trust radius and the box),
+    else None: only such steps converge quadratically near the maximum (Nocedal & Wright, Thm 3.5)."""
+    if step.at_bound or float(np.linalg.norm(step.p)) >= 0.99 * radius:
+        return None
+    if float(np.linalg.eigvalsh(-np.asarray(hess, dtype=float)).min()) <= floor:
+        return None
+    return float(np.max(np.abs(step.p)))
+
+
+def newton_settled(before: Profile | None, base: Profile, step: Step, dgamma: float, tol: float,
+                   loglik_tol: float) -> bool:
+    """Whether the round at base.u + p (p the pure Newton step from base) may be skipped. Newton's error bound
+    ‖p_next‖ ≤ ½L‖H⁻¹‖‖p‖² (L the Lipschitz constant of the Hessian H of ℓ in u; Kantorovich) with L measured
+    between the last two exact points, L ≈ ‖H − H_before‖/‖u − u_before‖, predicts the next step; its γ change and
+    ℓ gain shrink with it (linearly, quadratically). When these meet the stop rule, base.u + p is where that round
+    would stop (docs/algorithm.md, "Stopping"). Norms are spectral and Euclidean."""
+    if before is None or before.hess is None or base.hess is None:
+        return False
+    moved = float(np.linalg.norm(np.asarray(base.u, dtype=float) - before.u))
+    if moved == 0.0:
+        return False
+    lipschitz = float(np.linalg.norm(base.hess - before.hess, 2)) / moved
+    following = 0.5 * lipschitz * float(np.linalg.norm(np.linalg.inv(base.hess), 2)) * float(step.p @ step.p)
+    shrink = following / max(float(np.max(np.abs(step.p))), 1e-300)
+    return shrink < 1.0 and max(following, shrink * dgamma) <= tol and shrink**2 * step.predicted <= loglik_tol
+
+
+def stop_point(base: Profile, new: Profile | None, step: Step, dgamma: float, before: Profile | None,
+               newton: float | None, tol: float, loglik_tol: float) -> Profile | None:
+    """Where an epoch at base ends the fit (None: it goes on): base when its step p and γ change are within tol and
+    the gain within loglik_tol; new = base + p (second-order model) when p is a pure Newton step (`newton`, from
+    newton_length) and newton_settled, from the exact point `before` base, predicts that the round at new would
+    stop."""
+    if max(float(np.max(np.abs(step.p))), dgamma) <= tol and step.predicted <= loglik_tol:
+        return base
+    if new is not None and newton is not None and newton_settled(before, base, step, dgamma, tol, loglik_tol):
+        return new
+    return None
+
+
 def newton_decrement(pr: Profile, lower, upper, floor: float = 1e-8) -> float:
     """The increase of ℓ the quadratic model at pr promises for its whole Newton step within the box: ℓ* − ℓ(u)
     where ℓ is quadratic, so a smaller decrement says a point is nearer the maximum."""

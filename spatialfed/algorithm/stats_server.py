@@ -29,7 +29,7 @@ from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
                                           maximise, newton_decrement, profile_loglik, taylor_statistics,
-                                          trust_region_step, updated_radius)
+                                          trust_region_step, updated_radius, newton_length, stop_point)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
@@ -72,9 +72,8 @@ class StatsServer(FederatedServer):
         self._anchor: tuple[Profile, dict] | None = None  # last accepted epoch point: (profile, summed statistics)
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
-        self._sync_pred = 0.0  # the increase sync's quadratic model predicted for its own step there
         self._sur_pred: float | None = None  # the increase the surrogate predicted for the current epoch's point
-        self._quad_pred = 0.0  # the increase sync's quadratic model predicted for it
+        self._quad_pred = self._sync_pred = 0.0  # the increase sync's model predicted for it / for its own step there
         self._vouched = True  # the surrogate did not predict the last epoch's increase worse than sync's model
         self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
         self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
@@ -87,8 +86,7 @@ class StatsServer(FederatedServer):
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
         self._held, self._hold_start = [], 0.0  # slow sites whose first request waits for the others' surrogate
         self._short = False  # the last surrogate step was shorter than secant_reach, with room to go farther
-        self._final: Augmented | None = None  # the final pass's request (a stop before any accepted point)
-        self._final_reason: str | None = None
+        self._final, self._final_reason = None, None  # the final pass's request and reason (a stop before any point)
         self._pilot: Pilot | None = None  # the pilot start's rounds (pilot.py), once the φ₀ passes are done
 
     @property
@@ -199,8 +197,7 @@ class StatsServer(FederatedServer):
 
     # --- the loop -------------------------------------------------------------------------------------
     def _begin_loop(self, now: float, estimated=None) -> None:
-        """φ₀ (init.initial_params, `start` overriding), the box for u, then the pilot (pilot.py; large sites only)
-        and the first epoch."""
+        """φ₀ (init.initial_params, `start` overriding), the box for u, then the pilot (pilot.py), the first epoch."""
         values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
         self.bounds = self._user_bounds or default_bounds(self._s2, self._diameter)
         params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
@@ -295,7 +292,8 @@ class StatsServer(FederatedServer):
         u = self._epoch.params.u
         here = self._exact_profile(u)
         surrogate, self._surrogate_epoch = self._surrogate_epoch, False
-        anchor = None if self._anchor is None else self._anchor[0].loglik
+        before = None if self._anchor is None else self._anchor[0]  # the last exact point (newton_settled)
+        anchor = None if before is None else before.loglik
         worse = anchor is not None and (here is None or here.loglik < anchor - 1e-12 * abs(here.loglik))
         if anchor is not None and surrogate and not worse and self._epoch_pred > self.policy.loglik_tol:
             # short of 0.75 of its promise it misled (one strike); kept if it gained 0.75 of sync's prediction (a very
@@ -330,8 +328,10 @@ class StatsServer(FederatedServer):
         if new is not None and base.gamma.size:
             dgamma = float(np.max(np.abs(new.gamma - base.gamma)) / max(np.max(np.abs(base.gamma)), 1e-300))
         self.iterations = self.t + 1
-        if max(float(np.max(np.abs(step.p))), dgamma) <= self.config.tol and step.predicted <= self.policy.loglik_tol:
-            self._finish(base, "tol", now)
+        newton = None if worse else newton_length(step, base.hess, self._radius, self.policy.eig_floor)
+        end = stop_point(base, new, step, dgamma, before, newton, self.config.tol, self.policy.loglik_tol)
+        if end is not None:
+            self._finish(end, "tol", now)
             return
         probe = self._boundary.step(base, step, lower, upper)
         if probe is not None:
@@ -450,8 +450,7 @@ class StatsServer(FederatedServer):
             return None
 
     def _set_params(self, pr: Profile) -> None:
-        self.params = Params(mu=pr.mu, Sigma=pr.Sigma, gamma=pr.gamma, delta=float(np.exp(pr.u[0])),
-                             sigma2=float(np.exp(pr.u[1])), beta=float(np.exp(pr.u[2])))
+        self.params = Params(pr.mu, pr.Sigma, pr.gamma, *(float(v) for v in np.exp(pr.u)))  # (δ, σ², β) = e^u
 
     # --- the end --------------------------------------------------------------------------------------
     def _stop(self, reason: str, now: float) -> None:

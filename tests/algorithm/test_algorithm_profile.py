@@ -443,3 +443,51 @@ def test_newton_decrement_is_the_gap_to_the_top_of_a_quadratic_and_sees_the_box_
     flat = Profile(u=np.zeros(3), loglik=0.0, grad=np.array([0.0, 1.0, 0.0]), hess=-np.diag([4.0, 0.0, 4.0]),
                    mu=np.zeros(0), Sigma=np.zeros((0, 0)), gamma=np.zeros(0), n_obs=1)
     assert newton_decrement(flat, *BOX, floor=0.5) == pytest.approx(0.25, rel=1e-12)
+
+
+def test_only_an_interior_newton_step_counts_toward_the_predicted_stop():
+    from spatialfed.algorithm.profile import newton_length, trust_region_step
+
+    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
+    hess, grad = -np.diag([1.0, 2.0, 4.0]), np.array([0.01, -0.02, 0.04])
+    newton = trust_region_step(np.zeros(3), grad, hess, 1.0, lower, upper)
+    assert newton_length(newton, hess, 1.0, 1e-12) == pytest.approx(0.01)  # −H⁻¹g
+    cut = trust_region_step(np.zeros(3), grad, hess, 0.005, lower, upper)
+    assert newton_length(cut, hess, 0.005, 1e-12) is None  # shortened by the radius: not Newton's step
+    boxed = trust_region_step(np.zeros(3), grad, hess, 1.0, lower, np.array([10.0, 10.0, 0.001]))
+    assert newton_length(boxed, hess, 1.0, 1e-12) is None  # on a bound
+    assert newton_length(newton, np.diag([1.0, -2.0, -4.0]), 1.0, 1e-12) is None  # −H indefinite
+
+
+@pytest.mark.parametrize("jump", [False, True])
+def test_the_predicted_next_newton_step_matches_the_one_taken(jump):
+    """ℓ(u) = −Σ (e^{u−a} − (u − a)) (third derivatives ≠ 0): newton_settled's bound on the next step Newton takes
+    holds and is within a factor 2 of it — from consecutive Newton points, or from a point reached otherwise (`jump`,
+    as the asynchronous surrogate's) — so it declares the fit settled only where that step is within tol."""
+    from spatialfed.algorithm.profile import newton_settled, trust_region_step
+
+    a = np.array([0.3, -0.2, 0.5])
+    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
+
+    def at(u):
+        e = np.exp(u - a)
+        return Profile(u=u, loglik=float(-np.sum(e - (u - a))), grad=1.0 - e, hess=-np.diag(e), mu=np.zeros(1),
+                       Sigma=np.eye(1), gamma=np.zeros(1), n_obs=1)
+
+    def newton(pr):
+        return trust_region_step(pr.u, pr.grad, pr.hess, 10.0, lower, upper)
+
+    points = [at(a + np.array([0.4, -0.3, 0.2]))] + ([at(a + np.array([0.05, 0.08, -0.06]))] if jump else [])
+    checked = 0
+    while len(points) < 5:
+        if len(points) == 1:
+            points.append(at(points[0].u + newton(points[0]).p))
+        before, base = points[-2], points[-1]
+        step = newton(base)
+        following = float(np.max(np.abs(newton(at(base.u + step.p)).p)))  # the step the skipped round would take
+        if following > 1e-12:
+            assert newton_settled(before, base, step, 0.0, 2.0 * following, np.inf)
+            assert not newton_settled(before, base, step, 0.0, 0.5 * following, np.inf)
+            checked += 1
+        points.append(at(base.u + step.p))
+    assert checked >= 2

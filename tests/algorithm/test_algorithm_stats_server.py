@@ -519,3 +519,24 @@ def test_async_without_a_free_processor_asks_only_the_synchronous_points(problem
     assert shared.loglik == pytest.approx(sync.loglik, abs=1e-9)
     assert shared.t == sync.t  # and no surrogate step took the server's share of the cores (each adds to t)
     assert len(fit_recorded(problem, slowdowns).requests) > len(asked)  # with free processors it explores
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_round_that_quadratic_convergence_predicts_to_stop_is_skipped(problem, reference, monkeypatch, mode):
+    """Two pure Newton steps in a row predict the next (newton_settled): when it meets the stop rule the fit ends at
+    u + p without asking the sites there, one round trip earlier, at the same optimum with ℓ of the model there."""
+    from spatialfed.algorithm import profile
+
+    models, knots, kernel, residual = problem
+    slow = SLOW if mode == "async" else "balanced"
+    skipping = fit(problem, mode, slowdowns=slow)
+    monkeypatch.setattr(profile, "newton_settled", lambda *args: False)
+    confirming = fit(problem, mode, slowdowns=slow)
+    assert skipping.converged and confirming.converged
+    assert skipping.epochs <= confirming.epochs - (1 if mode == "sync" else 0)
+    assert skipping.time_s < confirming.time_s or mode == "async"
+    u = np.log([skipping.params.delta, skipping.params.sigma2, skipping.params.beta])
+    assert np.max(np.abs(u - np.log(reference[1]))) <= FitConfig().tol  # within the fit's tolerance of the maximiser
+    parts = [(lm.locs, lm.z, lm.X) for lm in models]
+    exact = lowrank_loglik(parts, knots, kernel, residual, skipping.params.gamma, *np.exp(u))
+    assert skipping.loglik == pytest.approx(exact, rel=1e-10)  # the second-order model's ℓ at u + p is exact there
