@@ -308,6 +308,11 @@ def newton_length(step: Step, hess, radius: float, floor: float) -> float | None
     return float(np.max(np.abs(step.p)))
 
 
+#: the smallest tol a predicted stop may claim: steps below √ε (double precision) are not resolved by steps computed
+#: from sums of n_j-term statistics, so only a round can show them (tol 1e-12 runs to max_iter, as it always did)
+RESOLVED = float(np.sqrt(np.finfo(float).eps))
+
+
 def newton_settled(before: Profile | None, base: Profile, step: Step, dgamma: float, tol: float,
                    loglik_tol: float) -> bool:
     """Whether the round at base.u + p (p the pure Newton step from base) may be skipped. Newton's error bound
@@ -315,7 +320,7 @@ def newton_settled(before: Profile | None, base: Profile, step: Step, dgamma: fl
     between the last two exact points, L ≈ ‖H − H_before‖/‖u − u_before‖, predicts the next step; its γ change and
     ℓ gain shrink with it (linearly, quadratically). When these meet the stop rule, base.u + p is where that round
     would stop (docs/algorithm.md, "Stopping"). Norms are spectral and Euclidean."""
-    if before is None or before.hess is None or base.hess is None:
+    if before is None or before.hess is None or base.hess is None or tol < RESOLVED:
         return False
     moved = float(np.linalg.norm(np.asarray(base.u, dtype=float) - before.u))
     if moved == 0.0:

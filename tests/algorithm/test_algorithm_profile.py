@@ -464,7 +464,7 @@ def test_the_predicted_next_newton_step_matches_the_one_taken(jump):
     """ℓ(u) = −Σ (e^{u−a} − (u − a)) (third derivatives ≠ 0): newton_settled's bound on the next step Newton takes
     holds and is within a factor 2 of it — from consecutive Newton points, or from a point reached otherwise (`jump`,
     as the asynchronous surrogate's) — so it declares the fit settled only where that step is within tol."""
-    from spatialfed.algorithm.profile import newton_settled, trust_region_step
+    from spatialfed.algorithm.profile import RESOLVED, newton_settled, trust_region_step
 
     a = np.array([0.3, -0.2, 0.5])
     lower, upper = np.full(3, -10.0), np.full(3, 10.0)
@@ -485,9 +485,11 @@ def test_the_predicted_next_newton_step_matches_the_one_taken(jump):
         before, base = points[-2], points[-1]
         step = newton(base)
         following = float(np.max(np.abs(newton(at(base.u + step.p)).p)))  # the step the skipped round would take
-        if following > 1e-12:
+        if 2.0 * following >= RESOLVED:
             assert newton_settled(before, base, step, 0.0, 2.0 * following, np.inf)
             assert not newton_settled(before, base, step, 0.0, 0.5 * following, np.inf)
             checked += 1
+        # below √ε only a round can show a step: tol 1e-12 is never claimed from the bound
+        assert not newton_settled(before, base, step, 0.0, 0.5 * RESOLVED, np.inf)
         points.append(at(base.u + step.p))
     assert checked >= 2
