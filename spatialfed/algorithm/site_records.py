@@ -31,7 +31,7 @@ class SiteRecords:
     it answered, the point every site shares}; rounds {u key: summed exact statistics of the sites that answered at
     that u, and which} (stale.remember); refine {site: its answers near its u_j so far}; earlier {site: its two
     answers before its latest}; secant {site: its latest statistics with third derivatives from those
-    (stale.secant)}.
+    (stale.secant), or None, once asked for}.
     """
 
     def __init__(self, policy: StatsPolicy):
@@ -51,7 +51,7 @@ class SiteRecords:
         if epoch:
             self.epoch[j] = self.stats[j]
         self.refined(j)
-        self._secant_model(j, previous)
+        self._keep_earlier(j, previous)
         stale.remember(self.rounds, self.stats, j, list(live) + self._epoch_points())
 
     def refined(self, j: int, nearby: dict | None = None) -> bool:
@@ -76,18 +76,24 @@ class SiteRecords:
         self.refine[j] = kept
         return nearby is not None
 
-    def _secant_model(self, j: int, previous: dict | None) -> None:
-        """Site j's latest statistics with third derivatives from its two answers before, if within secant_reach
-        (stale.secant); kept apart from its statistics, so a site with a secant model still refines."""
+    def _keep_earlier(self, j: int, previous: dict | None) -> None:
+        """Site j's two answers before its latest (its secant model is computed again when next asked for)."""
         earlier = self.earlier.setdefault(j, [])
         if previous is not None:
             earlier.append({key: value for key, value in previous.items() if key not in THIRD})
             del earlier[:-2]
         self.secant.pop(j, None)
-        st = self.stats[j]
-        near = [x for x in earlier if 1e-4 <= distance(x["u"], st["u"]) <= self.policy.secant_reach]
-        if len(near) == 2 and "d3S" not in st:
-            self.secant[j] = {**stale.secant(st, near), "t": st["t"]}
+
+    def secant_model(self, j: int) -> dict | None:
+        """Site j's latest statistics with third derivatives from its two answers before, if within secant_reach
+        (stale.secant; None otherwise); kept apart from its statistics, so a site with a secant model still refines.
+        Computed when first asked for: only the asynchronous surrogate uses it."""
+        if j not in self.secant:
+            st = self.stats[j]
+            near = [x for x in self.earlier.get(j, [])
+                    if 1e-4 <= distance(x["u"], st["u"]) <= self.policy.secant_reach]
+            self.secant[j] = {**stale.secant(st, near), "t": st["t"]} if len(near) == 2 and "d3S" not in st else None
+        return self.secant[j]
 
     def refine_point(self, j: int, bounds) -> np.ndarray | None:
         """The next point near site j's u_j at which an answer refines its model (None: refined, or nothing left)."""
@@ -104,7 +110,8 @@ class SiteRecords:
 
     def surrogate(self, u_at, active, n_obs: int, t: int, radius: float) -> Surrogate | None:
         """The surrogate at u_at (Surrogate: u ↦ summed statistics, the largest move allowed, its staleness in
-        iterations, the sites used, and those sites again when all answered at u_at) or None while the usable sites hold less than min_coverage of the observations.
+        iterations, the sites used, and those sites again when all answered at u_at) or None while the usable sites
+        hold less than min_coverage of the observations.
 
         Sites within taylor_radius of u_at enter through their models (stale.site_models: a secant model where no
         refined one exists); the others are stood in for by the used ones scaled by N / Σ n_j used. The move is
@@ -145,7 +152,8 @@ class SiteRecords:
         models = {}
         for j, st in self.stats.items():
             if j in active:
-                latest = self.secant[j] if j in self.secant and "d3S" not in st else st
+                secant = None if "d3S" in st else self.secant_model(j)
+                latest = st if secant is None else secant
                 at_epoch = self.epoch.get(j)
                 models[j] = (at_epoch if at_epoch is not None and distance(u, at_epoch["u"]) < distance(u, st["u"])
                              else latest)

@@ -330,10 +330,11 @@ def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
     secants = []
 
     class Kept(SiteRecords):
-        def _secant_model(self, j, previous):
-            super()._secant_model(j, previous)
-            if j in self.secant:
-                secants.append((self.secant[j], [x["u"] for x in self.earlier[j]]))
+        def secant_model(self, j):
+            model = super().secant_model(j)
+            if model is not None:
+                secants.append((model, [x["u"] for x in self.earlier[j]]))
+            return model
 
     models, knots, kernel, _ = problem
     server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
