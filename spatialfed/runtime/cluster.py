@@ -187,7 +187,7 @@ def local_cluster(n_workers: int | None = None, *, memory_limit="auto", silence_
             **({} if security is None else {"protocol": "tls", "security": security}),
         )
     try:
-        client = Client(cluster, **({} if security is None else {"security": security}))
+        client = Client(cluster, direct_to_workers=True, **({} if security is None else {"security": security}))
     except BaseException:
         cluster.close()
         raise
@@ -355,7 +355,7 @@ def jobqueue_cluster(
     try:
         if jobs:
             cluster.scale(jobs=int(jobs))
-        client = Client(cluster, **({} if security is None else {"security": security}))
+        client = Client(cluster, direct_to_workers=True, **({} if security is None else {"security": security}))
         if wait_for_workers:
             client.wait_for_workers(1, timeout=wait_for_workers)
     except BaseException:
