@@ -33,6 +33,7 @@ from scipy import linalg
 from scipy.linalg import blas, lapack
 
 from spatialfed.model.basis import residual_covariance
+from spatialfed.outputs import nearest
 
 #: exchange points lie on a grid of this many sampling spacings: dense enough to tie each boundary every few points
 GRID = 2.0
@@ -140,20 +141,17 @@ def solve_exchange(U: np.ndarray, anchors: dict, posteriors: dict, model) -> Exc
     )
 
 
-def build(workers, model, spacing: float) -> Exchange | None:
-    """One exchange round before the prediction batches: the server places U (each site answers its distances at
-    grid points), every site its posterior at its own points; None when no two sites share a boundary."""
+def build(workers, model, spacing: float, boxes: np.ndarray) -> Exchange | None:
+    """One exchange round before the prediction batches: the server places U (the sites whose bounding box,
+    `boxes`, is within SLACK of a grid point's nearest data answer their distances there:
+    nearest.nearest_distances), every site its posterior at its own points; None when no two sites share a
+    boundary."""
     J = workers.n_workers
     if J < 2:
         return None
-    bounds = workers.call("bounds", {j: () for j in range(J)})
-    bounds = np.array([bounds[j] for j in range(J)], dtype=float)
-
-    def nearest(points):
-        d = workers.call("nearest_distance", {j: (points,) for j in range(J)})
-        return np.array([d[j] for j in range(J)])
-
-    U, pairs = boundary_points(bounds, nearest, spacing, model.kernel.range_from_beta(model.params.beta))
+    U, pairs = boundary_points(boxes, lambda points: nearest.nearest_distances(workers, points, boxes,
+                                                                               SLACK * spacing),
+                               spacing, model.kernel.range_from_beta(model.params.beta))
     anchors = site_points(pairs, J)
     if not anchors:
         return None

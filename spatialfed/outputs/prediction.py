@@ -52,8 +52,7 @@ from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.model.vecchia_order import VECCHIA_K
-from spatialfed.outputs import exchange, metrics, seamless
-from spatialfed.outputs import tables
+from spatialfed.outputs import exchange, metrics, nearest, seamless, tables
 from spatialfed.outputs.results import check_same_store, load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
@@ -161,8 +160,11 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
 # --------------------------------------------------------------------------------------------------------------
 
 
-def owners_of(workers, locs0) -> np.ndarray:
-    """Owner of each s₀: the worker reporting the nearest observation (assign_owners)."""
+def owners_of(workers, locs0, boxes: np.ndarray | None = None) -> np.ndarray:
+    """Owner of each s₀: the worker reporting the nearest observation (assign_owners), asking only the sites whose
+    data's bounding box can hold it when `boxes` are given (nearest.nearest_distances)."""
+    if boxes is not None:
+        return assign_owners(nearest.nearest_distances(workers, locs0, boxes, 0.0))
     d = workers.call("nearest_distance", {j: (locs0,) for j in range(workers.n_workers)})
     return assign_owners([d[j] for j in range(workers.n_workers)])
 
@@ -233,12 +235,12 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
         return
     # the seamless band: one number per site, asked once (pp has no residual part and mpp's is uncorrelated between
     # distinct locations, a surface without seams: nothing to blend)
-    band = None
+    band, boxes = None, None if predictor == "personal" else nearest.site_boxes(workers)
     if predictor == "seamless" and model.residual not in ("pp", "mpp"):
         spacing = seamless.sampling_spacing(workers)
-        band = (seamless.BAND * spacing, exchange.build(workers, model, spacing))
+        band = (seamless.BAND * spacing, exchange.build(workers, model, spacing, boxes), boxes)
     for i in range(0, len(locs0), batch):
-        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, band)
+        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, band, boxes)
 
 
 def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream=None):
@@ -260,18 +262,19 @@ def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamles
                chunk: int | None = None, *, progress: bool = False) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
 
-    Locations go to the workers `chunk` at a time (`predict_batches`; default CHUNK), which bounds the batch × n_j
-    cross-covariances a worker builds; the results are the same for every batch size (to rounding). `progress`
-    shows a tqdm bar with its ETA."""
+    Locations go to the workers `chunk` at a time (`predict_batches`; default CHUNK) in `nearest.spatial_order`, so
+    a batch needs the sites of one area; the results are the same for every batch size and order (to rounding).
+    `progress` shows a tqdm bar with its ETA."""
     locs0, X0 = _check_targets(model, locs0, X0)
+    order = nearest.spatial_order(locs0)
     out = {key: np.empty(len(locs0)) for key in ("mean", "sd", "sd_latent")}
     out["owner"] = np.empty(len(locs0), dtype=np.int64)
     bar = progress_bar(len(locs0), progress)
     try:
-        for i, part in predict_batches(workers, model, locs0, X0, predictor, worker, chunk or CHUNK):
+        for i, part in predict_batches(workers, model, locs0[order], X0[order], predictor, worker, chunk or CHUNK):
             k = len(part["mean"])
             for key in out:
-                out[key][i:i + k] = part[key]
+                out[key][order[i:i + k]] = part[key]
             if bar is not None:
                 bar.update(k)
     finally:
@@ -281,13 +284,13 @@ def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamles
 
 
 def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worker: int | None,
-                   band: tuple | None = None) -> dict:
-    """predict_at for one block of locations (seamless with `band` = (its half-width, its boundary exchange),
-    lowrank, independent or personal)."""
+                   band: tuple | None = None, boxes: np.ndarray | None = None) -> dict:
+    """predict_at for one block of locations (seamless with `band` = (its half-width, its boundary exchange, the
+    sites' boxes), lowrank, independent or personal)."""
     if band is not None:
         return seamless.predict_block(workers, model, locs0, X0, *band)
     par = model.params
-    owners = np.full(len(locs0), int(worker)) if predictor == "personal" else owners_of(workers, locs0)
+    owners = np.full(len(locs0), int(worker)) if predictor == "personal" else owners_of(workers, locs0, boxes)
     groups = _groups(owners)
     if predictor in ("lowrank", "seamless"):
         owned = {}

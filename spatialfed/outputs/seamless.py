@@ -31,7 +31,7 @@ import numpy as np
 
 from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, lowrank_prior
-from spatialfed.outputs import exchange
+from spatialfed.outputs import exchange, nearest
 
 #: band half-width h in sampling spacings (docs/maps.md, "Seamless prediction")
 BAND = 3.0
@@ -89,12 +89,15 @@ def combine_blend(locs0, X0, params: Params, knots, kernel, weights: np.ndarray,
     return {"mean": mean, "sd_latent": np.sqrt(var), "sd": np.sqrt(var + 1.0 / params.delta)}
 
 
-def predict_block(workers, model, locs0, X0, h: float, ex: exchange.Exchange | None = None) -> dict:
-    """{"mean", "sd", "sd_latent", "owner"} of the seamless predictor at one block of locations: one round of
-    distances, then one round of residual kriging by every site with a location in its band, each part tied to the
-    boundary exchange `ex` when given (outputs/exchange.py)."""
-    d = workers.call("nearest_distance", {j: (locs0,) for j in range(workers.n_workers)})
-    d = np.array([d[j] for j in range(workers.n_workers)])
+def predict_block(workers, model, locs0, X0, h: float, ex: exchange.Exchange | None = None,
+                  boxes: np.ndarray | None = None) -> dict:
+    """{"mean", "sd", "sd_latent", "owner"} of the seamless predictor at one block of locations: the sites'
+    distances (asked only where a site's bounding box is within h of the nearest data when `boxes` are given:
+    nearest.nearest_distances), then one round of residual kriging by every site with a location in its band, each
+    part tied to the boundary exchange `ex` when given (outputs/exchange.py)."""
+    if boxes is None:
+        boxes = nearest.site_boxes(workers)
+    d = nearest.nearest_distances(workers, locs0, boxes, h)
     owners = assign_owners(d)
     weights = blend_weights(d, h)
     asked = {j: np.flatnonzero(weights[j] > 0) for j in range(workers.n_workers)}

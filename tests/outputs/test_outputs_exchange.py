@@ -138,7 +138,7 @@ def test_one_site_has_no_exchange():
     class One:
         n_workers = 1
 
-    assert exchange.build(One(), model, 0.08) is None
+    assert exchange.build(One(), model, 0.08, np.zeros((1, 4))) is None
     with pytest.raises(ValueError, match="correlated residual"):
         LocalModel(models[0].locs, models[0].z, models[0].X, model.knots, model.kernel,
                    residual="mpp").anchor_posterior(models[0].locs[:3], model.params)
