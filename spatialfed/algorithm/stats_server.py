@@ -28,8 +28,8 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
-                                          maximise, newton_decrement, profile_loglik, taylor_statistics,
-                                          trust_region_step, updated_radius, newton_length, stop_point)
+                                          maximise, newton_decrement, newton_length, profile_loglik, stop_point,
+                                          taylor_statistics, trust_region_step, updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
@@ -467,7 +467,7 @@ class StatsServer(FederatedServer):
             self._progress(now)
 
     def _finish(self, pr: Profile, reason: str, now: float) -> None:
-        """Report the exact estimate and ℓ_LR at pr (the "final" trace row) and stop."""
+        """Report the estimate and ℓ_LR at pr (the "final" trace row; exact, or within O(‖p‖³): stop_point), stop."""
         self._set_params(pr)
         self.boundary = at_bound(pr.u, *self.bounds)
         self.loglik = pr.loglik
