@@ -21,8 +21,9 @@ from spatialfed.api import FederatedGP
 from spatialfed.data.simulate import simulate_store
 from test_faults import CLUSTER_S, SubprocessCluster
 
-#: sync, long enough (tol never reached) that the kill lands mid-fit, after the first periodic checkpoint (t = 10)
-FLAGS = ["--mode", "sync", "--knots", "9", "--max-iter", "40", "--tol", "1e-12", "--quiet"]
+#: sync, long enough (tol never reached) that the kill lands mid-fit, after the first periodic checkpoint (t = 10):
+#: the paper preset's block steps keep moving at 1e-12 (the stats preset's Newton steps reach it before t = 10)
+FLAGS = ["--mode", "sync", "--preset", "paper", "--knots", "9", "--max-iter", "40", "--tol", "1e-12", "--quiet"]
 
 
 def _spatialfed(*args):
@@ -44,7 +45,7 @@ def _cluster(path):
 def test_a_cli_fit_that_loses_its_cluster_says_how_to_resume_and_resumes(victim, tmp_path):
     store = tmp_path / "s.zarr"
     simulate_store(store, 3, 40, test_size=0, seed=11)
-    reference = FederatedGP(mode="sync", knots=9, max_iter=40, tol=1e-12, progress=False,
+    reference = FederatedGP(mode="sync", preset="paper", knots=9, max_iter=40, tol=1e-12, progress=False,
                             runtime="simulated").fit(store)
     out = tmp_path / "run 1"  # a space: the command in the message must be quoted to be runnable as printed
     ck = out / "checkpoint.pkl"
