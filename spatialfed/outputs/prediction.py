@@ -160,13 +160,10 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
 # --------------------------------------------------------------------------------------------------------------
 
 
-def owners_of(workers, locs0, boxes: np.ndarray | None = None) -> np.ndarray:
+def owners_of(workers, locs0, boxes: np.ndarray) -> np.ndarray:
     """Owner of each s₀: the worker reporting the nearest observation (assign_owners), asking only the sites whose
-    data's bounding box can hold it when `boxes` are given (nearest.nearest_distances)."""
-    if boxes is not None:
-        return assign_owners(nearest.nearest_distances(workers, locs0, boxes, 0.0))
-    d = workers.call("nearest_distance", {j: (locs0,) for j in range(workers.n_workers)})
-    return assign_owners([d[j] for j in range(workers.n_workers)])
+    data's bounding box `boxes` can hold it (nearest.nearest_distances)."""
+    return assign_owners(nearest.nearest_distances(workers, locs0, boxes, 0.0))
 
 
 def _groups(owners: np.ndarray) -> dict:
