@@ -3,18 +3,22 @@
 Rule, in order:
 1. γ₀ = OLS from the pooled moments Σ_j X_jᵀX_j, Σ_j X_jᵀz_j; residual variance s² = (Σ zᵀz − γ₀ᵀ Σ Xᵀz) / (N − p).
 2. Empirical semivariogram of the OLS residuals, pooled over workers from pairs *within* each worker, in
-   `N_BINS` equal distance bins on (0, D/2], D the diameter of the knots' bounding box (the knots span the domain);
-   with no knots (the independence model, m = 0), the largest diameter of the workers' own bounding boxes.
+   `N_BINS` equal distance bins on (0, ½ min(D, E)]: D the diameter of the knots' bounding box (the knots span the
+   domain; with no knots, m = 0, the largest diameter of the workers' own bounding boxes), E the median diameter of
+   the workers' bounding boxes. Pairs lie within a worker, so lags beyond its extent hold none: bins sized to the
+   domain would put every pair of small area sites in the first few bins, and the nugget and the short-range
+   slope, which most sites can show, would not be resolved.
    A worker with more than `LocalModel.VARIOGRAM_MAX_POINTS` (2,000) points bins the pairs of a seeded uniform
    subsample of that many points (LocalModel.variogram): every pair is kept with the same probability, so each bin's
    mean stays unbiased, and the pass costs O(n_j) + O(2,000²) whatever n_j is. Only binned sums and counts are sent.
 3. Weighted least squares (Cressie 1985) of the Matérn semivariogram
    γ(h) = τ² + σ²(1 − ρ(h; β)) over (τ², σ², β): minimise Σ_k N_k (γ̂_k / γ(h_k) − 1)², h_k the bin midpoints,
    N_k the pair counts, in log-parameters from several starting ranges.
-4. τ² and σ² are each clipped into [0.05·s², 2·s²], so neither the noise nor the spatial variance starts at a
-   degenerate boundary; δ₀ = 1/τ², and β is kept within [D/1000, 10·D].
-   Without usable pairs (fewer than 3 non-empty bins) the split is τ² = σ² = s²/2 and β = (D/4)/range-factor,
-   i.e. an effective range of a quarter of the domain.
+4. σ² is clipped into [0.05·s², 2·s²] and τ² into [0.05·γ̂₁, 2·s²], γ̂₁ the semivariance of the leading bins
+   (pooled until they hold MIN_PAIRS pairs), so neither the spatial variance nor the noise starts at a degenerate boundary: γ̂₁ = τ² + σ²(1 − ρ(h₁))
+   bounds the nugget from above, and how far below it the nugget lies only bins inside the range can tell (with
+   the first bin beyond the range, γ̂₁ is the sill and the floor 0.05·s², as for σ²). δ₀ = 1/τ², and β is kept
+   within [D/1000, 10·D].
 5. μ₀ = 0 and Σ₀ = K(σ², β): the prior of the knot process; Algorithm 1's synchronous pass then sets them.
 """
 
@@ -27,7 +31,10 @@ from spatialfed.model import blocks
 from spatialfed.model.params import Params
 
 N_BINS = 15
+#: the start's σ² lies in CLIP·s², its nugget τ² in [CLIP[0]·γ̂₁, CLIP[1]·s²] (step 4)
 CLIP = (0.05, 2.0)
+#: γ̂₁ pools the leading bins until they hold this many pairs: a bin mean's relative standard error is ≈ √(2/N_k)
+MIN_PAIRS = 32
 
 
 def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
@@ -64,14 +71,30 @@ def study_diameter(knots: np.ndarray, moments: list[dict]) -> float:
     return domain_diameter(knots) if len(knots) else max(float(mo["extent"]) for mo in moments)
 
 
-def variogram_edges(diameter: float, n_bins: int = N_BINS) -> np.ndarray:
-    """Equal distance bins on (0, D/2] (step 2)."""
-    return np.linspace(0.0, 0.5 * diameter, n_bins + 1)
+def variogram_cutoff(diameter: float, moments: list[dict]) -> float:
+    """½ min(D, E), E the workers' median bounding-box diameter: the largest lag of step 2's bins."""
+    extents = [float(mo["extent"]) for mo in moments if float(mo["extent"]) > 0]
+    return 0.5 * min(diameter, float(np.median(extents))) if extents else 0.5 * diameter
 
 
-def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kernel, s2: float):
-    """(τ², σ², β) by Cressie's weighted least squares on the pooled semivariogram (steps 3–4)."""
-    D = 2.0 * edges[-1]
+def variogram_edges(cutoff: float, n_bins: int = N_BINS) -> np.ndarray:
+    """Equal distance bins on (0, cutoff] (step 2)."""
+    return np.linspace(0.0, cutoff, n_bins + 1)
+
+
+def shortest_lag_semivariance(sum_sq: np.ndarray, count: np.ndarray) -> float:
+    """γ̂₁: the semivariance of the leading bins, pooled until they hold MIN_PAIRS pairs (step 4)."""
+    enough = np.cumsum(count) >= MIN_PAIRS
+    k = int(np.argmax(enough)) + 1 if enough.any() else len(count)
+    return float(np.sum(sum_sq[:k]) / max(np.sum(count[:k]), 1.0))
+
+
+def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kernel, s2: float,
+                  diameter: float | None = None):
+    """(τ², σ², β) by Cressie's weighted least squares on the pooled semivariogram (steps 3–4); β's bounds follow
+    the study diameter D (default 2·edges[-1]), the starting ranges the bins' span."""
+    span = 2.0 * edges[-1]
+    D = span if diameter is None else float(diameter)
     lo, hi = CLIP[0] * s2, CLIP[1] * s2
     ok = count > 0
     if np.count_nonzero(ok) < 3:
@@ -79,7 +102,9 @@ def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kern
     h = 0.5 * (edges[:-1] + edges[1:])[ok]
     gamma_hat = sum_sq[ok] / count[ok]
     n_k = count[ok]
-    log_bounds = [(np.log(lo), np.log(hi))] * 2 + [(np.log(D / 1000), np.log(10 * D))]
+    floor = min(max(CLIP[0] * shortest_lag_semivariance(sum_sq, count), 1e-6 * s2), hi)  # 1e-6·s²: default_bounds
+    log_bounds = [(np.log(floor), np.log(hi)), (np.log(lo), np.log(hi)),
+                  (np.log(D / 1000), np.log(10 * D))]
 
     def loss(v):
         tau2, sigma2, beta = np.exp(v)
@@ -87,12 +112,12 @@ def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kern
         return float(np.sum(n_k * (gamma_hat / model - 1.0) ** 2))
 
     fits = [
-        optimize.minimize(loss, np.log([0.5 * s2, 0.5 * s2, frac * D / kernel.effective_range_factor()]),
+        optimize.minimize(loss, np.log([0.5 * s2, 0.5 * s2, frac * span / kernel.effective_range_factor()]),
                           method="L-BFGS-B", bounds=log_bounds)
         for frac in (0.05, 0.2, 0.5)
     ]
     tau2, sigma2, beta = np.exp(min(fits, key=lambda r: r.fun).x)
-    return float(np.clip(tau2, lo, hi)), float(np.clip(sigma2, lo, hi)), float(beta)
+    return float(np.clip(tau2, floor, hi)), float(np.clip(sigma2, lo, hi)), float(beta)
 
 
 def initial_params(gamma, delta, sigma2, beta, knots, kernel) -> Params:

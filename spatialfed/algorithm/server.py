@@ -52,7 +52,7 @@ _SNAPSHOT_STATE = {
     "Q": "_Q", "counters": "_num", "collected": "_collected", "grad_norm": "_grad_norm",
     "loglik_estimate": "_loglik_estimate", "end_of_last_iteration": "_end_of_last_iteration",
     "small_changes": "_small_changes", "ols_gamma": "_ols_gamma", "s2": "_s2", "diameter": "_diameter",
-    "time_s": "_last_now", "active": "active", "dropped": "dropped", "n_j": "_n_j",
+    "cutoff": "_cutoff", "time_s": "_last_now", "active": "active", "dropped": "dropped", "n_j": "_n_j",
     "arrivals": "_arrivals", "discarded": "discarded", "accountant": "_accountant",
 }
 
@@ -90,7 +90,7 @@ class FederatedServer(ServerState):
         self._step = 0  # index of the current step in STEPS
         self._end_of_last_iteration: Params | None = None
         self._small_changes = 0
-        self._ols_gamma = self._s2 = self._diameter = None
+        self._ols_gamma = self._s2 = self._diameter = self._cutoff = None
         self.phase = Phase.MOMENTS
         self._publish(Augmented(None, 0, "moments"))
 
@@ -185,6 +185,8 @@ class FederatedServer(ServerState):
         version = snap.get("format")
         if version != SNAPSHOT_FORMAT:
             raise ValueError(f"snapshot format {version!r} is not supported (this version reads {SNAPSHOT_FORMAT})")
+        if snap.get("diameter") is not None:  # written before the variogram's bins followed the sites' extents
+            snap.setdefault("cutoff", 0.5 * snap["diameter"])
         missing = sorted((set(_SNAPSHOT_STATE) | {"config", "buffers", "history"}) - set(snap))
         if missing:
             raise ValueError(f"snapshot is missing {missing}")
@@ -423,17 +425,18 @@ class FederatedServer(ServerState):
         self._n_j = {j: int(xi["n"]) for j, xi in zip(self.active, xis)}
         self._ols_gamma, self._s2, self.n_obs = init.pooled_ols(xis)
         self._diameter = init.study_diameter(self.knots, xis)
+        self._cutoff = init.variogram_cutoff(self._diameter, xis)
         if all(key in self.start for key in ("delta", "sigma2", "beta")):
             self._begin_loop(now)
         else:
-            edges = init.variogram_edges(self._diameter)
+            edges = init.variogram_edges(self._cutoff)
             self._begin_synchronous("variogram", Augmented(None, 0, "variogram",
                                                            {"gamma": self._ols_gamma, "edges": edges}))
 
     def _after_variogram(self, xis, now) -> None:
         sums = aggregate(xis, uniform_weights(len(xis)))
-        tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self._diameter),
-                                                self.kernel, self._s2)
+        tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self._cutoff),
+                                                self.kernel, self._s2, self._diameter)
         self._begin_loop(now, {"delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta})
 
     def _begin_loop(self, now: float, estimated: Mapping | None = None) -> None:

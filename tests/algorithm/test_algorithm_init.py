@@ -15,9 +15,11 @@ from spatialfed.runtime.virtual import run_virtual
 
 def all_pairs_phi0(parts, knots, kernel):
     """(δ₀, σ²₀, β₀, γ₀) by init.py's rule from the dense O(n_j²) variogram of every within-worker pair."""
-    moments = [{"XtX": X.T @ X, "Xtz": X.T @ z, "ztz": z @ z, "n": len(z)} for _, z, X in parts]
+    moments = [{"XtX": X.T @ X, "Xtz": X.T @ z, "ztz": z @ z, "n": len(z),
+                "extent": float(np.hypot(*np.ptp(locs, axis=0)))} for locs, z, X in parts]
     gamma, s2, _ = init.pooled_ols(moments)
-    edges = init.variogram_edges(init.domain_diameter(knots))
+    D = init.domain_diameter(knots)
+    edges = init.variogram_edges(init.variogram_cutoff(D, moments))
     sum_sq, count = np.zeros(edges.size - 1), np.zeros(edges.size - 1)
     for locs, z, X in parts:
         e = z - X @ gamma
@@ -26,7 +28,7 @@ def all_pairs_phi0(parts, knots, kernel):
         ok = idx < edges.size - 1
         sum_sq += np.bincount(idx[ok], weights=0.5 * (e[iu[0]] - e[iu[1]])[ok] ** 2, minlength=edges.size - 1)
         count += np.bincount(idx[ok], minlength=edges.size - 1)
-    tau2, sigma2, beta = init.fit_variogram(sum_sq, count, edges, kernel, s2)
+    tau2, sigma2, beta = init.fit_variogram(sum_sq, count, edges, kernel, s2, D)
     return 1.0 / tau2, sigma2, beta, gamma
 
 
@@ -43,6 +45,48 @@ def test_server_start_equals_the_all_pairs_rule_on_small_workers():
     np.testing.assert_allclose(row["gamma"], gamma, rtol=1e-10)
 
 
+def test_variogram_bins_span_the_sites_extent():
+    """The bins end at ½ min(D, median site extent): area sites resolve the lags they hold, interleaved sites keep
+    ½D; sites of one point (extent 0) do not count, and without any extent the bins span ½D."""
+    area = [{"extent": e} for e in (0.2, 0.3, 0.25, 5.0)]
+    assert init.variogram_cutoff(1.4, area) == pytest.approx(0.5 * 0.275)
+    assert init.variogram_cutoff(1.4, [{"extent": 1.3}, {"extent": 1.5}, {"extent": 1.6}]) == pytest.approx(0.7)
+    assert init.variogram_cutoff(1.4, [{"extent": 0.0}, {"extent": 0.3}]) == pytest.approx(0.15)
+    assert init.variogram_cutoff(1.4, [{"extent": 0.0}]) == pytest.approx(0.7)
+    np.testing.assert_allclose(init.variogram_edges(0.3, 3), [0.0, 0.1, 0.2, 0.3])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_start_resolves_a_small_nugget_on_area_sites(seed):
+    """16 area sites of 200 points, τ² = 0.01 (δ = 100) under σ² = 1: bins over the sites' lags see the nugget, so
+    δ₀ ≥ 25 (within 4× of the truth; ≈ 32–49 measured). Bins over the domain put every pair in the first few
+    (δ₀ 14–22), and a floor of 0.05·s² caps δ₀ at 1/(0.05·s²) ≈ 17."""
+    from spatialfed.data.simulate import simulate
+
+    kernel, knots = Matern(0.5), grid_knots(8, 0.05, 0.95)
+    sim = simulate(16, 200, beta=0.2, noise_sd=0.1, partition="area", seed=seed)
+    models = [LocalModel(sim.locs[sim.labels == j], sim.z[sim.labels == j], sim.X[sim.labels == j], knots, kernel,
+                         "full") for j in range(16)]
+    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=1))
+    row = server.trace[0]
+    assert row["step"] == "init" and 25.0 <= row["delta"] <= 400.0, row["delta"]
+
+
+def test_nugget_floor_follows_the_first_bin():
+    """Exact semivariograms, first bin's midpoint 1/30: a nugget of 2 % of the sill under a range of 0.3 (γ̂₁ =
+    0.125) is recovered, where a floor of 0.05·s² would hold it at 0.051; a nugget of 10⁻⁴ under β = 0.1 (γ̂₁ =
+    0.28) is below what the bins resolve, and the start keeps it at 0.05·γ̂₁ instead of near 0."""
+    kernel = Matern(0.5)
+    edges = init.variogram_edges(1.0)
+    h = 0.5 * (edges[:-1] + edges[1:])
+    count = np.full(h.size, 100.0)
+    for tau2, beta, floor_binds in ((0.02, 0.3, False), (1e-4, 0.1, True)):
+        gamma_hat = tau2 + 1.0 * (1 - kernel.correlation(h, beta))
+        fitted_tau2, _, _ = init.fit_variogram(count * gamma_hat, count, edges, kernel, s2=tau2 + 1.0)
+        expected = 0.05 * gamma_hat[0] if floor_binds else tau2
+        assert fitted_tau2 == pytest.approx(expected, rel=1e-3)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_subsampled_start_is_statistically_equivalent(seed):
     """Half of each worker's points (a quarter of its pairs): log δ₀, log σ²₀, log β₀ within 0.35 of the all-pairs
@@ -51,12 +95,14 @@ def test_subsampled_start_is_statistically_equivalent(seed):
     kernel, knots = Matern(0.5), grid_knots(5, 0.0, 1.0)
     parts = simulate_parts(J=2, n=1200, p=2, nu=0.5, sigma2=1.0, beta=0.1, delta=4.0, seed=1)
     models = [LocalModel(*pt, knots, kernel, "pp") for pt in parts]
-    gamma, s2, _ = init.pooled_ols([lm.moments() for lm in models])
-    edges = init.variogram_edges(init.domain_diameter(knots))
+    moments = [lm.moments() for lm in models]
+    gamma, s2, _ = init.pooled_ols(moments)
+    D = init.domain_diameter(knots)
+    edges = init.variogram_edges(init.variogram_cutoff(D, moments))
     xs = [lm.variogram(gamma, edges, max_points=600, seed=seed) for lm in models]
     count = sum(x["count"] for x in xs)
     assert count.sum() <= 2 * 600 * 599 / 2
-    tau2, sigma2, beta = init.fit_variogram(sum(x["sum_sq"] for x in xs), count, edges, kernel, s2)
+    tau2, sigma2, beta = init.fit_variogram(sum(x["sum_sq"] for x in xs), count, edges, kernel, s2, D)
     delta_ref, sigma2_ref, beta_ref, _ = all_pairs_phi0(parts, knots, kernel)
     deviation = np.log([1.0 / tau2, sigma2, beta]) - np.log([delta_ref, sigma2_ref, beta_ref])
     assert np.all(np.abs(deviation) <= 0.35), deviation

@@ -68,10 +68,12 @@ def test_the_probe_of_the_bound_saves_the_walk_and_changes_nothing_else(noise_fr
 def test_a_rejected_probe_costs_one_round_trip(tmp_path):
     """An interior estimate on the σ²/β ridge (range 30 × the study area, ν = 0.5): the first two steps look like a
     walk to a bound (the Newton target recedes as far as the fit moved), so the sill is probed at its bound, whose
-    exact ℓ is lower: rejected like any step, one more round trip, and the fit ends where it ends without it."""
+    exact ℓ is lower: rejected like any step, one more round trip, and the fit ends where it ends without it. The
+    start is the variogram's before its bins followed the sites' extents (σ² 0.31, β 13.9, far out on the ridge)."""
     simulate_store(tmp_path / "s.zarr", 2, 200, noise_sd=0.3, beta=30, nu=0.5, seed=1)
+    start = {"delta": 10.846765953873293, "sigma2": 0.3130976723153005, "beta": 13.882290339021711}
     fit = lambda policy=None: FederatedGP(knots=25, nu=0.5, mode="sync", runtime="simulated", progress=False,  # noqa: E731
-                                          strategies=policy).fit(tmp_path / "s.zarr")
+                                          start=start, strategies=policy).fit(tmp_path / "s.zarr")
     probed = fit()
     walked = fit({"policy": {"probe_step": None}})
     log_s2 = lambda gp: np.log([row["sigma2"] for row in gp.trace_])  # noqa: E731
