@@ -103,17 +103,29 @@ class KnotBasis:
         return U, np.hstack([self.B, self.dB])
 
 
+#: residual_covariance fills its result this many rows at a time: the temporaries stay small enough for the
+#: allocator to reuse (a fresh array of hundreds of MB costs its page faults again on every call)
+ROW_BLOCK = 512
+
+
 def residual_covariance(kernel: Matern, knots: np.ndarray, beta: float, sigma2: float, a, b) -> np.ndarray:
     """cov(w̃(a), w̃(b)) = σ²(ρ(a, b) − ρ(a, S*) ρ_K⁻¹ ρ(S*, b)) between two sets of locations: the residual process
     of Remark 3 (what the low-rank part leaves), for sites and server alike."""
     knots = np.asarray(knots, dtype=float).reshape(-1, 2)
-    low = 0.0
+    a, b = np.asarray(a, dtype=float).reshape(-1, 2), np.asarray(b, dtype=float).reshape(-1, 2)
+    fa = fb = None
     if knots.shape[0]:
         LK, _ = cholesky_with_jitter(kernel.correlation(cdist(knots, knots), beta), "the knot correlation matrix K")
         fa, fb = (linalg.solve_triangular(LK, kernel.correlation(cdist(knots, x), beta), lower=True,
                                           check_finite=False) for x in (a, b))
-        low = fa.T @ fb
-    return sigma2 * (kernel.correlation(cdist(a, b), beta) - low)
+    out = np.empty((a.shape[0], b.shape[0]))
+    for r0 in range(0, a.shape[0], ROW_BLOCK):
+        rows = slice(r0, r0 + ROW_BLOCK)
+        block = kernel.correlation(cdist(a[rows], b), beta)
+        if fa is not None:
+            block -= fa[:, rows].T @ fb
+        np.multiply(block, sigma2, out=out[rows])
+    return out
 
 
 def rowsum2(U: np.ndarray, V: np.ndarray) -> np.ndarray:

@@ -38,3 +38,20 @@ def test_a_jittered_knot_matrix_is_the_one_factorised_and_named_in_the_warning()
     want = kernel.correlation(d_K, 0.2) + kb.jitter * np.eye(len(knots))
     np.testing.assert_allclose(kb.rK, want, rtol=0, atol=1e-15)
     np.testing.assert_allclose(kb.LK @ kb.LK.T, kb.rK, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("nu", [0.5, 1.5])
+def test_residual_covariance_by_row_blocks_is_the_formula(nu):
+    """More rows than one block (ROW_BLOCK = 512): σ²(ρ(a, b) − ρ(a, S*) ρ_K⁻¹ ρ(S*, b)) entry by entry, to rounding."""
+    from scipy.spatial.distance import cdist
+
+    from spatialfed.model.basis import ROW_BLOCK, residual_covariance
+
+    rng = np.random.default_rng(5)
+    a, b, knots = rng.uniform(size=(2 * ROW_BLOCK + 77, 2)), rng.uniform(size=(300, 2)), rng.uniform(size=(16, 2))
+    kernel, beta, sigma2 = Matern(nu), 0.3, 1.7
+    rho = lambda x, y: kernel.correlation(cdist(x, y), beta)  # noqa: E731
+    expected = sigma2 * (rho(a, b) - rho(a, knots) @ np.linalg.solve(rho(knots, knots), rho(knots, b)))
+    np.testing.assert_allclose(residual_covariance(kernel, knots, beta, sigma2, a, b), expected, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(residual_covariance(kernel, np.empty((0, 2)), beta, sigma2, a, b), sigma2 * rho(a, b),
+                               rtol=0, atol=1e-14)
