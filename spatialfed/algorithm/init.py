@@ -18,7 +18,8 @@ Rule, in order:
    (pooled until they hold MIN_PAIRS pairs), so neither the spatial variance nor the noise starts at a degenerate boundary: γ̂₁ = τ² + σ²(1 − ρ(h₁))
    bounds the nugget from above, and how far below it the nugget lies only bins inside the range can tell (with
    the first bin beyond the range, γ̂₁ is the sill and the floor 0.05·s², as for σ²). δ₀ = 1/τ², and β is kept
-   within [D/1000, 10·D].
+   within [D/1000, 10·D]. Where the fitted effective range lies past the last bin, the bins show no sill and only
+   σ²/β^(2ν) is identified (Zhang 2004): σ² becomes s² − τ² (clipped as above) and β keeps that ratio.
 5. μ₀ = 0 and Σ₀ = K(σ², β): the prior of the knot process; Algorithm 1's synchronous pass then sets them.
 """
 
@@ -117,7 +118,11 @@ def fit_variogram(sum_sq: np.ndarray, count: np.ndarray, edges: np.ndarray, kern
         for frac in (0.05, 0.2, 0.5)
     ]
     tau2, sigma2, beta = np.exp(min(fits, key=lambda r: r.fun).x)
-    return float(np.clip(tau2, floor, hi)), float(np.clip(sigma2, lo, hi)), float(beta)
+    tau2 = float(np.clip(tau2, floor, hi))
+    if kernel.effective_range_factor() * beta > edges[-1]:  # no sill within the bins: only σ²/β^(2ν) is identified
+        sill = float(np.clip(s2 - tau2, lo, hi))
+        beta, sigma2 = beta * (sill / sigma2) ** (0.5 / kernel.nu), sill
+    return tau2, float(np.clip(sigma2, lo, hi)), float(beta)
 
 
 def initial_params(gamma, delta, sigma2, beta, knots, kernel) -> Params:

@@ -87,6 +87,27 @@ def test_nugget_floor_follows_the_first_bin():
         assert fitted_tau2 == pytest.approx(expected, rel=1e-3)
 
 
+@pytest.mark.parametrize("nu", [0.5, 1.5])
+def test_a_range_beyond_the_bins_takes_the_sill_from_the_variance(nu):
+    """Bins on (0, 0.2] of an exact semivariogram with β = 0.5 (its effective range far past the last bin): only
+    σ²/β^(2ν) shows in them, so the start keeps that and takes the sill from s² (here the true sill, 1.1): σ² =
+    s² − τ², and β recovered from the kept ratio (Zhang 2004: σ²/β^(2ν) is what in-fill data identify)."""
+    kernel = Matern(nu)
+    edges = init.variogram_edges(0.2)
+    h = 0.5 * (edges[:-1] + edges[1:])
+    count = np.full(h.size, 100.0)
+    tau2, sigma2, beta = 0.1, 1.0, 0.5
+    gamma_hat = tau2 + sigma2 * (1 - kernel.correlation(h, beta))
+    fitted_tau2, fitted_sigma2, fitted_beta = init.fit_variogram(count * gamma_hat, count, edges, kernel,
+                                                                  s2=tau2 + sigma2, diameter=2.0)
+    assert fitted_sigma2 == pytest.approx(tau2 + sigma2 - fitted_tau2, rel=1e-12)
+    np.testing.assert_allclose([fitted_tau2, fitted_sigma2, fitted_beta], [tau2, sigma2, beta], rtol=0.1)
+    # a variance 1.5 × the sill (a trend left in the residuals): σ² follows it, and σ²/β^(2ν) stays the field's
+    _, s_big, b_big = init.fit_variogram(count * gamma_hat, count, edges, kernel, s2=1.5 * (tau2 + sigma2),
+                                         diameter=2.0)
+    assert s_big > 1.4 and s_big / b_big ** (2 * nu) == pytest.approx(sigma2 / beta ** (2 * nu), rel=0.05)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_subsampled_start_is_statistically_equivalent(seed):
     """Half of each worker's points (a quarter of its pairs): log δ₀, log σ²₀, log β₀ within 0.35 of the all-pairs
