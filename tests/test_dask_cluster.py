@@ -58,3 +58,26 @@ def test_single_thread_env_and_blas_limit():
     with limit_blas_threads(1):
         assert all(get() == 1 for _, get in handles)
     assert [get() for _, get in handles] == before
+
+
+def test_a_closed_batched_comm_is_not_logged_with_its_traceback():
+    """distributed.batched logs "Batched Comm Closed" with a CommClosedError traceback when the scheduler dies under
+    the client: the fit reports the loss in one line, so that record is dropped, and other records are kept."""
+    import logging
+
+    from spatialfed.runtime.cluster import quiet_reconnect_logs
+
+    quiet_reconnect_logs()
+    logger = logging.getLogger("distributed.batched")
+    try:
+        raise ConnectionError("closed")
+    except ConnectionError:
+        import sys
+
+        info = sys.exc_info()
+    closed = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "Batched Comm Closed %r", ("<TCP>",), info)
+    other = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "something else", (), None)
+    assert [f.filter(closed) for f in logger.filters] == [False]
+    assert all(f.filter(other) for f in logger.filters)
+    quiet_reconnect_logs()
+    assert len(logging.getLogger("distributed.batched").filters) == 1

@@ -71,9 +71,12 @@ class SchedulerUnreachableError(SpatialFedError, ConnectionError):
 
 class _ReconnectFilter:
     """Drops distributed.client's log records of a reconnection to a scheduler that is gone (its traceback ends in
-    a CommClosedError or the CancelledError of closing the client): the fit reports that loss in one line."""
+    a CommClosedError or the CancelledError of closing the client), and distributed.batched's "Batched Comm Closed"
+    with its traceback: the fit reports that loss in one line."""
 
     def filter(self, record) -> bool:
+        if record.name == "distributed.batched" and record.getMessage().startswith("Batched Comm Closed"):
+            return False
         if record.exc_info and record.exc_info[2] is not None:
             tb = record.exc_info[2]
             while tb is not None:
@@ -87,12 +90,13 @@ _RECONNECT_FILTER = _ReconnectFilter()
 
 
 def quiet_reconnect_logs() -> None:
-    """Install `_ReconnectFilter` on distributed.client's logger (once)."""
+    """Install `_ReconnectFilter` on distributed.client's and distributed.batched's loggers (once)."""
     import logging
 
-    logger = logging.getLogger("distributed.client")
-    if _RECONNECT_FILTER not in logger.filters:
-        logger.addFilter(_RECONNECT_FILTER)
+    for name in ("distributed.client", "distributed.batched"):
+        logger = logging.getLogger(name)
+        if _RECONNECT_FILTER not in logger.filters:
+            logger.addFilter(_RECONNECT_FILTER)
 
 
 @dataclass
