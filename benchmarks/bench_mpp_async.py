@@ -153,11 +153,9 @@ def compare(store, meta: dict, presets, profiles, knots, emit, traces_out, agg_t
                 extra = {}
                 if asyn["error"] is not None and hasattr(srv, "answers"):  # StatsServer state at the failure
                     extra = {"phase": srv.phase, "t": int(srv.t), "answers": list(srv.answers),
-                             "new_answers": int(getattr(srv, "_new", -1)), "slow": list(getattr(srv, "_slow", [])),
-                             "held": list(getattr(srv, "_held", [])),
+                             "epochs": int(srv.epochs), "owed": list(srv._owed),
                              "busy": [bool(srv.busy(j)) for j in srv.active],
-                             "answered_at_u": [bool(j in srv._stats and np.array_equal(srv._stats[j]["u"], srv._u))
-                                               for j in srv.active]}
+                             "answered_at_u": [bool(srv.records.answered_at(j, srv._u)) for j in srv.active]}
                 with open(traces_out, "a") as fh:
                     keys = ("dataset", "partition", "J", "n", "knots", "preset", "profile", "agg_threshold", "error")
                     fh.write(json.dumps({**{k: row[k] for k in keys}, "state": extra,

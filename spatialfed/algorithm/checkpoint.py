@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spatialfed.algorithm.config import RETIRED
 from spatialfed.atomic import staged
 from spatialfed.errors import SpatialFedError
 
@@ -232,6 +233,11 @@ class _Decoder:
         state = self.decode(doc["state"])
         if dataclasses.is_dataclass(cls):
             fields = {f.name: f for f in dataclasses.fields(cls)}
+            state = {k: v for k, v in state.items() if k in fields or k not in RETIRED}  # earlier versions' settings
+            unknown = sorted(set(state) - set(fields))
+            if unknown:
+                raise CheckpointError(f"the checkpoint's {cls.__name__} has {unknown}, which this spatialfed does not "
+                                      "know (written by another version?)")
             obj = cls(**{k: v for k, v in state.items() if fields[k].init})
             for k, v in state.items():
                 if not fields[k].init:

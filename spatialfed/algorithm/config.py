@@ -79,10 +79,7 @@ class StatsPolicy:
         default m = 100, where the subsample's request costs about what the knot terms of any request cost;
       pilot_share — the pilot runs only when the subsamples hold at most this share of the observations: a pilot
         takes about as many rounds as the walk it replaces, so each must cost a small part of a full round.
-    Pacing: every decision follows the sites' measured round trips (algorithm/pacing.py) but one bound —
-      hold_share — the longest a slow site's first request may wait for the others' surrogate, as a share of its
-        round trip: what a hold that finds nothing can cost (the fit ends at most that much later than sync), while
-        one that finds the optimum's neighbourhood saves a round trip of that site; 0 never holds.
+    Pacing has no setting: every decision follows the sites' measured round trips (algorithm/pacing.py).
     `explore=False` keeps asynchronous sites to the synchronous epochs (the ablation of docs/algorithm.md).
     """
 
@@ -98,7 +95,6 @@ class StatsPolicy:
     control_variates: bool = True
     inner_steps: int = 10
     probe_step: float | None = 0.5
-    hold_share: float = 0.15
     explore: bool = True
     pilot_points: int = 200
     pilot_share: float = 0.25
@@ -107,8 +103,6 @@ class StatsPolicy:
         for name in ("radius_growth", "eig_floor", "loglik_tol", "taylor_radius", "secant_reach", "settle_tol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"policy {name} must be > 0, got {getattr(self, name)!r}")
-        if not 0 <= self.hold_share < 1:
-            raise ValueError(f"policy hold_share must be in [0, 1), got {self.hold_share!r}")
         if not 0 < self.pilot_share <= 1:
             raise ValueError(f"policy pilot_share must be in (0, 1], got {self.pilot_share!r}")
         if int(self.pilot_points) != self.pilot_points or self.pilot_points < 0:
@@ -131,6 +125,19 @@ class StatsPolicy:
         """stale_tol, or its default for the fit's tolerance."""
         return self.stale_tol if self.stale_tol is not None else min(self.settle_tol, max(float(np.sqrt(tol)),
                                                                                           10 * tol))
+
+
+#: StatsPolicy settings of earlier versions, and why each went (a checkpoint or fit.json that names one still loads)
+RETIRED = {"hold_share": "slow sites are no longer held back before the first epoch (docs/algorithm.md)"}
+
+
+def retire(policy: dict) -> dict:
+    """A policy dict without RETIRED settings: those at their no-op value (0) are dropped, any other is refused
+    with the reason it went."""
+    for name, why in RETIRED.items():
+        if name in policy and policy[name] not in (0, 0.0):
+            raise ValueError(f"policy {name} was removed: {why}; leave it out")
+    return {name: value for name, value in policy.items() if name not in RETIRED}
 
 
 @dataclass(frozen=True)
@@ -165,7 +172,7 @@ class FitConfig:
 
     def __post_init__(self):
         if isinstance(self.policy, dict):
-            object.__setattr__(self, "policy", StatsPolicy(**self.policy))
+            object.__setattr__(self, "policy", StatsPolicy(**retire(self.policy)))
         elif self.policy is None and self.scheme == "stats":
             object.__setattr__(self, "policy", StatsPolicy())
         elif self.policy is not None and not isinstance(self.policy, StatsPolicy):

@@ -1,5 +1,6 @@
-"""Pacing of the asynchronous statistics loop (docs/algorithm.md, "Pacing"): what the sites' measured round trips
-say about when the current epoch ends and whether an idle site may take extra work without delaying the next.
+"""Pacing of the asynchronous statistics loop (docs/algorithm.md, "Work between epochs"): what the sites' measured
+round trips say about when the current epoch ends and whether an idle site may take extra work without delaying the
+next.
 
 An epoch is one synchronous round: every site answers at the epoch's u, as in a synchronous iteration, so an epoch
 lasts what a synchronous iteration lasts (the slowest site's round trip). A site done with the epoch may take extra
@@ -7,9 +8,7 @@ work (answers at other points that improve the stale models) only if it can stil
 that epoch: with r_j its round trip, due the time the current epoch is expected to end and T the slowest round trip,
 now + 2·r_j ≤ due + T (it finishes the extra task by now + r_j and the next epoch's task by now + 2·r_j). Round trips
 that jitter are taken at the safe end of what each site has shown: its longest for r_j, the shortest for `due` and
-T. Before the first epoch, a site much slower than the median may be held back (held, hold_over) for at most its
-StatsPolicy.hold_share of a round trip, and the epoch restarted where the others lead when that delays no one
-(free_restart). Every other quantity is a measured round trip.
+T. There is no setting: every quantity is a measured round trip.
 """
 
 from __future__ import annotations
@@ -67,39 +66,6 @@ class Pacing:
         if not known or ratio is None:
             return None
         return ratio * float(np.median(known))
-
-    def held(self, active: Iterable[int], share: float, steps: int = 2) -> list[int]:
-        """Sites worth holding back from the first epoch: those whose `share` of a round trip spans `steps` round
-        trips of the median site (the surrogate of the others moves at the median site's pace, and its first step
-        from a far start is cut by the trust radius, so it needs two to say where to ask)."""
-        active = list(active)
-        return [k for k in active if (self.slowness(k, active) or 0.0) * share >= steps]
-
-    def hold_over(self, held: Iterable[int], active: Iterable[int], now: float, start: float, share: float) -> bool:
-        """Whether a hold that began at `start` is over: a held site would wait more than its `share` of a round trip
-        if released at the next answer (a fastest round trip away at the soonest), or no other site is left to move
-        the surrogate (a surrogate that stopped moving ends it too: the server's part)."""
-        active, held = list(active), list(held)
-        others = [k for k in active if k not in held]
-        if not others:
-            return True
-        known = [r for r in (self.round_trip(k, active, end=0) for k in others) if r is not None]
-        soonest = min(known) if known else 0.0
-        trips = [self.round_trip(j, active) for j in held]
-        return any(r is not None and now + soonest - start > share * r for r in trips)
-
-    def free_restart(self, held: Iterable[int], active: Iterable[int], now: float) -> bool:
-        """Whether every other site can answer a new point before the earliest held site, asked now, could: then
-        restarting the epoch there delays nobody."""
-        active, held = list(active), list(held)
-        slow = [self.round_trip(j, active, end=0) for j in held]
-        if not held or any(r is None for r in slow):
-            return False
-        for k in (k for k in active if k not in held):
-            r = self.round_trip(k, active, end=1)
-            if r is None or self.sent_at.get(k, now) + (r if k in self.sent_at else 0.0) + r > now + min(slow):
-                return False
-        return True
 
     def epoch_due(self, owed: Iterable[int], active: list[int], busy_elsewhere: Mapping[int, bool],
                   now: float) -> float | None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from spatialfed.algorithm import init
-from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.config import RETIRED, FitConfig
 from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
 from spatialfed.algorithm.state import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
@@ -194,7 +194,10 @@ class FederatedServer(ServerState):
         for key, attr in _SNAPSHOT_STATE.items():
             setattr(server, attr, snap[key])
         server.phase = Phase(server.phase)
-        server.config = FitConfig(**snap["config"])
+        config = dict(snap["config"])
+        if isinstance(config.get("policy"), dict):  # a fit of an earlier version continues without retired settings
+            config["policy"] = {k: v for k, v in config["policy"].items() if k not in RETIRED}
+        server.config = FitConfig(**config)
         if len(snap["buffers"]) != server.n_workers:
             raise ValueError(f"snapshot has {len(snap['buffers'])} worker buffers for n_workers={server.n_workers}")
         server._P = [list(buffer) for buffer in snap["buffers"]]

@@ -129,22 +129,6 @@ class SiteRecords:
         return Surrogate(at, max(min(radius, pol.taylor_radius - stalest), 0.0), stale_t, used,
                          used if stalest == 0 else None)
 
-    def influence(self, u, answered: list, n_obs: int, t: int, newton: Callable) -> tuple[np.ndarray | None, float]:
-        """Where the answered sites' surrogate leads from u, and how far the full optimum may lie from there: its
-        Newton step (newton(at, u) → step or None) and the jackknife's reach of the observations it stands in for
-        (how far leaving out one used site k moves that step, per observation of k, root-mean-square over k, times
-        the observations not used; inf when it cannot be told)."""
-        def step(sites):
-            found = self.surrogate(u, sites, n_obs, t, self.policy.taylor_radius)
-            return (None, []) if found is None else (newton(found.at, u), found.used)
-
-        base, used = step(answered)
-        moves = [] if base is None else [step([x for x in used if x != k])[0] for k in used]
-        shifts = [float(np.linalg.norm(m - base)) / float(self.stats[k]["n"])
-                  for k, m in zip(used, moves) if m is not None]
-        unseen = float(n_obs) - sum(float(self.stats[k]["n"]) for k in used)
-        return base, (float(np.sqrt(np.mean(np.square(shifts)))) * unseen if shifts else np.inf)
-
     def nearest(self, u, active) -> dict[int, dict]:
         """Each active site's model nearest to u: around its latest answer (with third derivatives where it has
         them) or around its answer at the last epoch point, whichever u_j is nearer (an exploration that went

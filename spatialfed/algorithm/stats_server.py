@@ -6,13 +6,13 @@ on a failed receive.
 
 The loop runs in **epochs**: every site answers at the epoch's point, whose exact ℓ_LR accepts or rejects it and
 decides the stop and the next point — sync's trust-region Newton step (sync mode: that is all). In async mode the
-slowest site is asked again the moment it answers, while faster sites answer where the surrogate Σ_j T_j(u)
-(site_records) leads, when pacing.Pacing says they still answer the next epoch in time on a free processor. The next
-point is the surrogate's maximiser where it can judge it, ranks it above sync's step and predicted the last epoch's
-increase no worse than sync's model (after one misleading point, sync's steps); an estimate (a trace row) only from
-every site's model within half the epoch's step of its point. A much slower site may first wait a bounded share of
-its round trip (_release). docs/algorithm.md argues that async ends no later than sync up to that wait and a fast
-round trip per mispredicted epoch.
+slowest site is asked again the moment it answers (it is never idle), while faster sites answer where the surrogate
+Σ_j T_j(u) (site_records) leads, when pacing.Pacing says they still answer the next epoch in time on a free
+processor. The next point is the surrogate's maximiser only where it can judge it, ranks it above sync's step, and
+predicted the last epoch's increase no worse than sync's model (so the first two epoch points are sync's; after one
+misleading point, sync's steps); an estimate (a trace row) only from every site's model within half the epoch's step
+of its point. docs/algorithm.md argues that async ends no later than sync up to a fast round trip per mispredicted
+epoch and one epoch per misleading surrogate point (at most one a fit).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class StatsServer(FederatedServer):
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
         self._sur_pred: float | None = None  # the increase the surrogate predicted for the current epoch's point
         self._quad_pred = self._sync_pred = 0.0  # the increase sync's model predicted for it / for its own step there
-        self._vouched = True  # the surrogate did not predict the last epoch's increase worse than sync's model
+        self._vouched = False  # the surrogate predicted the last epoch's increase no worse than sync's model
         self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
         self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
         self._boundary = BoundaryProbe(self.policy.probe_step)
@@ -84,8 +84,6 @@ class StatsServer(FederatedServer):
         self._settled = False  # the last surrogate step was short with room to go farther (refining pays off)
         self._new = 0  # answers since the last surrogate step
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
-        self._held, self._hold_start = [], 0.0  # slow sites whose first request waits for the others' surrogate
-        self._short = False  # the last surrogate step was shorter than secant_reach, with room to go farther
         self._final, self._final_reason = None, None  # the final pass's request and reason (a stop before any point)
         self._pilot: Pilot | None = None  # the pilot start's rounds (pilot.py), once the φ₀ passes are done
 
@@ -120,11 +118,6 @@ class StatsServer(FederatedServer):
         return p
 
     def _loop_task(self, j: int, free: bool) -> Augmented | None:
-        if self._held and (self._short or self.pacing.hold_over(self._held, self.active, self._last_now,
-                                                                self._hold_start, self.policy.hold_share)):
-            self._release()
-        if j in self._held:
-            return None
         if j in self._owed:
             return self._epoch
         if self.config.mode == "sync" or not self.policy.explore or self._explore is None or not free:
@@ -180,7 +173,6 @@ class StatsServer(FederatedServer):
         self._collected.pop(j, None)
         self.records.drop(j)
         self.pacing.drop(j)
-        self._held = [k for k in self._held if k != j]
         if self._n_j:
             self.n_obs = sum(self._n_j[k] for k in self.active)
         if self.phase in (Phase.MOMENTS, Phase.VARIOGRAM):
@@ -224,31 +216,8 @@ class StatsServer(FederatedServer):
                 self._progress(now)
 
     def _start_loop(self, now: float) -> None:
-        """The first epoch at the current point; in async mode a much slower site may be held (_release)."""
+        """The first epoch, at the current point (φ₀, or the pilot's end): every site is asked there at once."""
         self._start_epoch()
-        if self.config.mode == "async" and self.policy.explore and self.policy.hold_share > 0:
-            self._held, self._hold_start = self.pacing.held(self.active, self.policy.hold_share), float(now)
-
-    def _release(self) -> None:
-        """End the hold: the first epoch restarts at the surrogate's point u_s when that is nearer the full optimum
-        u* than φ₀ — the answered sites' Newton step N from u_s leads to their optimum, within the jackknife's reach
-        ι of u* (_influence), so |u_s − u*| ≤ |N| + ι < |φ₀ − u*| when |φ₀ − u_s − N| > |N| + 2ι — and every other
-        site answers at u_s before the held ones could (the restart delays no one). Otherwise they answer at φ₀."""
-        held, self._held = [j for j in self._held if j in self.active], []
-        if self.epochs == 0 and not np.array_equal(self._u, self._epoch.params.u):
-            way, reach = self._influence(held)
-            if (way is not None and self.pacing.free_restart(held, self.active, self._last_now)
-                    and distance(self._u + way, self._epoch.params.u) > np.linalg.norm(way) + 2 * reach):
-                self._start_epoch()
-
-    def _influence(self, held: list[int]) -> tuple[np.ndarray | None, float]:
-        """The answered sites' Newton step from u and the reach of the others' data (SiteRecords.influence)."""
-        def newton(at, u):
-            pr = self._evaluate(at, u, derivatives=True)
-            return None if pr is None else trust_region_step(u, pr.grad, pr.hess, np.inf, *self.bounds,
-                                                             floor=self.policy.eig_floor).p
-        answered = [k for k in self.active if k not in held and k in self.records.stats]
-        return self.records.influence(self._u, answered, self.n_obs, self.t, newton)
 
     def _start_epoch(self) -> None:
         """Ask every active site at the current u (read back from params as the sites will: log of exp)."""
@@ -304,8 +273,8 @@ class StatsServer(FederatedServer):
             worse = self._distrust and gain <= 0.75 * self._sync_pred and not (0 < gain and d_here < d_base <= 1.5)
         if anchor is not None:  # the surrogate's measured error on this epoch decides whether it picks the next point
             gain = -np.inf if here is None else here.loglik - anchor
-            self._vouched = not worse and (self._sur_pred is None
-                                           or abs(gain - self._sur_pred) <= abs(gain - self._quad_pred))
+            self._vouched = not worse and (self._vouched if self._sur_pred is None  # unmeasured: unchanged
+                                           else abs(gain - self._sur_pred) <= abs(gain - self._quad_pred))
         if worse:
             if surrogate:  # one strike: from the same accepted point, sync's step and radius for the rest of the fit
                 self._distrust = True
@@ -400,7 +369,6 @@ class StatsServer(FederatedServer):
         if move <= self.config.tol:
             new, move = base, 0.0
         self._settled = move <= self.policy.settle_tol < 0.5 * radius
-        self._short = move < min(self.policy.secant_reach, 0.5 * radius)
         self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik, base.loglik,
                          exact_for] if move > 0 else None
         self.boundary = step.at_bound

@@ -77,3 +77,13 @@ def test_the_statistics_policy_travels_with_the_config_and_keeps_its_ladder():
     assert StatsPolicy(refine_step=None).refine_step is None  # refining off: the ladder skips it
     with pytest.raises(ValueError, match="min_coverage"):
         StatsPolicy(min_coverage=0.0)
+
+
+def test_a_retired_policy_setting_is_refused_with_its_reason_unless_it_is_off():
+    """hold_share is gone (config.RETIRED): asking for a hold names the reason; its off value 0 is accepted, so a
+    fit.json of an earlier version that did not hold still reads."""
+    from spatialfed.algorithm.config import StatsPolicy
+
+    with pytest.raises(ValueError, match="hold_share was removed: slow sites are no longer held back"):
+        FitConfig.stats(mode="async", policy={"hold_share": 0.15})
+    assert FitConfig.stats(mode="async", policy={"hold_share": 0.0}).policy == StatsPolicy()

@@ -59,3 +59,33 @@ def test_a_restored_server_holds_every_attribute_of_the_original(index):
     assert not missing, f"attributes left out of the snapshot: {missing}"
     differ = sorted(k for k in held if k not in REBUILT and not same(held[k], vars(restored)[k]))
     assert not differ, f"attributes restored with other values: {differ}"
+
+
+def test_a_checkpoint_with_a_retired_policy_setting_restores():
+    """A checkpoint of an earlier version names StatsPolicy.hold_share (retired: config.RETIRED), in the config and
+    in the server's policy object: it decodes and restores with today's policy instead of failing on the setting."""
+    from spatialfed.algorithm.checkpoint import decode_snapshot, encode_snapshot
+
+    models, knots, kernel = simulate(J=4, n=40, side=3, residual="full", seed=5)
+    server = StatsServer(4, knots, kernel, FitConfig.stats(mode="async", max_iter=40))
+    taken = []
+    run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 1.0, 2.0, 5.0],
+                on_event=lambda s, now: taken.append(s.snapshot()) if s.phase == "loop" and not taken else None)
+    doc, arrays = encode_snapshot(taken[0])
+    doc["config"]["policy"]["hold_share"] = 0.15
+
+    def add_hold(node):
+        if isinstance(node, dict):
+            if "StatsPolicy" in str(node.get("$obj", "")):
+                node["state"]["hold_share"] = 0.15
+                added.append(node)
+            for value in node.values():
+                add_hold(value)
+        elif isinstance(node, list):
+            for value in node:
+                add_hold(value)
+    added = []
+    add_hold(doc)
+    assert added
+    restored = StatsServer.restore(decode_snapshot(doc, arrays))
+    assert restored.config.policy == StatsPolicy() and restored.policy == StatsPolicy()

@@ -71,23 +71,38 @@ FAR_START = {"delta": 24.16750606990266, "sigma2": 0.8585626020801143, "beta": 0
 
 def fit_with(problem, records, start=None):
     models, knots, kernel = problem
-    server = Watched(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8,
-                                                           policy={"hold_share": 0.0}), start)
+    server = Watched(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), start)
     server.records = records(server.policy)
     return run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
 
 
-def test_an_exact_surrogate_picks_epoch_points(problem, sync):
-    """The exact ℓ as surrogate predicts every increase exactly: from a far start, it picks the second epoch point."""
+def test_an_exact_surrogate_picks_epoch_points_once_measured(problem, sync):
+    """The exact ℓ as surrogate predicts every increase exactly: from a far start it picks epoch points, but not
+    the second, which no epoch has measured it for."""
     fit_ = fit_with(problem, exact_records(problem[0]), FAR_START)
-    assert len(fit_.chosen) >= 2 and fit_.chosen[1]
+    assert len(fit_.chosen) >= 2 and not fit_.chosen[0] and any(fit_.chosen)
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+def near(sync):
+    """0.3 from the maximiser in log β: there the exact surrogate ranks its point above sync's step at once."""
+    phi = sync.params
+    return {"delta": phi.delta, "sigma2": phi.sigma2, "beta": phi.beta * np.exp(0.3)}
+
+
+def test_an_unmeasured_surrogate_does_not_pick_the_second_epoch_point(problem, sync):
+    """From near(): the exact surrogate ranks its point above sync's step at the first epoch's end, but no epoch has
+    measured it yet: the second point is sync's; the first epoch's increase it predicted exactly, so the third is its
+    own."""
+    fit_ = fit_with(problem, exact_records(problem[0]), near(sync))
+    assert fit_.chosen[:2] == [False, True]
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
 
 
 def test_a_surrogate_that_predicted_the_last_increase_worse_than_sync_does_not_pick_the_next_point(problem, sync):
-    """The exact surrogate picks the second epoch point (above); told that it predicted the first epoch's increase
-    three times what sync's quadratic model predicted, it was measured worse than that model there, so the second
-    point is sync's step."""
+    """From near(), the exact surrogate picks the third epoch point (above); told that it predicted the first
+    epoch's increase three times what sync's quadratic model predicted, it was measured worse than that model there,
+    so the third point is sync's step."""
     class Mispredicted(Watched):
         def _epoch_point(self, base, step, new, probe):
             out = super()._epoch_point(base, step, new, probe)
@@ -96,11 +111,10 @@ def test_a_surrogate_that_predicted_the_last_increase_worse_than_sync_does_not_p
             return out
 
     models, knots, kernel = problem
-    server = Mispredicted(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8,
-                                                                policy={"hold_share": 0.0}))
+    server = Mispredicted(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), near(sync))
     server.records = exact_records(models)(server.policy)
     fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
-    assert len(fit_.chosen) >= 2 and not fit_.chosen[1]
+    assert len(fit_.chosen) >= 2 and fit_.chosen[:2] == [False, False]
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
 
 
