@@ -242,7 +242,8 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
 
 def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream=None):
     """A tqdm bar over `total` locations with rate and ETA on stderr (None when disabled): refreshed twice a second
-    on a terminal, every 15 s in logs and pipes."""
+    on a terminal; in logs and pipes first shown after 15 s and refreshed every 15 s, so a short run, or one that
+    fails early, leaves only its result or its one error line there."""
     if not enabled:
         return None
     import sys
@@ -252,7 +253,7 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream
     stream = stream or sys.stderr
     live = bool(getattr(stream, "isatty", lambda: False)())
     return tqdm(total=int(total), desc=desc, unit="pt", unit_scale=total >= 10_000, file=stream, dynamic_ncols=True,
-                mininterval=0.5 if live else 15.0, smoothing=0.1)
+                mininterval=0.5 if live else 15.0, delay=0.0 if live else 15.0, smoothing=0.1)
 
 
 def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamless", worker: int | None = None,

@@ -439,13 +439,18 @@ class Terminal(io.StringIO):
 
 
 def test_progress_bar_counts_locations_on_the_stream_given_refreshing_slower_in_logs():
+    """In a log the bar waits 15 s before it first shows (a short or failing run leaves no bar lines beside its
+    result or its error line); on a terminal it shows at once and counts locations."""
     log = io.StringIO()
     bar = pr.progress_bar(12, stream=log)
-    assert (bar.total, bar.mininterval) == (12, 15.0)
+    assert (bar.total, bar.mininterval, bar.delay) == (12, 15.0, 15.0)
     bar.update(12)
     bar.close()
-    assert log.getvalue().split("\r")[-1].startswith("predict: 100%|##########| 12/12 ")
-    live = pr.progress_bar(3, stream=Terminal())
-    assert live.mininterval == 0.5
+    assert log.getvalue() == ""
+    screen = Terminal()
+    live = pr.progress_bar(3, stream=screen)
+    assert (live.mininterval, live.delay) == (0.5, 0.0)
+    live.update(3)
     live.close()
+    assert screen.getvalue().split("\r")[-1].startswith("predict: 100%|##########| 3/3 ")
     assert pr.progress_bar(3, enabled=False) is None
