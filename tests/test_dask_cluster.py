@@ -81,3 +81,18 @@ def test_a_closed_batched_comm_is_not_logged_with_its_traceback():
     assert all(f.filter(other) for f in logger.filters)
     quiet_reconnect_logs()
     assert len(logging.getLogger("distributed.batched").filters) == 1
+
+
+def test_every_cluster_handle_drops_those_records_from_the_start():
+    """The scheduler can die before the fit notices (the batched stream logs at once): the filter is on from the
+    moment a ClusterHandle exists, not only once the loss is reported."""
+    import logging
+
+    from spatialfed.runtime.cluster import _RECONNECT_FILTER, ClusterHandle
+
+    loggers = [logging.getLogger(name) for name in ("distributed.client", "distributed.batched")]
+    for logger in loggers:
+        logger.removeFilter(_RECONNECT_FILTER)
+    ClusterHandle(client=None)
+    assert all(_RECONNECT_FILTER in logger.filters for logger in loggers)
+

@@ -107,6 +107,11 @@ class ClusterHandle:
     cluster: object | None = None
     owns_cluster: bool = False
 
+    def __post_init__(self):
+        # before any loss: the batched stream logs its closed comm the moment the scheduler dies, before the fit
+        # notices and reports that loss in its one line
+        quiet_reconnect_logs()
+
     @property
     def dashboard_link(self) -> str | None:
         try:
