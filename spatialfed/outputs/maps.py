@@ -17,6 +17,7 @@ file in another CRS is reprojected; nearest point within one cell). Overlays in 
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from pathlib import Path
 
 import geopandas as gpd
@@ -30,9 +31,10 @@ from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError, option
 from spatialfed.outputs import metrics
+from spatialfed.outputs.bars import counting
 from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store, default_domain,
                                            default_predictor, design_matrix, load_domain, load_model, open_workers,
-                                           predict_batches, progress_bar)
+                                           predict_batches)
 from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
@@ -301,8 +303,7 @@ def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg:
     pred = {key: np.empty(n) for key in ("mean", "sd", "sd_latent")}
     pred["owner"] = np.empty(n, dtype=np.int64)
     stream = TableStream(gpkg, ".gpkg", crs=grid.crs, layer="prediction")
-    bar = progress_bar(n, progress, desc="map")
-    try:
+    with counting(n, progress, desc="map") as bar, closing(stream):
         for i, part in predict_batches(workers, model, grid.points, X0, predictor, worker, batch):
             rows = slice(i, i + len(part["mean"]))
             for key in pred:
@@ -314,10 +315,6 @@ def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg:
                     from None
             if bar is not None:
                 bar.update(len(part["mean"]))
-    finally:
-        stream.close()
-        if bar is not None:
-            bar.close()
     return pred
 
 

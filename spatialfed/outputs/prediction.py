@@ -53,6 +53,7 @@ from spatialfed.model.params import Params
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.model.vecchia_order import VECCHIA_K
 from spatialfed.outputs import exchange, metrics, nearest, seamless, tables
+from spatialfed.outputs.bars import counting, progress_bar  # noqa: F401 (progress_bar: the bar itself)
 from spatialfed.outputs.results import check_same_store, load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
@@ -240,22 +241,6 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
         yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, band, boxes)
 
 
-def progress_bar(total: int, enabled: bool = True, desc: str = "predict", stream=None):
-    """A tqdm bar over `total` locations with rate and ETA on stderr (None when disabled): refreshed twice a second
-    on a terminal; in logs and pipes first shown after 15 s and refreshed every 15 s, so a short run, or one that
-    fails early, leaves only its result or its one error line there."""
-    if not enabled:
-        return None
-    import sys
-
-    from tqdm.auto import tqdm
-
-    stream = stream or sys.stderr
-    live = bool(getattr(stream, "isatty", lambda: False)())
-    return tqdm(total=int(total), desc=desc, unit="pt", unit_scale=total >= 10_000, file=stream, dynamic_ncols=True,
-                mininterval=0.5 if live else 15.0, delay=0.0 if live else 15.0, smoothing=0.1)
-
-
 def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamless", worker: int | None = None,
                chunk: int | None = None, *, progress: bool = False) -> dict:
     """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
@@ -267,17 +252,13 @@ def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamles
     order = nearest.spatial_order(locs0)
     out = {key: np.empty(len(locs0)) for key in ("mean", "sd", "sd_latent")}
     out["owner"] = np.empty(len(locs0), dtype=np.int64)
-    bar = progress_bar(len(locs0), progress)
-    try:
+    with counting(len(locs0), progress) as bar:
         for i, part in predict_batches(workers, model, locs0[order], X0[order], predictor, worker, chunk or CHUNK):
             k = len(part["mean"])
             for key in out:
                 out[key][order[i:i + k]] = part[key]
             if bar is not None:
                 bar.update(k)
-    finally:
-        if bar is not None:
-            bar.close()
     return out
 
 
@@ -463,8 +444,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                       n_dask_workers=n_dask_workers) as workers:
         dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
         with tables.stream_table(out, crs=info.crs) as stream:
-            bar = progress_bar(n, progress)
-            try:
+            with counting(n, progress) as bar:
                 for i, part in predict_batches(workers, model, targets.locs, targets.X, predictor, worker, size):
                     rows = slice(i, i + len(part["mean"]))
                     outside = ~dom.contains(targets.locs[rows])
@@ -474,9 +454,6 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                         mean[rows], sd[rows] = part["mean"], part["sd"]
                     if bar is not None:
                         bar.update(len(part["mean"]))
-            finally:
-                if bar is not None:
-                    bar.close()
     if n_outside:
         warnings.warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
                       "column outside_domain)", stacklevel=2)

@@ -439,18 +439,24 @@ class Terminal(io.StringIO):
 
 
 def test_progress_bar_counts_locations_on_the_stream_given_refreshing_slower_in_logs():
-    """In a log the bar waits 15 s before it first shows (a short or failing run leaves no bar lines beside its
-    result or its error line); on a terminal it shows at once and counts locations."""
+    """In a log the bar waits 15 s before it first shows and refreshes every 15 s; a run that finishes shows its
+    final count there too, one that fails leaves no bar lines (its one error line stands alone); on a terminal the
+    bar shows at once."""
     log = io.StringIO()
-    bar = pr.progress_bar(12, stream=log)
-    assert (bar.total, bar.mininterval, bar.delay) == (12, 15.0, 15.0)
-    bar.update(12)
-    bar.close()
-    assert log.getvalue() == ""
+    with pr.counting(12, stream=log) as bar:
+        assert (bar.total, bar.mininterval, bar.delay) == (12, 15.0, 15.0)
+        bar.update(12)
+    assert log.getvalue().split("\r")[-1].startswith("predict: 100%|##########| 12/12 ")
+    failed = io.StringIO()
+    with pytest.raises(OSError, match="disk full"), pr.counting(12, stream=failed) as bar:
+        bar.update(5)
+        raise OSError("disk full")
+    assert failed.getvalue() == ""
     screen = Terminal()
-    live = pr.progress_bar(3, stream=screen)
-    assert (live.mininterval, live.delay) == (0.5, 0.0)
-    live.update(3)
-    live.close()
+    with pr.counting(3, stream=screen) as live:
+        assert (live.mininterval, live.delay) == (0.5, 0.0)
+        live.update(3)
     assert screen.getvalue().split("\r")[-1].startswith("predict: 100%|##########| 3/3 ")
     assert pr.progress_bar(3, enabled=False) is None
+    with pr.counting(3, enabled=False) as none:
+        assert none is None
