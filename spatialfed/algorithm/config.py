@@ -127,7 +127,7 @@ class StatsPolicy:
                                                                                           10 * tol))
 
 
-#: StatsPolicy settings of earlier versions, and why each went (a checkpoint or fit.json that names one still loads)
+#: StatsPolicy settings of earlier versions, and why each went (a checkpoint that names one still restores)
 RETIRED = {"hold_share": "slow sites are no longer held back before the first epoch (docs/algorithm.md)"}
 
 

@@ -80,8 +80,8 @@ def test_the_statistics_policy_travels_with_the_config_and_keeps_its_ladder():
 
 
 def test_a_retired_policy_setting_is_refused_with_its_reason_unless_it_is_off():
-    """hold_share is gone (config.RETIRED): asking for a hold names the reason; its off value 0 is accepted, so a
-    fit.json of an earlier version that did not hold still reads."""
+    """hold_share is gone (config.RETIRED): asking for a hold names the reason; its off value 0 is accepted, so the
+    settings of an earlier fit that did not hold are still a valid policy."""
     from spatialfed.algorithm.config import StatsPolicy
 
     with pytest.raises(ValueError, match="hold_share was removed: slow sites are no longer held back"):
