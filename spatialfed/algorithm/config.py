@@ -131,11 +131,11 @@ class StatsPolicy:
 RETIRED = {"hold_share": "slow sites are no longer held back before the first epoch (docs/algorithm.md)"}
 
 
-def retire(policy: dict) -> dict:
+def retire(policy: dict, refuse: bool = True) -> dict:
     """A policy dict without RETIRED settings: those at their no-op value (0) are dropped, any other is refused
-    with the reason it went."""
+    with the reason it went (`refuse=False`, a checkpoint of an earlier version: dropped too)."""
     for name, why in RETIRED.items():
-        if name in policy and policy[name] not in (0, 0.0):
+        if refuse and name in policy and policy[name] not in (0, 0.0):
             raise ValueError(f"policy {name} was removed: {why}; leave it out")
     return {name: value for name, value in policy.items() if name not in RETIRED}
 

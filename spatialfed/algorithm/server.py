@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from spatialfed.algorithm import init
-from spatialfed.algorithm.config import RETIRED, FitConfig
+from spatialfed.algorithm.config import FitConfig, retire
 from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
 from spatialfed.algorithm.state import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
@@ -196,7 +196,7 @@ class FederatedServer(ServerState):
         server.phase = Phase(server.phase)
         config = dict(snap["config"])
         if isinstance(config.get("policy"), dict):  # a fit of an earlier version continues without retired settings
-            config["policy"] = {k: v for k, v in config["policy"].items() if k not in RETIRED}
+            config["policy"] = retire(config["policy"], refuse=False)
         server.config = FitConfig(**config)
         if len(snap["buffers"]) != server.n_workers:
             raise ValueError(f"snapshot has {len(snap['buffers'])} worker buffers for n_workers={server.n_workers}")
