@@ -143,6 +143,14 @@ class SiteRecords:
                              else latest)
         return models
 
+    def spread(self, u, u_at, active) -> float:
+        """Σ_j (n_j/N)·|u − u_j|² over the models nearest to u_at: the mean square distance from u of the answers an
+        estimate at u rests on (a second-order model's error at u grows as |u − u_j|²)."""
+        models = self.nearest(u_at, active)
+        n = np.array([float(st["n"]) for st in models.values()])
+        d = np.array([distance(u, st["u"]) for st in models.values()])
+        return float(n @ d ** 2 / n.sum())
+
     def within_reach(self, u, sites) -> bool:
         """Every site's nearest model is used within taylor_radius at u."""
         models = self.nearest(u, sites)

@@ -11,7 +11,7 @@ slowest site is asked again the moment it answers (it is never idle), while fast
 processor. The next point is the surrogate's maximiser only where it can judge it, ranks it above sync's step, and
 predicted the last epoch's increase no worse than sync's model (so the first two epoch points are sync's; after one
 misleading point, sync's steps); an estimate (a trace row) only from every site's model within half the epoch's step
-of its point. docs/algorithm.md argues that async ends no later than sync up to a fast round trip per mispredicted
+of its point, resting mostly on answers newer than the epoch point's (SiteRecords.spread). docs/algorithm.md argues that async ends no later than sync up to a fast round trip per mispredicted
 epoch and one epoch per misleading surrogate point (at most one a fit).
 """
 
@@ -373,9 +373,11 @@ class StatsServer(FederatedServer):
                          exact_for] if move > 0 else None
         self.boundary = step.at_bound
         self._set_params(new)
-        # an estimate only from every site's model and where it agrees with sync's step (within |s|/2 of the epoch
-        # point, as _epoch_point); elsewhere it is a probe that faster sites explore
-        if len(used) == len(self.active) and distance(new.u, self._epoch.params.u) <= 0.5 * self._epoch_step:
+        # an estimate only from every site's model, where it agrees with sync's step (within |s|/2 of the epoch
+        # point, as _epoch_point), and where most of what it rests on is newer than the epoch point's own model: the
+        # answers' mean square distance at most half of |s|² (every site's at u_a); elsewhere it is a probe
+        if (len(used) == len(self.active) and distance(new.u, self._epoch.params.u) <= 0.5 * self._epoch_step
+                and self.records.spread(new.u, u, self.active) <= 0.5 * self._epoch_step ** 2):
             self._record(STATS_STEP, now, staleness, new.loglik)
         self.iterations = self.t + 1
         self.t += 1

@@ -1,6 +1,7 @@
 """When the asynchronous statistics server lets its surrogate speak (docs/algorithm.md, "The asynchronous loop"):
 an epoch point from the surrogate only when it did not predict the last epoch's increase of ℓ worse than sync's
-quadratic model did (its measured error), and a trace row (an estimate) only where it agrees with sync's step. Each test gives
+quadratic model did (its measured error), and a trace row (an estimate) only where it agrees with sync's step and
+rests mostly on answers newer than the epoch point's. Each test gives
 the server a surrogate with a known defect and checks the fit never lets it pick or publish a point."""
 
 import numpy as np
@@ -123,4 +124,27 @@ def test_a_surrogate_step_that_disagrees_with_the_epoch_step_is_not_an_estimate(
     every estimate after the first epoch lies within half the epoch's step of its epoch point."""
     fit_ = fit_with(problem, exact_records(problem[0], shift=(0.0, 0.0, 0.4)))
     assert fit_.probes and all(d <= half * (1 + 1e-9) + 1e-12 for d, half in fit_.rows)
+    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
+
+
+def test_an_estimate_rests_mostly_on_answers_newer_than_the_epoch_point(problem, sync):
+    """Three slow sites of four: after an epoch ends, three quarters of the observations are modelled at the epoch's
+    base u_a, where sync's point already rests on them; a surrogate step there is a probe, and an estimate is
+    published only once the answers it rests on lie, in mean square, within half of |s|² of it."""
+    class Spread(Watched):
+        def _surrogate_step(self, now):
+            u_at, rows = self._explore.params.u, len(self.trace)
+            super()._surrogate_step(now)
+            candidate = distance(self.params.u, self._epoch.params.u) <= 0.5 * self._epoch_step
+            if candidate and all(j in self.records.stats for j in self.active):
+                spread = self.records.spread(self.params.u, u_at, self.active) / self._epoch_step ** 2
+                self.spreads.append((spread, len(self.trace) > rows))
+
+    models, knots, kernel = problem
+    server = Spread(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), FAR_START)
+    server.spreads = []
+    fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 6.0, 6.0, 6.0])
+    assert any(s > 0.5 for s, _ in fit_.spreads)  # the rule was tested: such steps happened
+    assert all(s <= 0.5 * (1 + 1e-9) for s, published in fit_.spreads if published)
+    assert any(published for _, published in fit_.spreads)
     assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
