@@ -11,8 +11,9 @@ slowest site is asked again the moment it answers (it is never idle), while fast
 processor. The next point is the surrogate's maximiser only where it can judge it, ranks it above sync's step, and
 predicted the last epoch's increase no worse than sync's model (so the first two epoch points are sync's; after one
 misleading point, sync's steps); an estimate (a trace row) only from every site's model within half the epoch's step
-of its point, resting mostly on answers newer than the epoch point's (SiteRecords.spread). docs/algorithm.md argues that async ends no later than sync up to a fast round trip per mispredicted
-epoch and one epoch per misleading surrogate point (at most one a fit).
+of its point, resting mostly on answers newer than the epoch point's (SiteRecords.spread). docs/algorithm.md argues
+that async ends no later than sync up to a fast round trip per mispredicted epoch and one epoch per misleading
+surrogate point (at most one a fit).
 """
 
 from __future__ import annotations
