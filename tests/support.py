@@ -5,8 +5,12 @@ Data follow the paper's Section 6 design: covariates ~ N(0, 1) without an interc
 (μ, γ) step, docs/algorithm.md), an exactly simulated Matérn field plus noise, a regular knot grid.
 """
 
+import asyncio
+import errno
+
 import numpy as np
 import pytest
+import zarr
 from scipy import linalg, optimize
 from scipy.spatial.distance import cdist
 
@@ -128,3 +132,23 @@ def simulated_fit(d, seed: int, max_iter: int):
     assert main(["fit", str(store), "--out", str(fit), "--runtime", "simulated", "--knots", "16", "--mode", "sync",
                  "--max-iter", str(max_iter), "--quiet"]) == 0
     return d, store, fit
+
+
+def full_disk_beside_slow_parent_writes(monkeypatch, key_suffix: str, delay: float = 0.3) -> None:
+    """Make zarr's LocalStore fail writing a key ending in `key_suffix` as a full disk does (EFBIG) while the parent
+    groups' metadata, which zarr writes beside it (asyncio.gather), arrives `delay` s late: a writer that cleans up
+    without waiting for zarr finds that metadata recreating its staged directory."""
+    local = zarr.storage.LocalStore
+    real_set, real_if_absent = local.set, local.set_if_not_exists
+
+    async def full_disk(self, key, value):
+        if key.endswith(key_suffix):
+            raise OSError(errno.EFBIG, "File too large")
+        return await real_set(self, key, value)
+
+    async def late(self, key, value):
+        await asyncio.sleep(delay)
+        return await real_if_absent(self, key, value)
+
+    monkeypatch.setattr(local, "set", full_disk)
+    monkeypatch.setattr(local, "set_if_not_exists", late)

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from spatialfed.data import store
 from spatialfed.data.coords import MAX_ABS_COORD
 from spatialfed.data.store import StoreInfo, load_test, load_worker, open_store, write_store
 from spatialfed.errors import StoreError
+from support import full_disk_beside_slow_parent_writes
 
 TRUTH = {"gamma": [1.0, -2.0], "delta": 0.25, "sigma2": 1.0, "beta": 0.1, "nu": 0.5}
 
@@ -102,6 +104,14 @@ def test_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_store(tmp_path / "s.zarr", make_parts(), partition="random", crs=None, covariate_names=["a", "b"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_waits_for_zarrs_writes_still_in_flight(tmp_path, monkeypatch):
+    full_disk_beside_slow_parent_writes(monkeypatch, "locs/zarr.json")
+    with pytest.raises(OSError):
+        write_store(tmp_path / "s.zarr", make_parts(), partition="random", crs=None, covariate_names=["a", "b"])
+    time.sleep(0.6)  # longer than the slow sibling: whatever it would write has been written
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == []
 
 
 def test_failed_overwrite_keeps_the_old_store(written, monkeypatch):

@@ -1,10 +1,12 @@
 """Result files of SPEC §6: exact fit.json keys, model.zarr, trace.csv, atomic writes, readers."""
 
 import json
+import time
 
 import numpy as np
 import pytest
 
+from spatialfed.errors import OutputError
 from spatialfed.outputs.results import (
     FIT_KEYS,
     TRACE_KEYS,
@@ -13,6 +15,7 @@ from spatialfed.outputs.results import (
     load_trace_csv,
     write_results,
 )
+from support import full_disk_beside_slow_parent_writes
 
 
 def make_result(m=9, p=3, n_trace=4, loglik=-123.5):
@@ -87,6 +90,14 @@ def test_failed_write_leaves_previous_results_intact(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+def test_a_full_disk_in_model_zarr_leaves_nothing_once_zarr_is_idle(tmp_path, monkeypatch):
+    full_disk_beside_slow_parent_writes(monkeypatch, "knots/zarr.json")
+    with pytest.raises(OutputError, match="File too large"):
+        write_results(tmp_path / "out", make_result())
+    time.sleep(0.6)  # longer than the slow sibling: whatever it would write has been written
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == []
+
+
 def test_non_finite_loglik_is_null_not_nan(tmp_path):
     out = write_results(tmp_path / "o", make_result(loglik=float("nan")))
     text = (out / "fit.json").read_text()
@@ -120,7 +131,6 @@ def test_extras_join_the_atomic_set(tmp_path):
 
 
 def test_out_naming_a_file_is_one_line(tmp_path):
-    from spatialfed.errors import OutputError
 
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputError, match=r"exists and is a file, not a directory; choose another out_dir"):

@@ -14,11 +14,13 @@ warning, and their fingerprint is derived from the metadata ("legacy-sha256:..."
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import re
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -175,6 +177,36 @@ def _write_arrays(group: zarr.Group, part) -> str:
     return digest
 
 
+@contextmanager
+def zarr_writes_settled(timeout: float = 30.0):
+    """On an exception, wait (up to `timeout` s) for the writes zarr still has in flight before it propagates.
+
+    zarr writes a node's pieces concurrently on its own IO loop; when one fails (a full disk) the call returns at
+    once while its siblings run on, and one may create a file after the staged directory was removed. Nest this
+    inside `staged` so its cleanup runs only once zarr is idle."""
+    try:
+        yield
+    except BaseException:
+        loop = getattr(getattr(zarr.core, "sync", None), "loop", [None])[0]
+        if loop is not None and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(_idle(timeout), loop).result(timeout + 1.0)
+            except Exception:  # best effort: the original error is the one to report
+                pass
+        raise
+
+
+async def _idle(timeout: float) -> None:
+    """Return once no task but this one is left on the running loop (or after `timeout` s)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        left = deadline - asyncio.get_running_loop().time()
+        if not others or left <= 0:
+            return
+        await asyncio.wait(others, timeout=left)
+
+
 def write_store(path, parts, *, partition: str, crs: str | None, covariate_names: list[str], truth: dict | None = None,
                 test: tuple | None = None, overwrite: bool = False, extra_attrs: dict | None = None) -> Store:
     """Write parts[j] = (locs, z, X) to groups workers/<j> (and `test`), each with its row count and checksum, and
@@ -195,7 +227,7 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
                  covariate_names=covariate_names)
     if truth is not None:
         attrs["truth"] = truth
-    with staged(path, directory=True) as tmp:
+    with staged(path, directory=True) as tmp, zarr_writes_settled():
         root = zarr.open_group(tmp, mode="w")
         workers = root.create_group("workers")
         records = [(f"workers/{j}", len(part[1]), _write_arrays(workers.create_group(str(j)), part))

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from spatialfed.atomic import staged_entries
+from spatialfed.data.store import zarr_writes_settled
 from spatialfed.errors import OutputError, StoreError, option
 
 FIT_JSON = "fit.json"
@@ -211,7 +212,8 @@ def write_results(out_dir, result: FitResult, *, extras: dict | None = None) -> 
     text = json.dumps(doc, indent=1, allow_nan=False)
     with staged_entries(out, last=(FIT_JSON,)) as tmp:
         _write_trace_csv(tmp / TRACE_CSV, result.trace, len(doc["params"]["gamma"]))
-        _write_model_zarr(tmp / MODEL_ZARR, result)
+        with zarr_writes_settled():
+            _write_model_zarr(tmp / MODEL_ZARR, result)
         for name, write in (extras or {}).items():
             if Path(name).name != name or name in (FIT_JSON, TRACE_CSV, MODEL_ZARR):
                 raise ValueError(f"extra result file {name!r} must be a plain file name other than the result files")
