@@ -187,7 +187,7 @@ def zarr_writes_settled(timeout: float = 30.0):
     try:
         yield
     except BaseException:
-        loop = getattr(getattr(zarr.core, "sync", None), "loop", [None])[0]
+        loop = getattr(getattr(zarr.core, "sync", None), "loop", [None])[0]  # zarr's IO loop, once started
         if loop is not None and loop.is_running():
             try:
                 asyncio.run_coroutine_threadsafe(_idle(timeout), loop).result(timeout + 1.0)
@@ -197,14 +197,10 @@ def zarr_writes_settled(timeout: float = 30.0):
 
 
 async def _idle(timeout: float) -> None:
-    """Return once no task but this one is left on the running loop (or after `timeout` s)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        others = asyncio.all_tasks() - {asyncio.current_task()}
-        left = deadline - asyncio.get_running_loop().time()
-        if not others or left <= 0:
-            return
-        await asyncio.wait(others, timeout=left)
+    """Return once every other task on the running loop is done (they await what they start), or after `timeout` s."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=timeout)
 
 
 def write_store(path, parts, *, partition: str, crs: str | None, covariate_names: list[str], truth: dict | None = None,
