@@ -8,7 +8,18 @@ ONE answer of the slowest site (site J−1: the slow one of the straggler and gr
 - answered at φ₀ (a site that is not held, as graded's): `one_answer_at_phi0` = max |Δ log θ| of that maximiser
   from u*. Above 1e-3 the slowest site must answer at least twice before the fit settles: async ≥ 2 T against
   sync's settle time;
-- answered at u_s, the others' optimum (a held straggler): `one_answer_at_us`, the same distance.
+- answered at u_s, the others' optimum (a held straggler): `one_answer_at_us`, the same distance;
+- answered at φ₀ and modelled as the server does by default, through the others' exact statistics (the control
+  variate of stale.site_models: only its difference from them at φ₀, where every site answered the first epoch,
+  is extrapolated): `one_answer_at_phi0_cv`;
+- answered at φ₀ with exact third derivatives besides (forward differences of its second derivatives, h = 1e-4:
+  what a site could add to its first answer at a price in compute): `one_answer_at_phi0_third`.
+
+`sync_settle_rounds`: when the synchronous fit settles (within 1e-3 of the optimum), in round trips. The summary's
+floors are means of min(1, k / sync_settle_rounds) with k the slowest site's answers before the surrogate can settle:
+1 everywhere (`floor_hard`: no estimate before its first answer), 1 where its one answer's model settles and 2
+elsewhere (`floor_one_answer`, second order; `floor_one_answer_cv`, the control variate; `floor_one_answer_third`,
+third order).
 
 null: the one answer's model is not positive definite at u* (it cannot stand for the site there at all).
 
@@ -28,33 +39,58 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import minimize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_async_vs_sync as bench  # noqa: E402
 
 
-def maximiser(statistics, start, bounds, knots, kernel) -> np.ndarray | None:
-    """argmax over u in the box of ℓ_LR(Σ statistics(u)) from `start` (L-BFGS-B on the exact gradient); None when
-    the summed statistics are not positive definite at `start` (a model that cannot be used there)."""
+def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -> np.ndarray | None:
+    """argmax over u in the box of ℓ_LR(Σ statistics(u)) from `start`: Newton ascent on the exact gradient and
+    Hessian, damped (Levenberg) until a step keeps the sums positive definite and does not lower ℓ; coordinates
+    on a bound the gradient pushes against stay there. None when the sums are not positive definite at `start` (a
+    model that cannot be used there). (L-BFGS-B, used until 29 Nov, stopped after one step with a gradient of order
+    1 whenever a trial point was not positive definite, and reported the start.)"""
     from spatialfed.algorithm.profile import NotPositiveDefinite, profile_loglik, sum_statistics
 
-    def negative(u):
+    def at(u):
         try:
-            pr = profile_loglik(sum_statistics(statistics(u)), knots, kernel)
+            return profile_loglik(sum_statistics(statistics(u)), knots, kernel)
         except NotPositiveDefinite:
-            return np.inf, np.zeros_like(u)
-        return -pr.loglik, -np.asarray(pr.grad)
+            return None
 
-    if not np.isfinite(negative(np.asarray(start, dtype=float))[0]):
+    lo, hi = (np.asarray(b, dtype=float) for b in bounds)
+    u = np.clip(np.asarray(start, dtype=float), lo, hi)
+    pr = at(u)
+    if pr is None:
         return None
-    return minimize(negative, start, jac=True, method="L-BFGS-B", bounds=list(zip(*bounds)),
-                    options={"gtol": 1e-9, "ftol": 1e-15}).x
+    damping = 0.0
+    for _ in range(iterations):
+        g, H = np.asarray(pr.grad), np.asarray(pr.hess)
+        free = ~(((u <= lo) & (g < 0)) | ((u >= hi) & (g > 0)))
+        scale = float(np.max(np.abs(H)))
+        if not np.any(free) or np.max(np.abs(g[free])) <= 1e-10 * scale:
+            return u
+        while True:
+            A = -H[np.ix_(free, free)] + damping * np.eye(int(free.sum()))
+            new = u.copy()
+            try:
+                new[free] += np.linalg.solve(np.linalg.cholesky(A).T, np.linalg.solve(np.linalg.cholesky(A), g[free]))
+            except np.linalg.LinAlgError:  # -H not positive definite on the free coordinates: damp more
+                new = None
+            new_pr = None if new is None else at(np.clip(new, lo, hi))
+            if new_pr is not None and new_pr.loglik >= pr.loglik:
+                u, pr, damping = np.clip(new, lo, hi), new_pr, damping / 10
+                break
+            damping = max(10 * damping, 1e-8 * scale)
+            if damping > 1e8 * scale:  # no step raises ℓ in double precision: u is the maximiser to rounding
+                return u
+    return u
 
 
 def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     """One store: φ₀, u*, u_s and the two one-answer maximisers' distances from u*."""
-    from spatialfed.algorithm.profile import taylor_statistics
+    from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
+    from spatialfed.algorithm.stale import refine_points, refined, site_models, u_key
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.simulate import simulate_store
     from spatialfed.data.store import open_store
@@ -67,6 +103,7 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
         simulate_store(path, setting.workers, spec.n_per_worker, nu=setting.nu, beta=setting.beta, seed=spec.seed,
                        partition=spec.partition, test_size=0)
         ref = bench.fit_stats(path, setting, "sync", "balanced", max_iter=100, tol=1e-10)
+        sync = bench.fit_stats(path, setting, "sync", "balanced")  # equal sites: every round trip lasts T
         knots, kernel = jittered_unit_grid(setting.knots, seed=0), Matern(setting.nu)
         info = open_store(path)
         run_id = uuid.uuid4().hex[:12]
@@ -96,12 +133,26 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     far = float(np.max(np.abs(u0 - u_star)))
     at_phi0 = maximiser(with_slow(answer(u0)), u_star, box, knots, kernel)
     at_us = maximiser(with_slow(answer(u_s)), u_star, box, knots, kernel)
+    first = answer(u0)
+    third = refined(first, [answer(u) for u in refine_points(first, 1e-4, *box)], reach=np.inf)
+    at_phi0_third = maximiser(with_slow(third), u_star, box, knots, kernel)
+    first_epoch = {u_key(u0): {"sum": sum_statistics(exact(u0) + [first]), "sites": list(range(len(models)))}}
+
+    def control_variate(u):
+        stats = {**dict(enumerate(exact(u))), slow: first}
+        return [site_models(stats, first_epoch, range(len(models)), 1.0, True, np.asarray(u))(u)]
+
+    at_phi0_cv = maximiser(control_variate, u_star, box, knots, kernel)
+    times = [row["time_s"] for row in sync.trace_]
+    settle = bench.time_to_target(sync.trace_, ref.params_)
     def gap(u):  # None: the model of the one answer is not even positive definite at u*
         return None if u is None else float(np.max(np.abs(u - u_star)))
 
     return {"seed": spec.seed, "n_per_worker": spec.n_per_worker, "partition": spec.partition,
             "phi0_from_optimum": far, "us_from_optimum": gap(u_s), "one_answer_at_phi0": gap(at_phi0),
-            "one_answer_at_us": gap(at_us)}
+            "one_answer_at_us": gap(at_us), "one_answer_at_phi0_cv": gap(at_phi0_cv),
+            "one_answer_at_phi0_third": gap(at_phi0_third),
+            "sync_settle_rounds": None if settle is None else (settle - times[0]) / (times[1] - times[0])}
 
 
 def main(argv=None) -> int:
@@ -123,9 +174,19 @@ def main(argv=None) -> int:
     def settles(key):
         return sum(r[key] is not None and r[key] <= band for r in rows)
 
+    def floor(key=None):  # mean of min(1, k / sync's rounds), k = 1 where `key`'s one answer settles, else 2
+        ks = [1 if key is None or (r[key] is not None and r[key] <= band) else 2 for r in rows]
+        return float(np.mean([min(1.0, k / r["sync_settle_rounds"]) for k, r in zip(ks, rows) if r["sync_settle_rounds"]]))
+
     far = [np.inf if r["one_answer_at_phi0"] is None else r["one_answer_at_phi0"] for r in rows]
     summary = {"stores": len(rows), "one_answer_at_phi0_settles": settles("one_answer_at_phi0"),
-               "one_answer_at_us_settles": settles("one_answer_at_us"), "median_one_answer_at_phi0": float(np.median(far))}
+               "one_answer_at_phi0_cv_settles": settles("one_answer_at_phi0_cv"),
+               "one_answer_at_phi0_third_settles": settles("one_answer_at_phi0_third"),
+               "one_answer_at_us_settles": settles("one_answer_at_us"), "median_one_answer_at_phi0": float(np.median(far)),
+               "sync_settle_rounds_mean": float(np.mean([r["sync_settle_rounds"] or np.nan for r in rows])),
+               "floor_hard": floor(), "floor_one_answer": floor("one_answer_at_phi0"),
+               "floor_one_answer_cv": floor("one_answer_at_phi0_cv"),
+               "floor_one_answer_third": floor("one_answer_at_phi0_third")}
     print(json.dumps({"rows": rows, "summary": summary}, indent=1))
     return 0
 
