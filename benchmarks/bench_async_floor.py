@@ -39,6 +39,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from scipy.linalg import cho_factor, cho_solve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_async_vs_sync as bench  # noqa: E402
@@ -48,8 +49,8 @@ def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -
     """argmax over u in the box of ℓ_LR(Σ statistics(u)) from `start`: Newton ascent on the exact gradient and
     Hessian, damped (Levenberg) until a step keeps the sums positive definite and does not lower ℓ; coordinates
     on a bound the gradient pushes against stay there. None when the sums are not positive definite at `start` (a
-    model that cannot be used there). (L-BFGS-B, used until 29 Nov, stopped after one step with a gradient of order
-    1 whenever a trial point was not positive definite, and reported the start.)"""
+    model that cannot be used there). Not a quasi-Newton method: trial points where the sums are not positive
+    definite are common far from a model's centre, and L-BFGS-B stops at the first one."""
     from spatialfed.algorithm.profile import NotPositiveDefinite, profile_loglik, sum_statistics
 
     def at(u):
@@ -71,10 +72,9 @@ def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -
         if not np.any(free) or np.max(np.abs(g[free])) <= 1e-10 * scale:
             return u
         while True:
-            A = -H[np.ix_(free, free)] + damping * np.eye(int(free.sum()))
             new = u.copy()
             try:
-                new[free] += np.linalg.solve(np.linalg.cholesky(A).T, np.linalg.solve(np.linalg.cholesky(A), g[free]))
+                new[free] += cho_solve(cho_factor(-H[np.ix_(free, free)] + damping * np.eye(int(free.sum()))), g[free])
             except np.linalg.LinAlgError:  # -H not positive definite on the free coordinates: damp more
                 new = None
             new_pr = None if new is None else at(np.clip(new, lo, hi))
@@ -88,7 +88,7 @@ def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -
 
 
 def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
-    """One store: φ₀, u*, u_s and the two one-answer maximisers' distances from u*."""
+    """One store: φ₀, u*, u_s, the one-answer maximisers' distances from u* and sync's settle rounds."""
     from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
     from spatialfed.algorithm.stale import refine_points, refined, site_models, u_key
     from spatialfed.data.geometry import jittered_unit_grid
@@ -176,13 +176,15 @@ def main(argv=None) -> int:
 
     def floor(key=None):  # mean of min(1, k / sync's rounds), k = 1 where `key`'s one answer settles, else 2
         ks = [1 if key is None or (r[key] is not None and r[key] <= band) else 2 for r in rows]
-        return float(np.mean([min(1.0, k / r["sync_settle_rounds"]) for k, r in zip(ks, rows) if r["sync_settle_rounds"]]))
+        return float(np.mean([min(1.0, k / r["sync_settle_rounds"])
+                              for k, r in zip(ks, rows) if r["sync_settle_rounds"]]))
 
     far = [np.inf if r["one_answer_at_phi0"] is None else r["one_answer_at_phi0"] for r in rows]
     summary = {"stores": len(rows), "one_answer_at_phi0_settles": settles("one_answer_at_phi0"),
                "one_answer_at_phi0_cv_settles": settles("one_answer_at_phi0_cv"),
                "one_answer_at_phi0_third_settles": settles("one_answer_at_phi0_third"),
-               "one_answer_at_us_settles": settles("one_answer_at_us"), "median_one_answer_at_phi0": float(np.median(far)),
+               "one_answer_at_us_settles": settles("one_answer_at_us"),
+               "median_one_answer_at_phi0": float(np.median(far)),
                "sync_settle_rounds_mean": float(np.mean([r["sync_settle_rounds"] or np.nan for r in rows])),
                "floor_hard": floor(), "floor_one_answer": floor("one_answer_at_phi0"),
                "floor_one_answer_cv": floor("one_answer_at_phi0_cv"),
