@@ -131,9 +131,9 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     box = server.bounds
     u_s = maximiser(exact, u_star, box, knots, kernel)
     far = float(np.max(np.abs(u0 - u_star)))
-    at_phi0 = maximiser(with_slow(answer(u0)), u_star, box, knots, kernel)
-    at_us = maximiser(with_slow(answer(u_s)), u_star, box, knots, kernel)
     first = answer(u0)
+    at_phi0 = maximiser(with_slow(first), u_star, box, knots, kernel)
+    at_us = maximiser(with_slow(answer(u_s)), u_star, box, knots, kernel)
     third = refined(first, [answer(u) for u in refine_points(first, 1e-4, *box)], reach=np.inf)
     at_phi0_third = maximiser(with_slow(third), u_star, box, knots, kernel)
     first_epoch = {u_key(u0): {"sum": sum_statistics(exact(u0) + [first]), "sites": list(range(len(models)))}}

@@ -131,7 +131,6 @@ def test_extras_join_the_atomic_set(tmp_path):
 
 
 def test_out_naming_a_file_is_one_line(tmp_path):
-
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputError, match=r"exists and is a file, not a directory; choose another out_dir"):
         write_results(tmp_path / "f", make_result())
