@@ -13,7 +13,11 @@ ONE answer of the slowest site (site J−1: the slow one of the straggler and gr
   variate of stale.site_models: only its difference from them at φ₀, where every site answered the first epoch,
   is extrapolated): `one_answer_at_phi0_cv`;
 - answered at φ₀ with exact third derivatives besides (forward differences of its second derivatives, h = 1e-4:
-  what a site could add to its first answer at a price in compute): `one_answer_at_phi0_third`.
+  what a site could add to its first answer at a price in compute): `one_answer_at_phi0_third`;
+- a SECOND answer, modelled the same way around it: at the maximiser c_1 of the control-variate model above
+  (`second_answer_at_c1`: the best second point the first answer allows) or at sync's first step u_1
+  (`second_answer_at_u1`: the asynchronous loop's second epoch point). Where c_1's settles and u_1's does not, the
+  loop's second point, not the models, keeps the slowest site answering more than twice.
 
 `sync_settle_rounds`: when the synchronous fit settles (within 1e-3 of the optimum), in round trips. The summary's
 floors are means of min(1, k / sync_settle_rounds) with k the slowest site's answers before the surrogate can settle:
@@ -136,13 +140,18 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     at_us = maximiser(with_slow(answer(u_s)), u_star, box, knots, kernel)
     third = refined(first, [answer(u) for u in refine_points(first, 1e-4, *box)], reach=np.inf)
     at_phi0_third = maximiser(with_slow(third), u_star, box, knots, kernel)
-    first_epoch = {u_key(u0): {"sum": sum_statistics(exact(u0) + [first]), "sites": list(range(len(models)))}}
 
-    def control_variate(u):
-        stats = {**dict(enumerate(exact(u))), slow: first}
-        return [site_models(stats, first_epoch, range(len(models)), 1.0, True, np.asarray(u))(u)]
+    def control_variate(one):  # the server's model of the slowest site from `one` answer, through the others there
+        there = [taylor_statistics(st, one["u"]) for st in exact(one["u"])]  # at one["u"] to the bit (exp/log)
+        epoch = {u_key(one["u"]): {"sum": sum_statistics(there + [one]), "sites": list(range(len(models)))}}
 
-    at_phi0_cv = maximiser(control_variate, u_star, box, knots, kernel)
+        def statistics(u):
+            stats = {**dict(enumerate(exact(u))), slow: one}
+            return [site_models(stats, epoch, range(len(models)), 1.0, True, np.asarray(u))(u)]
+        return maximiser(statistics, u_star, box, knots, kernel)
+
+    at_phi0_cv = control_variate(first)
+    u1 = np.log([sync.trace_[1][k] for k in ("delta", "sigma2", "beta")])  # sync's first step from φ₀
     times = [row["time_s"] for row in sync.trace_]
     settle = bench.time_to_target(sync.trace_, ref.params_)
     def gap(u):  # None: the model of the one answer is not even positive definite at u*
@@ -152,6 +161,8 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
             "phi0_from_optimum": far, "us_from_optimum": gap(u_s), "one_answer_at_phi0": gap(at_phi0),
             "one_answer_at_us": gap(at_us), "one_answer_at_phi0_cv": gap(at_phi0_cv),
             "one_answer_at_phi0_third": gap(at_phi0_third),
+            "second_answer_at_c1": None if at_phi0_cv is None else gap(control_variate(answer(at_phi0_cv))),
+            "second_answer_at_u1": gap(control_variate(answer(u1))), "u1_from_optimum": gap(u1),
             "sync_settle_rounds": None if settle is None else (settle - times[0]) / (times[1] - times[0])}
 
 
@@ -184,6 +195,8 @@ def main(argv=None) -> int:
                "one_answer_at_phi0_cv_settles": settles("one_answer_at_phi0_cv"),
                "one_answer_at_phi0_third_settles": settles("one_answer_at_phi0_third"),
                "one_answer_at_us_settles": settles("one_answer_at_us"),
+               "second_answer_at_c1_settles": settles("second_answer_at_c1"),
+               "second_answer_at_u1_settles": settles("second_answer_at_u1"),
                "median_one_answer_at_phi0": float(np.median(far)),
                "sync_settle_rounds_mean": float(np.mean([r["sync_settle_rounds"] or np.nan for r in rows])),
                "floor_hard": floor(), "floor_one_answer": floor("one_answer_at_phi0"),

@@ -34,6 +34,14 @@ def test_one_answer_rows_and_the_maximiser_against_the_synchronous_optimum(tmp_p
     # not settle its model
     rounds = row["sync_settle_rounds"]
     assert rounds >= 1 and doc["summary"]["floor_hard"] == pytest.approx(min(1, 1 / rounds))
+    # the second answer at sync's first step u_1 or at the first answer's control-variate maximiser
+    for key in ("second_answer_at_c1", "second_answer_at_u1"):
+        assert row[key] is None or row[key] >= 0
+        assert doc["summary"][f"{key}_settles"] == int(row[key] is not None and row[key] <= 1e-3)
+    assert row["u1_from_optimum"] > 0
+    # here (a third of the data slow, φ₀ 0.8 away) a second answer where the first one's model leads is nearer than
+    # that model, and nearer than one at sync's u_1 (0.03, 0.26, 0.09)
+    assert row["second_answer_at_c1"] < min(row["one_answer_at_phi0_cv"], row["second_answer_at_u1"])
     for key in ("one_answer_at_phi0", "one_answer_at_phi0_cv", "one_answer_at_phi0_third"):
         k = 1 if row[key] is not None and row[key] <= 1e-3 else 2
         floor_key = key.replace("one_answer_at_phi0", "floor_one_answer")
