@@ -103,7 +103,7 @@ def test_dask_runtime_slowed_site_costs_wall_time_not_cpu(client, store):
     finally:
         runtime.stop()
     cpu = np.array([cpu1[where[j]] - cpu0[where[j]] for j in range(J)])
-    assert np.all(cpu > 0.02 * ROUNDS)  # the statistics of 400 points cost tens of ms each: the timers resolve them
+    assert np.all(cpu > 0.005 * ROUNDS)  # ≥ 5 ms per request of 400 points, fast machines too: the timers resolve it
     assert cpu[0] <= 1.5 * cpu[1] + 0.05
     assert cpu[0] <= 0.35 * wall[0]
     # the emulated (SLOW − 1)·c of sleep is in the slowed site's wall time (process CPU ≤ ~2× the tasks' thread CPU
