@@ -29,9 +29,14 @@ Prints one JSON document on stdout, progress on stderr (ending with the summary 
   asynchronous one, whose aggregations are in async_aggregations), sync_server_s and async_server_s (--preset
   stats on the simulated runtime: wall seconds the server itself took, which the virtual clock does not charge),
   ratio_by_rtol (the same ratio at tolerances 1e-2 and 1e-4: where a ratio above 1 at 1e-3 is not above 1 at
-  either, one estimate lay just inside the band and the other just outside) and the wall seconds it took;
+  either, one estimate lay just inside the band and the other just outside), async_settled_by (--preset stats on
+  the simulated runtime: the answer after which the asynchronous estimate settled, its site, kind — epoch,
+  explore, refine —, the epochs completed before it, at_s, and its site's round trip as a share of the slowest
+  site's) and the wall seconds it took;
 - a summary per (profile, n_per_worker, partition, sizes) and per profile: runs, settled, on_optimum
-  (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst;
+  (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst, and
+  settled_by: how many asynchronous runs settled on the slowest site's epoch answer, on another site's, or between
+  epochs;
 - bounds: issue 27's "Done when" bounds (every run settled on the synchronous optimum, no ratio above 1.05,
   balanced ≤ 1.02, mean over straggler and graded ≤ 0.5, over graded:12 ≤ 0.85), each with its value and whether
   it holds (an unsettled run counts as an infinite ratio there).
@@ -206,6 +211,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
 
     from spatialfed.algorithm.config import FitConfig
     from spatialfed.algorithm.protocol import STATS_STEP, Quantity, evaluate
+    from spatialfed.algorithm.state import Phase
     from spatialfed.algorithm.stats_server import StatsServer
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.store import open_store
@@ -241,6 +247,20 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
         clock does not charge."""
 
         server_s = 0.0
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.answer_log = []  # (arrival time, site, kind, epochs completed) of every answer in the loop
+
+        def _receive(self, qs, now):
+            if self.phase == Phase.LOOP:
+                for q in qs:
+                    task = self._in_flight.get(q.worker)
+                    kind = ("refine" if task is not None and "refine" in task.extra else
+                            "epoch" if q.worker in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
+                            else "explore")
+                    self.answer_log.append((float(now), int(q.worker), kind, int(self.epochs)))
+            return super()._receive(qs, now)
 
         def receive(self, qs, now):
             tic = time.perf_counter()
@@ -295,9 +315,23 @@ def ratios_beside(sync_trace, async_trace, ref) -> dict:
     return {f"{rtol:g}": settle_ratio(sync_trace, async_trace, ref, rtol) for rtol in RTOL_BESIDE}
 
 
+def settled_by(answer_log, async_s, slowdowns) -> dict | None:
+    """The answer after which the asynchronous estimate settled: the last to arrive by async_s (the settling trace
+    row follows it), with its site, kind (epoch, explore, refine), the epochs completed before it and its site's
+    round trip as a share of the slowest site's (None when the run never settled)."""
+    arrived = [a for a in answer_log if a[0] <= async_s * (1 + 1e-12)] if async_s is not None else []
+    if not arrived:
+        return None
+    at, site, kind, epochs = arrived[-1]
+    return {"site": site, "kind": kind, "epochs": epochs, "at_s": at,
+            "round_trip_share": round(float(slowdowns[site] / np.max(slowdowns)), 3)}
+
+
 def run_stats(store, setting, profiles, max_iter, options=None):
     """Rows of the stats preset for one store: reference, then sync and async per profile (async gets at most 20×
     the synchronous settle time)."""
+    from spatialfed.runtime.heterogeneity import resolve_slowdowns
+
     cache: dict = {}
     say("reference: synchronous StatsServer to tol 1e-10 (virtual clock)")
     ref = fit_stats(store, setting, "sync", "balanced", max_iter=100, tol=1e-10, cache=cache)
@@ -308,7 +342,10 @@ def run_stats(store, setting, profiles, max_iter, options=None):
         budget = None if sync_s is None else 20 * sync_s
         asyn = fit_stats(store, setting, "async", profile, max_iter=max_iter, time_budget=budget, cache=cache,
                          grow=False, options=options)
+        slowdowns = resolve_slowdowns(profile, setting.workers)
+        settled = settled_by(asyn.server.answer_log, time_to_target(asyn.trace_, ref.params_), slowdowns)
         rows.append(compare(profile, "simulated", ref, sync, asyn, async_rounds=round(asyn.server.rounds, 2),
+                            async_settled_by=settled,
                             async_aggregations=asyn.n_iter_, async_slowest_answers=int(min(asyn.server.answers)),
                             sync_server_s=round(sync.server.server_s, 3), async_server_s=round(asyn.server.server_s, 3),
                             wall_s=round(ref.wall_s / len(profiles) + sync.wall_s + asyn.wall_s, 2)))
@@ -566,7 +603,22 @@ def stats_of(rows) -> dict:
             "on_optimum": sum(abs(r["dloglik"]) <= LOGLIK_TOL for r in rows),
             "mean": float(np.mean(ratios)) if ratios else None, "worst": worst["ratio"] if worst else None,
             "worst_run": None if worst is None else {k: worst[k] for k in
-                                                     ("seed", "partition", "sizes", "n_per_worker", "runtime")}}
+                                                     ("seed", "partition", "sizes", "n_per_worker", "runtime")},
+            **settled_by_counts(rows)}
+
+
+def settled_by_counts(rows) -> dict:
+    """How the settled asynchronous runs settled: on the slowest site's epoch answer, on another site's epoch
+    answer, or between epochs (an exploration or a refinement); {} for rows without async_settled_by."""
+    by = [r["async_settled_by"] for r in rows if r.get("async_settled_by")]
+    if not by:
+        return {}
+    slowest = {"slowest_epoch": 0, "other_epoch": 0, "between_epochs": 0}
+    for b in by:
+        key = "between_epochs" if b["kind"] != "epoch" else (
+            "slowest_epoch" if b["round_trip_share"] == 1.0 else "other_epoch")
+        slowest[key] += 1
+    return {"settled_by": slowest}
 
 
 def summarize(rows, profiles) -> dict:

@@ -218,3 +218,23 @@ def test_parallel_jobs_give_the_same_rows(tiny, capsys):
             assert value == pytest.approx(want[key], rel=1e-9, abs=1e-12) if isinstance(value, float) else \
                 value == want[key], key
     assert par["settings"]["jobs"] == 2
+
+
+def test_each_run_names_the_answer_it_settled_on(tiny):
+    """async_settled_by: the answer whose arrival the settling trace row follows (on the virtual clock at once)."""
+    for r in tiny["rows"]:
+        b = r["async_settled_by"]
+        assert b["at_s"] == pytest.approx(r["async_s"], rel=1e-12) and 0 <= b["site"] < 3 and b["epochs"] >= 0
+        assert b["kind"] in {"epoch", "explore", "refine"}
+        # straggler: the last worker is the slow one; balanced: every site is as slow as the slowest, and answers
+        # only at epoch points (no site is ever free before the epoch ends)
+        assert (b["round_trip_share"] == 1.0) == (r["profile"] == "balanced" or b["site"] == 2)
+        if r["profile"] == "balanced":
+            assert b["kind"] == "epoch"
+    for p in tiny["summary"]["by_profile"]:
+        assert sum(p["settled_by"].values()) == p["settled"]
+    assert bench.settled_by([(1.0, 0, "epoch", 0)], None, np.ones(3)) is None
+    # the last answer by the settle time, not the first
+    log = [(1.0, 0, "epoch", 0), (2.0, 1, "explore", 1), (3.0, 2, "epoch", 1)]
+    assert bench.settled_by(log, 2.0, np.array([1.0, 1.0, 4.0])) == {
+        "site": 1, "kind": "explore", "epochs": 1, "at_s": 2.0, "round_trip_share": 0.25}
