@@ -51,9 +51,11 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
     """u ↦ scale · Σ_{j ∈ used} T_j(u), T_j the model of site j's statistics at u.
 
     T_j is the second-order Taylor model around its u_j (taylor_statistics; exact at u_j). With control_variates,
-    a stale site j is modelled through the sites F that also answered at u_j (all of them used), whose models are
-    fresher: T_j(u) = ρ Σ_{k∈F} T_k(u) + Taylor[S_j − ρ Σ_{k∈F} S_k](u; u_j), ρ = n_j / n_F. Only the difference
-    between site j and the others is extrapolated from u_j; it varies with u far less than S_j itself.
+    a stale site j is modelled through the sites F that also answered at u_j and whose models are fresher (a later
+    answer, or third order there; all of them used): T_j(u) = ρ Σ_{k∈F} T_k(u) + Taylor[S_j − ρ Σ_{k∈F} S_k](u; u_j),
+    ρ = n_j / n_F. Only the difference between site j and the others is extrapolated from u_j; it varies with u far
+    less than S_j itself. A site still at u_j with its Taylor model there is not in F: it would add no change to the
+    correction while counting in ρ.
 
     Returned as an `expansion.Expansion` summed around `center` (default: the first model's u_j), which evaluates the
     sum at the cost of about one model."""
@@ -66,15 +68,18 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         st = stats[j]
         entry = rounds.get(u_key(st["u"]))
         others = [k for k in entry["sites"] if k != j] if entry else []
-        if (not others or not set(others) <= usable
-                or all(np.array_equal(stats[k]["u"], st["u"]) for k in others)):
+        same = [k for k in others if np.array_equal(stats[k]["u"], st["u"]) and not any(x in stats[k] for x in THIRD)]
+        fresh = [k for k in others if k not in same]
+        if not fresh or not set(fresh) <= usable:
             continue  # nothing fresher to lean on: the plain Taylor model
-        inside = j in entry["sites"]  # S_j − ρ Σ_{k∈F} S_k = (1 + ρ[j∈E]) S_j − ρ E, E the sum at u_j
-        rho = float(st["n"]) / (float(entry["sum"]["n"]) - (float(st["n"]) if inside else 0.0))
+        inside = j in entry["sites"]  # S_j − ρ Σ_{k∈F} S_k = (1 + ρ[j∈E]) S_j − ρ E + ρ Σ_{same} S_k, E the sum at u_j
+        n_out = (float(st["n"]) if inside else 0.0) + sum(float(stats[k]["n"]) for k in same)
+        rho = float(st["n"]) / (float(entry["sum"]["n"]) - n_out)
         coef[j] -= 1.0
-        for k in others:
+        for k in fresh:
             coef[k] += rho
         around += [(st, 1.0 + (rho if inside else 0.0), st), (entry["sum"], -rho, st)]
+        around += [(stats[k], rho, st) for k in same]
     groups: dict[tuple, list] = {}  # (u_j, c) -> the second-order terms there: [(statistics, coefficient, c, own)]
     terms = []  # what the Expansion sums: third-order models (refined or secant; cubic within their radius), groups
     for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:

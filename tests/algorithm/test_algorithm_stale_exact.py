@@ -50,6 +50,27 @@ def test_control_variate_through_copies_of_the_stale_site_is_exact(site):
     np.testing.assert_allclose(half["S"], 0.5 * cv["S"], rtol=1e-12)
 
 
+def test_control_variate_leans_only_on_the_sites_that_moved_on(site):
+    """Four copies answer at U1, two move on to u2: each stale copy's controls are the two that moved (ρ = ½), not
+    the other stale copy, whose plain Taylor model at U1 would add no change while counting in ρ (ρ = ⅓: the
+    model two thirds exact, one third Taylor). The sum of the four models is then exact at u2."""
+    lm = site
+    copies = [lm] + [LocalModel(lm.locs, lm.z, lm.X, lm.knots, lm.kernel, lm.residual) for _ in range(3)]
+    u2 = U1 + np.array([-0.4, 0.3, 0.35])
+    stats, rounds = {}, {}
+    for j, m in enumerate(copies):
+        stats[j] = site_statistics(m, U1)
+        stale.remember(rounds, stats, j, [])
+    for j in (1, 2):
+        stats[j] = site_statistics(copies[j], u2)
+        stale.remember(rounds, stats, j, [])
+    exact = sum_statistics([site_statistics(m, u2) for m in copies])
+    cv = stale.site_models(stats, rounds, [0, 1, 2, 3], 1.0)(u2)
+    for key in ("S", "dS", "d2S"):
+        np.testing.assert_allclose(cv[key], exact[key], rtol=1e-9, atol=1e-9 * np.max(np.abs(exact[key])),
+                                   err_msg=key)
+
+
 def test_secant_radius_is_reach_times_the_largest_step(site):
     st = site_statistics(site, U1)
     steps = ([-0.02, -0.05, -0.1], [-0.01, -0.02, -0.03])  # ‖Δu‖ (profile.distance) 0.1136 and 0.0374
@@ -115,13 +136,15 @@ def test_refined_radius_is_three_times_the_largest_step(site):
 
 def _docstring_sum(models, stats, rounds, u, scale):
     """scale · Σ_j T_j(u) site by site, as site_models' docstring defines it: T_j = ρ_j Σ_{k∈F_j} T_k +
-    Taylor[S_j − ρ_j S_{F_j}] (second order) for a stale j with fresher controls F_j, its own model otherwise."""
+    Taylor[S_j − ρ_j S_{F_j}] (second order) for a stale j with fresher controls F_j (the others that answered at
+    u_j and moved on, or whose model there is third order), its own model otherwise."""
 
     def direct(j):
         st = stats[j]
         entry = rounds.get(stale.u_key(st["u"]))
         others = [k for k in entry["sites"] if k != j] if entry else []
-        if not others or all(np.array_equal(stats[k]["u"], st["u"]) for k in others):
+        others = [k for k in others if not np.array_equal(stats[k]["u"], st["u"]) or "d3S" in stats[k]]
+        if not others:
             return taylor_statistics(st, u)
         rest = sum_statistics([site_statistics(models[k], st["u"]) for k in others])
         rho = st["n"] / rest["n"]
@@ -195,6 +218,27 @@ def test_site_models_of_stale_sites_at_two_rounds_one_third_order_are_the_docstr
     u = points[1] + np.array([0.04, -0.03, 0.06])
     _assert_statistics_close(stale.site_models(stats, rounds, list(range(6)), 0.7)(u),
                              _docstring_sum(models, stats, rounds, u, 0.7))
+
+
+def test_site_models_of_sites_stale_at_one_round_are_the_docstring_sum():
+    """Sites 3 and 4 stale at the first round, 0-2 moved on: each leans on 0-2 only. Then site 4's model at that
+    round made third order (secant): it carries more than its Taylor model there, so site 3 leans on it too."""
+    models, _, _ = simulate(J=5, n=30, side=3, residual="full", seed=13)
+    models[4] = LocalModel(models[4].locs[:20], models[4].z[:20], models[4].X[:20], models[4].knots,
+                           models[4].kernel, "full")
+    points = [U1, U1 + [0.09, -0.05, 0.07], U1 + [-0.04, 0.06, 0.08]]
+    stats, rounds, answer = _records(models, points)
+    for j in range(5):
+        answer(j, points[0])
+    for j in range(3):
+        answer(j, points[1])
+    u = points[1] + np.array([0.03, -0.02, 0.05])
+    _assert_statistics_close(stale.site_models(stats, rounds, list(range(5)), 1.0)(u),
+                             _docstring_sum(models, stats, rounds, u, 1.0))
+    earlier = [site_statistics(models[4], points[1]), site_statistics(models[4], points[2])]
+    stats[4] = stale.secant(stats[4], earlier)
+    _assert_statistics_close(stale.site_models(stats, rounds, list(range(5)), 1.0)(u),
+                             _docstring_sum(models, stats, rounds, u, 1.0))
 
 
 def test_site_models_expand_statistics_with_different_scalings_apart(site):
