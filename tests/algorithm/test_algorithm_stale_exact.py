@@ -134,6 +134,11 @@ def test_refined_radius_is_three_times_the_largest_step(site):
 
 
 
+def _first_rows(model, rows, residual="full"):
+    """A site holding only the first `rows` observations of `model` (sites of unequal n)."""
+    return LocalModel(model.locs[:rows], model.z[:rows], model.X[:rows], model.knots, model.kernel, residual)
+
+
 def _docstring_sum(models, stats, rounds, u, scale):
     """scale · Σ_j T_j(u) site by site, as site_models' docstring defines it: T_j = ρ_j Σ_{k∈F_j} T_k +
     Taylor[S_j − ρ_j S_{F_j}] (second order) for a stale j with fresher controls F_j (the others that answered at
@@ -175,14 +180,22 @@ def _records(models, points):
     return stats, rounds, answer
 
 
+def _answered(models, points, who):
+    """The records after the sites in who[i] answered at points[i], round by round."""
+    stats, rounds, answer = _records(models, points)
+    for u, sites in zip(points, who):
+        for j in sites:
+            answer(j, u)
+    return stats, rounds
+
+
 def test_site_models_sum_the_per_site_models_of_the_docstring():
     """site_models groups the terms around one u_j before expanding them; the result is the docstring's sum
     Σ_j T_j(u) site by site (T_j = ρ_j Σ_{k∈F_j} T_k + Taylor[S_j − ρ_j S_{F_j}] for a stale j with fresher
     controls F_j, its own model otherwise), here with sites of unequal n answering at four points, one of them
     with a third-order (secant) model."""
     models, _, _ = simulate(J=5, n=40, side=3, residual="full", seed=7)
-    models[4] = LocalModel(models[4].locs[:25], models[4].z[:25], models[4].X[:25], models[4].knots,
-                           models[4].kernel, "full")
+    models[4] = _first_rows(models[4], 25)
     points = [U1, U1 + [0.1, -0.05, 0.08], U1 + [-0.06, 0.04, 0.1], U1 + [0.02, 0.1, -0.04]]
     stats, rounds, answer = _records(models, points)
     for j in range(5):
@@ -202,17 +215,10 @@ def test_site_models_of_stale_sites_at_two_rounds_one_third_order_are_the_docstr
     still expands S_3 − ρ S_F to second order only, in site 3's frame (c), although site 4 (pp) scales along
     another c and the rounds' sums have none. Each stale site's terms count."""
     models, _, _ = simulate(J=6, n=30, side=3, residual="full", seed=11)
-    models[5] = LocalModel(models[5].locs[:18], models[5].z[:18], models[5].X[:18], models[5].knots,
-                           models[5].kernel, "full")
-    models[4] = LocalModel(models[4].locs, models[4].z, models[4].X, models[4].knots, models[4].kernel, "pp")
+    models[5] = _first_rows(models[5], 18)
+    models[4] = _first_rows(models[4], len(models[4].z), "pp")
     points = [U1, U1 + [0.08, -0.06, 0.05], U1 + [-0.05, 0.07, 0.09]]
-    stats, rounds, answer = _records(models, points)
-    for j in range(6):
-        answer(j, points[0])
-    for j in range(5):
-        answer(j, points[1])
-    for j in (0, 1, 2, 4):
-        answer(j, points[2])
+    stats, rounds = _answered(models, points, [range(6), range(5), (0, 1, 2, 4)])
     earlier = [site_statistics(models[3], points[0]), site_statistics(models[3], points[2])]
     stats[3] = stale.secant(stats[3], earlier)
     u = points[1] + np.array([0.04, -0.03, 0.06])
@@ -224,14 +230,9 @@ def test_site_models_of_sites_stale_at_one_round_are_the_docstring_sum():
     """Sites 3 and 4 stale at the first round, 0-2 moved on: each leans on 0-2 only. Then site 4's model at that
     round made third order (secant): it carries more than its Taylor model there, so site 3 leans on it too."""
     models, _, _ = simulate(J=5, n=30, side=3, residual="full", seed=13)
-    models[4] = LocalModel(models[4].locs[:20], models[4].z[:20], models[4].X[:20], models[4].knots,
-                           models[4].kernel, "full")
+    models[4] = _first_rows(models[4], 20)
     points = [U1, U1 + [0.09, -0.05, 0.07], U1 + [-0.04, 0.06, 0.08]]
-    stats, rounds, answer = _records(models, points)
-    for j in range(5):
-        answer(j, points[0])
-    for j in range(3):
-        answer(j, points[1])
+    stats, rounds = _answered(models, points, [range(5), range(3)])
     u = points[1] + np.array([0.03, -0.02, 0.05])
     _assert_statistics_close(stale.site_models(stats, rounds, list(range(5)), 1.0)(u),
                              _docstring_sum(models, stats, rounds, u, 1.0))
