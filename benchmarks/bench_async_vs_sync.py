@@ -613,12 +613,12 @@ def settled_by_counts(rows) -> dict:
     by = [r["async_settled_by"] for r in rows if r.get("async_settled_by")]
     if not by:
         return {}
-    slowest = {"slowest_epoch": 0, "other_epoch": 0, "between_epochs": 0}
+    counts = {"slowest_epoch": 0, "other_epoch": 0, "between_epochs": 0}
     for b in by:
         key = "between_epochs" if b["kind"] != "epoch" else (
             "slowest_epoch" if b["round_trip_share"] == 1.0 else "other_epoch")
-        slowest[key] += 1
-    return {"settled_by": slowest}
+        counts[key] += 1
+    return {"settled_by": counts}
 
 
 def summarize(rows, profiles) -> dict:
