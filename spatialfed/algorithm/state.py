@@ -69,6 +69,10 @@ class ServerState:
     def tick(self, now: float) -> None:
         """The alarm went off at `now` with no answer since (runtime/driver.py)."""
 
+    def spent(self, seconds: float) -> None:
+        """The runtime's measure of the call just made (receive, tick or next_task): the seconds of the fit's clock
+        it took (0 where the clock leaves the server out). A server that decides from its own costs keeps them."""
+
     def clock(self, now: float) -> None:
         """The runtime's clock when it hands out tasks outside a receive (the first ones after its start, at an
         activation, after a tick): the time `next_task` takes as their sending time."""

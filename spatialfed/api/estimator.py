@@ -46,6 +46,7 @@ from spatialfed.api.settings import METHODS  # noqa: F401 (the CLI's choices)
 from spatialfed.model.names import RESIDUAL_CHOICES, RESIDUALS  # noqa: F401 (the CLI's choices)
 from spatialfed.runtime.factory import RUNTIMES, open_runtime  # noqa: F401 (RUNTIMES: the CLI's choices)
 from spatialfed.runtime.heterogeneity import PROFILES  # noqa: F401 (the CLI's choices)
+from spatialfed.runtime.interface import Runtime
 
 log = logging.getLogger("spatialfed.api")
 
@@ -354,8 +355,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                               dask_options=[name for name, given in asked.items() if given])
 
     def _open_runtime(self, n_sites: int):
-        """The runtime of this fit as a context manager (runtime.factory.open_runtime)."""
-        return open_runtime(getattr(self, "runtime_used_", self.runtime), slowdowns=self._slowdowns(n_sites), client=self.client,
+        """The runtime of this fit as a context manager (runtime.factory.open_runtime; a Runtime object as given)."""
+        given = self.runtime if isinstance(self.runtime, Runtime) else getattr(self, "runtime_used_", self.runtime)
+        return open_runtime(given, slowdowns=self._slowdowns(n_sites), client=self.client,
                             scheduler=self.scheduler, jobqueue=self.jobqueue, n_dask_workers=self.n_dask_workers,
                             n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout)
 

@@ -7,6 +7,10 @@
         server's `alarm` again
     → until `server.done`.
 
+Every server call (receive, tick, next_task) is timed in CPU seconds and charged to the runtime (`Runtime.charge`):
+on the virtual clock the server is one processor, and requests leave only once its decision is made. The server is
+told what each call took on the fit's clock (`server.spent`), so that it can weigh its own work against the sites'.
+
 With Poisson activations (docs/delays.md) an idle site is first woken at its next activation, and only then takes
 the front of its buffer (the newest parameters), as VAFL's clients pull the server's state. Delays and activations
 are drawn from ``numpy.random.default_rng(seed)`` in event order.
@@ -127,8 +131,15 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
     waiting: set[int] = set()  # sites with a wake-up outstanding
     receiving = False  # inside server.receive: an interruption there may leave the server half-updated
 
+    def charged(call, *args, **kwargs):  # the server's own compute, charged to the runtime's clock
+        tic = time.process_time()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            server.spent(runtime.charge(time.process_time() - tic))
+
     def take(j: int) -> None:
-        p = server.next_task(j, free=runtime.free(j))
+        p = charged(server.next_task, j, free=runtime.free(j))
         if p is not None:
             runtime.submit(j, p, 0.0 if delays is None else delays.sample(j, rng))
 
@@ -188,10 +199,7 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
             if arrived or rang:
                 now = runtime.now()
                 receiving = True
-                if arrived:
-                    server.receive(arrived, now)
-                else:
-                    server.tick(now)
+                charged(server.receive, arrived, now) if arrived else charged(server.tick, now)
                 receiving = False
                 if checkpointer is not None:
                     checkpointer.on_event(server)

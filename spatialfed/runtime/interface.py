@@ -7,7 +7,9 @@ A `Runtime` does four things and knows nothing of the algorithm:
 - `alarm(at)`: call the server back at `at` if no answer comes first (the server's `alarm`/`tick`);
 - `completed()`: yield the answers in batches as they complete (Dask's ``as_completed(...).batches()`` idiom),
   each an `Event` — a result, a failure of the site's computation, or the loss of the machine it ran on;
-- `now()`: the fit's clock (wall seconds on Dask, virtual seconds on the virtual clock).
+- `now()`: the fit's clock (wall seconds on Dask, virtual seconds on the virtual clock);
+- `charge(seconds)`: the server computed for that long (`runtime.driver` measures every server call): a wall
+  clock has already moved on; the virtual clock runs the server as one processor and moves on by it.
 
 `runtime.driver.drive` runs the one loop over this interface for every server; `DaskRuntime` (runtime/dask_runtime.py)
 and `VirtualRuntime` (runtime/virtual.py) implement it. A new runtime (Ray, MPI) implements these methods and
@@ -47,6 +49,8 @@ class Runtime(ABC):
 
     #: the name recorded in results ("dask", "simulated")
     name: str = ""
+    #: CPU seconds the server's own calls took so far (`charge`)
+    server_s: float = 0.0
 
     @abstractmethod
     def start(self, specs: Sequence[SiteSpec], clock_start: float = 0.0, on_loaded=None) -> list[Event]:
@@ -82,6 +86,13 @@ class Runtime(ABC):
     @abstractmethod
     def stop(self) -> None:
         """Cancel outstanding work and release the partitions (always called, also after a failure)."""
+
+    def charge(self, seconds: float) -> float:
+        """The server computed for `seconds` of CPU (one receive, tick or next_task call): returns the seconds of
+        the fit's clock it took (a wall clock has moved on by itself: all of them). The total is kept in
+        `server_s`."""
+        self.server_s += float(seconds)
+        return float(seconds)
 
     def free(self, j: int) -> bool:
         """Whether a task of site j would start at once: the processor it runs on has an idle thread. True here:

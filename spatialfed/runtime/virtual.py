@@ -7,10 +7,14 @@ Each worker holds at most one task. When worker j takes p, its quantity L_j(p) i
 
 s_j the worker's slowdown, start = now — or, with Poisson activations, worker j's next activation, when it takes the
 newest task in its buffer (a VAFL client pulls the server's state when it activates) — and
-delay_j a random extra delay (0 without a delay model; `runtime.delays`, docs/delays.md). Events are processed in
-time order; quantities finishing at the same instant reach the server as one batch (all enter ℚ before it checks
-Num.step). With the deterministic `FlopCost` a run is reproducible to the bit and immune to machine noise;
-`MeasuredCost` uses the measured compute time instead.
+delay_j a random extra delay (0 without a delay model; `runtime.delays`, docs/delays.md).
+
+The server is one processor on the same timeline (`charge_server`, the default): each of its calls takes its
+measured CPU time (`runtime.driver` times them), answers arriving meanwhile wait and reach it as one batch when it
+is free, and a request leaves only once the decision that made it is taken. cost(p) is in the same seconds:
+`FlopCost.calibrated` (the default) counts the task's flops at this machine's measured rate for a statistics
+request; `MeasuredCost` uses the measured compute time itself. With `charge_server=False` and a fixed `FlopCost` a
+run is reproducible to the bit and immune to machine noise (a model that leaves the server out: tests).
 """
 
 from __future__ import annotations
@@ -35,12 +39,35 @@ from spatialfed.runtime.heterogeneity import NetworkDelay, resolve_slowdowns
 from spatialfed.runtime.interface import ACTIVATION, ALARM, ALARM_SITE, Event, Runtime
 
 
+#: rates measured by FlopCost.calibrated in this process, by (n, m, p, residual): one rate per problem shape
+_RATES: dict[tuple, float] = {}
+
+
 @dataclass(frozen=True)
 class FlopCost:
     """Deterministic task cost: flops / rate; ~n_j³/3 + n_j²m for `full`, ~n_j m² for `pp`/`mpp` per sub-step."""
 
     rate: float = 1e9
     theta_factor: float = 3.0  # the theta step also differentiates in the three entries of u
+
+    @classmethod
+    def calibrated(cls, models, repeats: int = 3) -> "FlopCost":
+        """This machine's rate for a statistics request (flops / the fastest of `repeats` timed requests at new u)
+        on the median-size site of `models`, so that site and server seconds are the same seconds. Measured once
+        per problem shape in a process (later fits of the same shape reuse it)."""
+        from spatialfed.model.stats import site_statistics
+
+        lm = sorted(models, key=lambda model: model.n)[len(models) // 2]
+        key = (int(lm.n), int(lm.m), int(lm.p), str(lm.residual))
+        if key not in _RATES:
+            best = np.inf
+            for i in range(int(repeats)):  # a new u each time: the model caches its factorisation at u
+                tic = time.process_time()
+                site_statistics(lm, np.array([0.1 * i, -0.1 * i, np.log(0.1) + 0.05 * i]))
+                best = min(best, time.process_time() - tic)
+            flops = stats_flops(lm.n, lm.m, lm.p, lm.residual, lm.vecchia_k)
+            _RATES[key] = flops / max(best, 1e-6)
+        return cls(rate=_RATES[key])
 
     def seconds(self, lm, p: Augmented, measured_s: float) -> float:
         """Virtual compute time of task p on LocalModel lm (measured_s is ignored)."""
@@ -87,15 +114,20 @@ class VirtualRuntime(Runtime):
     schedules its completion; `completed` replays completions in time order, simultaneous arrivals as one batch.
 
     `models`: the sites' LocalModels (tests, experiments on simulated data); None loads them from the store at
-    `start` (`runtime.site`: every partition in this process — for experiments, not for private data)."""
+    `start` (`runtime.site`: every partition in this process — for experiments, not for private data). `cost`:
+    None is `FlopCost.calibrated` on the sites at `start`. `charge_server`: the server's calls take their measured
+    CPU time on the clock (module docstring); False leaves the server out (a reproducible model, for tests)."""
 
     name = "simulated"
 
-    def __init__(self, models=None, slowdowns="balanced", cost=None, network: NetworkDelay | None = None):
+    def __init__(self, models=None, slowdowns="balanced", cost=None, network: NetworkDelay | None = None,
+                 charge_server: bool = True):
         self.models = None if models is None else list(models)
         self.slowdowns = slowdowns
-        self.cost = cost or FlopCost()
+        self.cost = cost
         self.network = network or NetworkDelay()
+        self.charge_server = bool(charge_server)
+        self.server_s = 0.0
         self._events: list[tuple[float, int, Event]] = []
         self._order = itertools.count()
         self._now = 0.0
@@ -112,6 +144,8 @@ class VirtualRuntime(Runtime):
             if on_loaded is not None:
                 on_loaded(self._loaded(j))
         self._s = resolve_slowdowns(self.slowdowns, len(self.models))
+        if self.cost is None:
+            self.cost = FlopCost.calibrated(self.models)
         self._now = float(clock_start)
         return [self._loaded(j) for j in range(len(self.models))]
 
@@ -129,6 +163,15 @@ class VirtualRuntime(Runtime):
         if delay_s:
             finish += delay_s
         heapq.heappush(self._events, (finish, next(self._order), Event(j, p, q)))
+
+    def charge(self, seconds: float) -> float:
+        """The server computed for `seconds`: with charge_server, the clock moves on by them (answers that
+        arrive meanwhile wait for it); returns what the clock was charged (0 without charge_server)."""
+        super().charge(seconds)
+        if not self.charge_server:
+            return 0.0
+        self._now += max(float(seconds), 0.0)
+        return max(float(seconds), 0.0)
 
     def wake(self, j: int, at: float) -> None:
         heapq.heappush(self._events, (float(at), next(self._order), Event(j, ACTIVATION)))
@@ -148,10 +191,10 @@ class VirtualRuntime(Runtime):
                 if at != self._alarm or all(e.request == ALARM for _, _, e in events):
                     continue  # replaced, cancelled, or nothing else outstanding
                 self._alarm = None
-            self._now = at
+            self._now = max(self._now, at)  # an answer that arrived while the server computed waited for it
             batch = [event]
-            if event.request not in (ACTIVATION, ALARM):  # simultaneous arrivals come together (all enter ℚ first)
-                while events and events[0][0] == self._now and events[0][2].request not in (ACTIVATION, ALARM):
+            if event.request not in (ACTIVATION, ALARM):  # arrivals until now come together (all enter ℚ first)
+                while events and events[0][0] <= self._now and events[0][2].request not in (ACTIVATION, ALARM):
                     batch.append(heapq.heappop(events)[2])
             yield batch
 
@@ -172,15 +215,20 @@ class VirtualRuntime(Runtime):
 def run_virtual(models, knots, kernel, config: FitConfig | None = None, slowdowns="balanced", cost=None,
                 network: NetworkDelay | None = None, start=None, on_event=None, server=None,
                 delays: Delay | None = None, activations: PoissonActivations | None = None,
-                seed=0, on_result=None) -> FederatedServer:
+                seed=0, on_result=None, charge_server: bool = False) -> FederatedServer:
     """Fit `models` (LocalModels) on a virtual clock; returns the finished server (trace times are virtual).
+
+    By default the reproducible model clock of the tests and the paper's experiments: the server is not charged
+    and the sites cost `FlopCost()` (1e9 flop/s) unless `cost` says otherwise; `charge_server=True` (and cost
+    None: calibrated) is the clock a deployment pays, as `VirtualRuntime` is by default.
 
     `server`: a server to drive instead of FederatedServer(J, knots, kernel, config, start) (e.g. the FGPR server);
     config and start are then ignored. `delays` and `activations`: docs/delays.md; `on_event`, `on_result`:
     `runtime.driver.drive`."""
     if server is None:
         server = server_for(len(models), knots, kernel, config, start)
-    runtime = VirtualRuntime(models, slowdowns, cost, network)
+    cost = cost if cost is not None or charge_server else FlopCost()
+    runtime = VirtualRuntime(models, slowdowns, cost, network, charge_server)
     return drive(server, runtime, None, delays=delays, activations=activations, seed=seed, on_event=on_event,
                  on_result=on_result)
 
