@@ -5,7 +5,9 @@ m knots, Matérn ν, range β; one store per (seed, n_j, partition, sizes), shar
 fits it synchronously and asynchronously under the profile's slowdowns and measures the time each fit needs until
 every parameter (δ, σ², β and every γ_k) stays within 1e-3 relative of the synchronous reference optimum (a
 synchronous fit to tol 1e-10). Times are seconds since the fit started (virtual seconds on the simulated runtime,
-wall seconds on Dask), so both include the φ₀ pass.
+wall seconds on Dask), so both include the φ₀ pass. The virtual clock is the charged one (runtime/virtual.py): the
+server's own calls take their measured CPU on it, and the sites' flops are counted at this machine's rate for a
+statistics request (calibrated once per store and printed).
 
     python benchmarks/bench_async_vs_sync.py --seeds 0-9 --profiles balanced,straggler,graded,graded:12 \\
         --n-per-worker 200,500 --partition random,area [--sizes equal,aligned,unaligned] [--jobs 2]
@@ -27,7 +29,10 @@ Prints one JSON document on stdout, progress on stderr (ending with the summary 
   when a run never settled), settled (both did), dloglik = ℓ(async) − ℓ(reference), sync_dloglik, sync_rounds and
   async_rounds (for --preset stats: the statistics round trips of the synchronous run, the answers per site of the
   asynchronous one, whose aggregations are in async_aggregations), sync_server_s and async_server_s (--preset
-  stats on the simulated runtime: wall seconds the server itself took, which the virtual clock does not charge),
+  stats on the simulated runtime: CPU seconds the server itself took, charged to the clock), async_fit_s (the
+  asynchronous fit's whole time) and async_server_share (its server's share of it), flop_rate (the calibrated site
+  rate), ratio_sites_only (the same ratio on the old model that charges the sites only, at 1e9 flop/s; skipped with
+  --no-sites-only),
   ratio_by_rtol (the same ratio at tolerances 1e-2 and 1e-4: where a ratio above 1 at 1e-3 is not above 1 at
   either, one estimate lay just inside the band and the other just outside), async_settled_by (--preset stats on
   the simulated runtime: the answer after which the asynchronous estimate settled, its site, kind — epoch,
@@ -37,12 +42,12 @@ Prints one JSON document on stdout, progress on stderr (ending with the summary 
   (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst, and
   settled_by: how many asynchronous runs settled on the slowest site's epoch answer, on another site's, or between
   epochs;
-- bounds: issue 27's "Done when" bounds (every run settled on the synchronous optimum, no ratio above 1.05,
-  balanced ≤ 1.02, mean over straggler and graded ≤ 0.5, over graded:12 ≤ 0.85), each with its value and whether
-  it holds (an unsettled run counts as an infinite ratio there).
+- bounds (async_reports.py): every run settled on the synchronous optimum, no ratio above 1.10, balanced ≤ 1.02,
+  the means of straggler ≤ 0.55, graded ≤ 0.70 and graded:12 ≤ 0.85, each with its value and whether it holds (an
+  unsettled run counts as an infinite ratio there).
 
 `--preset stats` (the default) runs algorithm/stats_server.StatsServer (one round trip per iteration, SPEC §2b) on
-the virtual clock (FlopCost: deterministic) through the same store → runtime.site → runtime.driver path as the
+the charged virtual clock through the same store → runtime.site → runtime.driver path as the
 estimator, on knots jittered_unit_grid(m, seed=0); the other presets (the block scheme) run through FederatedGP, as
 does `--runtime dask` (a LocalCluster of --dask-workers processes, one store at a time). Results: docs/results.md,
 "Asynchronous against synchronous".
@@ -62,12 +67,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from async_reports import LOGLIK_TOL, bounds, figure, settled_by_counts, stats_of, summarize, table  # noqa: F401
 
 RTOL = 1e-3  # settle tolerance of every parameter, relative to the reference
 #: the same ratio also at a tolerance ten times looser and ten times tighter: a ratio above 1 at RTOL that is not above
 #: 1 at either is where one fit's estimate lay just inside the band and the other's just outside (a band-edge effect)
 RTOL_BESIDE = (1e-2, 1e-4)
-LOGLIK_TOL = 1e-6  # |ℓ(async) − ℓ(reference)| of a run that settled on the synchronous optimum
 PROFILES = ("balanced", "graded")
 RESIDUALS = ("full", "mpp", "pp")
 LAYOUTS = ("equal", "aligned", "unaligned", "inverse")
@@ -201,9 +206,10 @@ class StatsFit:
 
 
 def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget=None, cache=None, grow=True,
-              agg_threshold=None, options=None):
-    """StatsServer (SPEC §2b) driven over the store's sites on the virtual clock (FlopCost), knots as the estimator
-    lays them out on the unit square. `cache`: {(site, u bytes): statistics} shared by runs (the synchronous runs of
+              agg_threshold=None, options=None, cost=None, charge_server=True, network=None):
+    """StatsServer (SPEC §2b) driven over the store's sites on the virtual clock, knots as the estimator lays them
+    out on the unit square. The clock charges the server's measured CPU (`charge_server`) and the sites `cost`
+    (None: FlopCost.calibrated, this machine's rate), over `network` (runtime.heterogeneity.NetworkDelay). `cache`: {(site, u bytes): statistics} shared by runs (the synchronous runs of
     every profile visit the same u; reusing their statistics changes nothing but the wall time); grow=False only
     reads it (an asynchronous run visits mostly new u, and ~1 MB each at m = 100). `options`: further FitConfig
     settings."""
@@ -220,7 +226,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
     from spatialfed.runtime.cluster import limit_blas_threads
     from spatialfed.runtime.driver import drive
     from spatialfed.runtime.interface import Event
-    from spatialfed.runtime.virtual import FlopCost, VirtualRuntime, message_bytes
+    from spatialfed.runtime.virtual import VirtualRuntime, message_bytes
 
     class CachedRuntime(VirtualRuntime):
         """The virtual clock with statistics reused across runs (same u, same site → same statistics)."""
@@ -232,7 +238,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
             if key not in cache:
                 cache[key] = evaluate(self.models[j], p, j).xi
             q = Quantity(cache[key], p.t, p.step, j)
-            finish = (self._now + self.network.seconds(message_bytes(p)) + self._s[j] * FlopCost().seconds(
+            finish = (self._now + self.network.seconds(message_bytes(p)) + self._s[j] * self.cost.seconds(
                 self.models[j], p, 0.0) + self.network.seconds(message_bytes(q)) + delay_s)
             heapq.heappush(self._events, (finish, next(self._order), Event(j, p, q)))
 
@@ -243,10 +249,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
     settings = {"agg_threshold": agg_threshold, **(options or {})}
     config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget, **settings)
     class TimedServer(StatsServer):
-        """StatsServer counting its own seconds (receive and next_task: the surrogate's steps), which the virtual
-        clock does not charge."""
-
-        server_s = 0.0
+        """StatsServer logging every answer of the loop (its arrival, site, kind and the epochs before it)."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -262,26 +265,13 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
                     self.answer_log.append((float(now), int(q.worker), kind, int(self.epochs)))
             return super()._receive(qs, now)
 
-        def receive(self, qs, now):
-            tic = time.perf_counter()
-            try:
-                return super().receive(qs, now)
-            finally:
-                self.server_s += time.perf_counter() - tic
-
-        def next_task(self, j, free=True):
-            tic = time.perf_counter()
-            try:
-                return super().next_task(j, free)
-            finally:
-                self.server_s += time.perf_counter() - tic
-
     server = TimedServer(info.n_workers, knots, kernel, config)
-    runtime = CachedRuntime(None, profile, FlopCost())
+    runtime = CachedRuntime(None, profile, cost, network, charge_server=charge_server)
     tic = time.perf_counter()
     with limit_blas_threads(1):  # as the estimator's virtual runtime: J small problems in turn
         drive(server, runtime, specs)
     out = StatsFit(server, time.perf_counter() - tic)
+    out.server_s, out.flop_rate = runtime.server_s, runtime.cost.rate
     say(f"  stats     {profile:9s} {mode:5s} {setting.residual}: {server.iterations} iterations "
         f"({server.stop_reason}), answers {server.answers}, trace ends at {server.trace[-1]['time_s']:.2f} s, took "
         f"{out.wall_s:.1f} s wall; δ={out.params_['delta']:.5g} σ²={out.params_['sigma2']:.5g} "
@@ -327,28 +317,45 @@ def settled_by(answer_log, async_s, slowdowns) -> dict | None:
             "round_trip_share": round(float(slowdowns[site] / np.max(slowdowns)), 3)}
 
 
-def run_stats(store, setting, profiles, max_iter, options=None):
+def run_stats(store, setting, profiles, max_iter, options=None, sites_only=True, network=None):
     """Rows of the stats preset for one store: reference, then sync and async per profile (async gets at most 20×
-    the synchronous settle time)."""
+    the synchronous settle time), on the charged clock (the server's measured CPU and the sites at this machine's
+    calibrated rate: `ratio`) and, with `sites_only`, on the model that charges the sites only at FlopCost's 1e9
+    flop/s (`ratio_sites_only`)."""
     from spatialfed.runtime.heterogeneity import resolve_slowdowns
+    from spatialfed.runtime.virtual import FlopCost
 
     cache: dict = {}
     say("reference: synchronous StatsServer to tol 1e-10 (virtual clock)")
-    ref = fit_stats(store, setting, "sync", "balanced", max_iter=100, tol=1e-10, cache=cache)
+    ref = fit_stats(store, setting, "sync", "balanced", max_iter=100, tol=1e-10, cache=cache, charge_server=False)
+    say(f"  calibrated site rate {ref.flop_rate:.3g} flop/s (a statistics request on the median site)")
     rows = []
     for profile in profiles:
-        sync = fit_stats(store, setting, "sync", profile, max_iter=100, cache=cache)
-        sync_s = time_to_target(sync.trace_, ref.params_)
-        budget = None if sync_s is None else 20 * sync_s
-        asyn = fit_stats(store, setting, "async", profile, max_iter=max_iter, time_budget=budget, cache=cache,
-                         grow=False, options=options)
-        slowdowns = resolve_slowdowns(profile, setting.workers)
+        runs = {}
+        for name, clock in (("charged", {"cost": FlopCost(ref.flop_rate), "network": network}),
+                            ("sites_only", {"cost": FlopCost(), "charge_server": False}))[:2 if sites_only else 1]:
+            sync = fit_stats(store, setting, "sync", profile, max_iter=100, cache=cache, **clock)
+            sync_s = time_to_target(sync.trace_, ref.params_)
+            budget = None if sync_s is None else 20 * sync_s
+            asyn = fit_stats(store, setting, "async", profile, max_iter=max_iter, time_budget=budget, cache=cache,
+                             grow=False, options=options, **clock)
+            runs[name] = (sync, asyn)
+        sync, asyn = runs["charged"]
+        slowdowns = resolve_slowdowns(profile, asyn.server.n_workers)
         settled = settled_by(asyn.server.answer_log, time_to_target(asyn.trace_, ref.params_), slowdowns)
+        beside = {}
+        if sites_only:
+            old_sync, old_async = runs["sites_only"]
+            beside = {"ratio_sites_only": settle_ratio(old_sync.trace_, old_async.trace_, ref.params_, RTOL),
+                      "async_server_s_sites_only": round(old_async.server_s, 3)}
         rows.append(compare(profile, "simulated", ref, sync, asyn, async_rounds=round(asyn.server.rounds, 2),
-                            async_settled_by=settled,
+                            async_settled_by=settled, flop_rate=float(f"{ref.flop_rate:.4g}"),
                             async_aggregations=asyn.n_iter_, async_slowest_answers=int(min(asyn.server.answers)),
-                            sync_server_s=round(sync.server.server_s, 3), async_server_s=round(asyn.server.server_s, 3),
-                            wall_s=round(ref.wall_s / len(profiles) + sync.wall_s + asyn.wall_s, 2)))
+                            sync_server_s=round(sync.server_s, 3), async_server_s=round(asyn.server_s, 3),
+                            async_fit_s=round(float(asyn.trace_[-1]["time_s"]), 4),
+                            async_server_share=round(asyn.server_s / max(float(asyn.trace_[-1]["time_s"]), 1e-12), 3),
+                            **beside, wall_s=round(ref.wall_s / len(profiles) + sum(
+                                f.wall_s for pair in runs.values() for f in pair), 2)))
         say(f"  -> {rows[-1]}")
     return rows
 
@@ -566,7 +573,7 @@ def run_stats_dask(store, setting, profiles, max_iter, dask_workers, slowdown_sc
 
 
 def run_store(spec: StoreSpec, setting: Setting, profiles, runtimes, preset="stats", max_iter=300, options=None,
-              dask_workers=None, slowdown_scale=1.0, store=None) -> list[dict]:
+              dask_workers=None, slowdown_scale=1.0, store=None, latency=0.0, sites_only=True) -> list[dict]:
     """Simulate the store of `spec` (into `store`, or a temporary directory; an existing store is reused), run every
     profile on it in both modes, and return its rows, each labelled with the store's spec and the setting."""
     from spatialfed.data.simulate import simulate_store
@@ -577,7 +584,13 @@ def run_store(spec: StoreSpec, setting: Setting, profiles, runtimes, preset="sta
     say(f"store {label}")
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         path = Path(store) if store else Path(tmp) / "bench.zarr"
-        if not (path / "zarr.json").exists():
+        if (path / "zarr.json").exists():
+            from dataclasses import replace
+
+            from spatialfed.data.store import open_store
+
+            setting = replace(setting, workers=open_store(path).n_workers)  # J of the store, not of --workers
+        else:
             say(f"simulating J={setting.workers} × n={spec.n_per_worker} (sizes {sizes or 'equal'}, "
                 f"{spec.partition}, ν={setting.nu}, β={setting.beta}, seed {spec.seed}) into {path}")
             simulate_store(path, setting.workers, None if sizes else spec.n_per_worker, sizes=sizes, nu=setting.nu,
@@ -585,7 +598,9 @@ def run_store(spec: StoreSpec, setting: Setting, profiles, runtimes, preset="sta
         rows = []
         for runtime in runtimes:
             if preset == "stats" and runtime == "simulated":
-                rows += run_stats(path, setting, profiles, max_iter, options)
+                from spatialfed.runtime.heterogeneity import NetworkDelay
+
+                rows += run_stats(path, setting, profiles, max_iter, options, sites_only, NetworkDelay(latency))
             elif preset == "stats":
                 rows += run_stats_dask(path, setting, profiles, max_iter, dask_workers, slowdown_scale)
             else:
@@ -593,65 +608,6 @@ def run_store(spec: StoreSpec, setting: Setting, profiles, runtimes, preset="sta
     more = {"site_sizes": sizes} if sizes else {}
     return [{**label, **row, **more, "workers": setting.workers, "knots": setting.knots, "nu": setting.nu,
              "beta": setting.beta, "residual": setting.residual, "preset": preset} for row in rows]
-
-
-def stats_of(rows) -> dict:
-    """runs, settled, on_optimum, mean and worst ratio over the settled runs, and the worst run's labels."""
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    worst = max((r for r in rows if r["ratio"] is not None), key=lambda r: r["ratio"], default=None)
-    return {"runs": len(rows), "settled": sum(bool(r["settled"]) for r in rows),
-            "on_optimum": sum(abs(r["dloglik"]) <= LOGLIK_TOL for r in rows),
-            "mean": float(np.mean(ratios)) if ratios else None, "worst": worst["ratio"] if worst else None,
-            "worst_run": None if worst is None else {k: worst[k] for k in
-                                                     ("seed", "partition", "sizes", "n_per_worker", "runtime")},
-            **settled_by_counts(rows)}
-
-
-def settled_by_counts(rows) -> dict:
-    """How the settled asynchronous runs settled: on the slowest site's epoch answer, on another site's epoch
-    answer, or between epochs (an exploration or a refinement); {} for rows without async_settled_by."""
-    by = [r["async_settled_by"] for r in rows if r.get("async_settled_by")]
-    if not by:
-        return {}
-    counts = {"slowest_epoch": 0, "other_epoch": 0, "between_epochs": 0}
-    for b in by:
-        key = "between_epochs" if b["kind"] != "epoch" else (
-            "slowest_epoch" if b["round_trip_share"] == 1.0 else "other_epoch")
-        counts[key] += 1
-    return {"settled_by": counts}
-
-
-def summarize(rows, profiles) -> dict:
-    """Per (profile, n_per_worker, partition, sizes, runtime) and per profile, in the order given."""
-    order = {p: i for i, p in enumerate(profiles)}
-    keys = ("profile", "n_per_worker", "partition", "sizes", "runtime")
-    groups: dict[tuple, list] = {}
-    for row in sorted(rows, key=lambda r: (order[r["profile"]], r["n_per_worker"], r["partition"], r["sizes"])):
-        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
-    return {"by_group": [{**dict(zip(keys, key)), **stats_of(rs)} for key, rs in groups.items()],
-            "by_profile": [{"profile": p, **stats_of([r for r in rows if r["profile"] == p])} for p in profiles],
-            "bounds": bounds(rows)}
-
-
-def bounds(rows) -> list[dict]:
-    """Issue 27's "Done when" bounds, each with the value these rows give (those of profiles not run are left out):
-    every run settled on the synchronous optimum, no ratio above 1.05, balanced ≤ 1.02, the mean over straggler and
-    graded ≤ 0.5, the mean over graded:12 ≤ 0.85. An unsettled run fails every bound on its profile."""
-    def ratios(names):
-        return [np.inf if r["ratio"] is None else r["ratio"] for r in rows if names is None or r["profile"] in names]
-
-    out = [{"bound": "every run settled, |dloglik| <= 1e-6",
-            "value": sum(bool(r["settled"]) and abs(r["dloglik"]) <= LOGLIK_TOL for r in rows), "limit": len(rows)}]
-    out[0]["holds"] = out[0]["value"] == len(rows)
-    for name, names, how, limit in (("worst ratio", None, max, 1.05), ("worst balanced", {"balanced"}, max, 1.02),
-                                    ("mean straggler+graded", {"straggler", "graded"}, np.mean, 0.5),
-                                    ("mean graded:12", {"graded:12"}, np.mean, 0.85)):
-        got = ratios(names)
-        if got:
-            value = float(how(got))
-            out.append({"bound": f"{name} <= {limit}", "value": value if np.isfinite(value) else None,
-                        "limit": limit, "holds": bool(value <= limit)})
-    return out
 
 
 def kept_rows(path, specs, setting, preset, profiles, runtimes) -> tuple[dict, list]:
@@ -676,25 +632,6 @@ def kept_rows(path, specs, setting, preset, profiles, runtimes) -> tuple[dict, l
                          "path") from None
     complete = {spec: rs for spec, rs in mine.items() if len(rs) == len(profiles) * len(runtimes)}
     return complete, others  # the rows of an incomplete store are replaced when it runs
-
-
-def table(summary) -> str:
-    """The summary as a Markdown table (profile × n_j × partition × sizes, then per profile, then the bounds)."""
-    def num(v):
-        return "—" if v is None else f"{v:.3g}"
-
-    lines = ["| profile | n_j | partition | sizes | runs | settled | on optimum | mean | worst (seed) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for g in summary["by_group"] + [dict(p, n_per_worker="all", partition="all", sizes="all")
-                                    for p in summary["by_profile"]]:
-        seed = "" if g["worst_run"] is None else f" ({g['worst_run']['seed']})"
-        lines.append(f"| {g['profile']} | {g['n_per_worker']} | {g['partition']} | {g['sizes']} | {g['runs']} | "
-                     f"{g['settled']} | {g['on_optimum']} | {num(g['mean'])} | {num(g['worst'])}{seed} |")
-    for bound in summary["bounds"]:
-        value = bound["value"]
-        value = f"{value} of {bound['limit']} runs" if isinstance(value, int) else num(value)
-        lines.append(f"- {bound['bound']}: {value} ({'holds' if bound['holds'] else 'fails'})")
-    return "\n".join(lines)
 
 
 def store_specs(seeds, sizes_per_worker, partitions, layouts) -> list[StoreSpec]:
@@ -747,6 +684,10 @@ def main(argv=None) -> int:
                     "FederatedGP(preset='stats')), tuned, paper or basic (the block scheme)")
     ap.add_argument("--async-options", type=json.loads, default=None, metavar="JSON",
                     help='extra FitConfig settings of the async runs, e.g. \'{"moving_average": false}\'')
+    ap.add_argument("--latency", type=float, default=0.0, metavar="S",
+                    help="one-way network latency of every message on the charged virtual clock (default 0)")
+    ap.add_argument("--no-sites-only", dest="sites_only", action="store_false",
+                    help="skip the old sites-only clock's ratio beside the charged one (ratio_sites_only)")
     ap.add_argument("--store", default=None, help="reuse/write the simulated store here instead of a temp dir "
                     "(one combination of seed, n_j, partition and sizes only)")
     ap.add_argument("--rows", default=None, metavar="PATH",
@@ -812,7 +753,8 @@ def main(argv=None) -> int:
     runtimes = ["simulated", "dask"] if args.runtime == "both" else [args.runtime]
     common = dict(setting=setting, profiles=profiles, runtimes=runtimes, preset=args.preset, max_iter=args.max_iter,
                   options=args.async_options, dask_workers=args.dask_workers or setting.workers,
-                  slowdown_scale=args.dask_slowdown_scale, store=args.store)
+                  slowdown_scale=args.dask_slowdown_scale, store=args.store,
+                  latency=args.latency, sites_only=args.sites_only)
     try:
         kept, others = kept_rows(args.rows, specs, setting, args.preset, profiles, runtimes)
     except ValueError as exc:
@@ -857,44 +799,6 @@ def main(argv=None) -> int:
         figure(rows, profiles, args.figure)
     print(json.dumps(out, indent=1))
     return 0
-
-
-def figure(rows, profiles, path) -> None:
-    """Every row's settle ratio (async / sync, log scale) by profile, one column per n_j × partition, with issue
-    27's bounds (1.05 for every run; 0.5 and 0.85 for the means of straggler + graded and of graded:12)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    import io
-
-    from spatialfed.atomic import write_bytes
-
-    groups = sorted({(r["n_per_worker"], r["partition"]) for r in rows})
-    fig, ax = plt.subplots(figsize=(1.6 + 1.7 * len(profiles), 3.6))
-    rng = np.random.default_rng(0)
-    for i, profile in enumerate(profiles):
-        for g, key in enumerate(groups):
-            ratios = [r["ratio"] for r in rows if r["profile"] == profile
-                      and (r["n_per_worker"], r["partition"]) == key and r["ratio"] is not None]
-            x = i + (g - (len(groups) - 1) / 2) * 0.8 / max(len(groups), 1)
-            ax.scatter(x + rng.uniform(-0.05, 0.05, len(ratios)), ratios, s=12, color=f"C{g}", alpha=0.8,
-                       label=f"n_j {key[0]}, {key[1]}" if i == 0 else None)
-        mean = np.mean([r["ratio"] for r in rows if r["profile"] == profile and r["ratio"] is not None] or [np.nan])
-        ax.plot([i - 0.42, i + 0.42], [mean, mean], color="k", lw=1.5)
-    ax.axhline(1.05, color="red", lw=1, ls="--", label="1.05: no run above")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(profiles)), profiles)
-    ax.set_ylabel("async / sync time to 1e-3")
-    ax.set_title(f"{len({r['seed'] for r in rows})} seeds; black: the mean per profile", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=120, format="png")
-    plt.close(fig)
-    write_bytes(path, buf.getvalue())
 
 
 if __name__ == "__main__":
