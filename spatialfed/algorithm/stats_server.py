@@ -8,12 +8,11 @@ The loop runs in **epochs**: every site answers at the epoch's point, whose exac
 decides the stop and the next point — sync's trust-region Newton step (sync mode: that is all). In async mode the
 slowest site is asked again the moment it answers (it is never idle), while faster sites answer where the surrogate
 Σ_j T_j(u) (site_records) leads, when pacing.Pacing says they still answer the next epoch in time on a free
-processor. The next point is the surrogate's maximiser only where it can judge it, ranks it above sync's step, and
-predicted the last epoch's increase no worse than sync's model (so the first two epoch points are sync's; after one
-misleading point, sync's steps); an estimate (a trace row) only from every site's model within half the epoch's step
-of its point, resting mostly on answers newer than the epoch point's (SiteRecords.spread). docs/algorithm.md argues
-that async ends no later than sync up to a fast round trip per mispredicted epoch and one epoch per misleading
-surrogate point (at most one a fit).
+processor, and the server steps on the surrogate only while it is otherwise idle (_idle_for_step: a step at its
+measured cost ends before the epoch's first owed answer is due). Every epoch point is sync's step, so the epochs are
+sync's iterations; a surrogate step is an estimate (a trace row) only from every site's model within half the
+epoch's step of its point, resting mostly on answers newer than the epoch point's (SiteRecords.spread).
+docs/algorithm.md argues that async ends no later than sync up to the server work on the epochs' path.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
-                                          maximise, newton_decrement, newton_length, profile_loglik, stop_point,
+                                          maximise, newton_length, profile_loglik, stop_point,
                                           taylor_statistics, trust_region_step, updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
@@ -73,11 +72,6 @@ class StatsServer(FederatedServer):
         self._anchor: tuple[Profile, dict] | None = None  # last accepted epoch point: (profile, summed statistics)
         self._radius = float(self.config.step_bound)  # the epochs' trust radius (sync's)
         self._epoch_step, self._epoch_pred = 0.0, 0.0  # length and predicted increase of the last epoch step
-        self._sur_pred: float | None = None  # the increase the surrogate predicted for the current epoch's point
-        self._quad_pred = self._sync_pred = 0.0  # the increase sync's model predicted for it / for its own step there
-        self._vouched = False  # the surrogate predicted the last epoch's increase no worse than sync's model
-        self._surrogate_epoch = False  # the current epoch's point is the surrogate's, not the synchronous step
-        self._distrust = False  # a surrogate point misled: synchronous steps for the rest of the fit
         self._boundary = BoundaryProbe(self.policy.probe_step)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
         self._explore_radius = float(self.config.step_bound)  # the surrogate steps' trust radius (async)
@@ -87,6 +81,8 @@ class StatsServer(FederatedServer):
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
         self._final, self._final_reason = None, None  # the final pass's request and reason (a stop before any point)
         self._pilot: Pilot | None = None  # the pilot start's rounds (pilot.py), once the φ₀ passes are done
+        self._costs: dict[str, list[float]] = {"step": [], "call": []}  # clock seconds of the last calls (spent)
+        self._stepped = False  # the call in progress took a surrogate step
 
     @property
     def rounds(self) -> float:
@@ -96,6 +92,33 @@ class StatsServer(FederatedServer):
     _u = property(lambda self: self.params.u)
 
     # --- the runtime's side ---------------------------------------------------------------------------
+    def spent(self, seconds: float) -> None:
+        """What the call just made took on the fit's clock: in the loop, the dearest call so far and the last few
+        that took a surrogate step (_idle_for_step)."""
+        if self.phase in (Phase.LOOP, Phase.FINAL) and seconds > 0:
+            self._costs["call"] = [max([float(seconds), *self._costs["call"]])]
+            if self._stepped:
+                self._costs["step"] = [*self._costs["step"][-4:], float(seconds)]
+        self._stepped = False
+
+    def _idle_for_step(self, now: float) -> bool:
+        """Whether a surrogate step, at its measured cost (before one is measured: the dearest recent call), ends
+        before the first epoch answer is due: the server is otherwise idle, so the step never delays the epoch's
+        decision. With equal sites the answers come together and no step is taken: async does sync's work. Always
+        where the clock leaves the server out (cost 0)."""
+        costs = self._costs["step"] or self._costs["call"]
+        cost = float(np.median(costs)) if costs else 0.0
+        if cost <= 0.0:
+            return True
+        due = []
+        for k in self._owed:  # in flight with the epoch's task: r after it left; busy elsewhere: 2r; idle: now + r
+            r = self.pacing.round_trip(k, self.active, end=0)
+            if r is not None:
+                task = self._in_flight.get(k)
+                sent = self.pacing.sent_at.get(k, now) if task is not None else now
+                due.append(sent + (r if task is None or task is self._epoch else 2 * r))
+        return not due or now + cost <= min(due)
+
     def next_task(self, j: int, free: bool = True) -> Augmented | None:
         """Site j's next request: the φ₀ passes' from ℙ_j; in the loop the epoch's point until it answered there,
         then (async) the surrogate's point or a refining point when pacing allows and j's processor is `free` (a
@@ -127,7 +150,7 @@ class StatsServer(FederatedServer):
         due = self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
         if not self.pacing.may_work(j, self._last_now, due, self.active):
             return None
-        if self._step_due():  # deferred while the processors were crowded (_progress)
+        if self._step_due() and self._idle_for_step(self._last_now):  # deferred while the processors were crowded
             self._surrogate_step(self._last_now)
         if not self.records.answered_at(j, self._explore.params.u):
             return self._explore
@@ -231,14 +254,16 @@ class StatsServer(FederatedServer):
         """End the epoch once every site answered at its point; otherwise (async) step on the surrogate after
         agg_threshold new answers, unless every idle site's processor is crowded by other sites' tasks (sites sharing
         few cores): then the step waits until a site is free to be asked where it leads (_loop_task), so that the
-        server's own work does not take the cores the epoch needs. Then check the time budget."""
+        server's own work does not take the cores the epoch needs; and only while the server is otherwise idle
+        (_idle_for_step: the answers meanwhile accumulate into the next step). Then check the time budget."""
         if self.phase == Phase.FINAL:
             if all(self.records.answered_at(j, self._final.params.u) for j in self.active):
                 self._finish(self._exact_profile(self._final.params.u), self._final_reason, now)
         elif self.phase == Phase.LOOP:
             if not self._owed:
                 self._end_epoch(now)
-            elif self._step_due() and any(j not in self._crowded for j in self.active if not self.busy(j)):
+            elif (self._step_due() and any(j not in self._crowded for j in self.active if not self.busy(j))
+                  and self._idle_for_step(now)):
                 self._surrogate_step(now)
         budget = self.config.time_budget
         if self.phase == Phase.LOOP and budget is not None and now >= budget:
@@ -261,30 +286,15 @@ class StatsServer(FederatedServer):
         """Every site answered at the epoch's u: accept or reject it on the exact ℓ, stop or publish the next."""
         u = self._epoch.params.u
         here = self._exact_profile(u)
-        surrogate, self._surrogate_epoch = self._surrogate_epoch, False
         before = None if self._anchor is None else self._anchor[0]  # the last exact point (newton_settled)
         anchor = None if before is None else before.loglik
         worse = anchor is not None and (here is None or here.loglik < anchor - 1e-12 * abs(here.loglik))
-        if anchor is not None and surrogate and not worse and self._epoch_pred > self.policy.loglik_tol:
-            # short of 0.75 of its promise it misled (one strike); kept if it gained 0.75 of sync's prediction (a very
-            # successful step) or, where ℓ is quadratic (gap ℓ* − ℓ within Wilks' p/2 = 1.5), if nearer the maximum
-            gain = here.loglik - anchor
-            self._distrust = gain / self._epoch_pred <= 0.75
-            d_here, d_base = (newton_decrement(p, *self.bounds, self.policy.eig_floor) for p in (here, self._anchor[0]))
-            worse = self._distrust and gain <= 0.75 * self._sync_pred and not (0 < gain and d_here < d_base <= 1.5)
-        if anchor is not None:  # the surrogate's measured error on this epoch decides whether it picks the next point
-            gain = -np.inf if here is None else here.loglik - anchor
-            self._vouched = not worse and (self._vouched if self._sur_pred is None  # unmeasured: unchanged
-                                           else abs(gain - self._sur_pred) <= abs(gain - self._quad_pred))
         if worse:
-            if surrogate:  # one strike: from the same accepted point, sync's step and radius for the rest of the fit
-                self._distrust = True
-            else:
-                self._radius = max(0.25 * self._epoch_step, 1e-6)  # rejected: a shorter step from the accepted point
+            self._radius = max(0.25 * self._epoch_step, 1e-6)  # rejected: a shorter step from the accepted point
         else:
             if here is None:
                 raise NotPositiveDefinite("the summed statistics are not positive definite at the first point")
-            if anchor is not None and not surrogate and self._epoch_pred > self.policy.loglik_tol:
+            if anchor is not None and self._epoch_pred > self.policy.loglik_tol:
                 self._radius = self._updated(self._radius, (here.loglik - anchor) / self._epoch_pred,
                                              self._epoch_step)
             self._anchor = (here, self.records.rounds[u_key(u)]["sum"])
@@ -306,8 +316,9 @@ class StatsServer(FederatedServer):
         probe = self._boundary.step(base, step, lower, upper)
         if probe is not None:
             step, new = probe, None
-        new, predicted = self._epoch_point(base, step, new, probe is not None)
-        self._epoch_step, self._epoch_pred, self._sync_pred = distance(new.u, base.u), predicted, step.predicted
+        if new is None:  # the second-order model is not positive definite there: ℓ at the step is unknown until asked
+            new = dataclasses.replace(base, u=base.u + step.p)
+        self._epoch_step, self._epoch_pred = distance(new.u, base.u), step.predicted
         self.boundary = at_bound(new.u, lower, upper)
         self._set_params(new)
         self._record(STATS_STEP, now, 0, new.loglik)
@@ -320,42 +331,10 @@ class StatsServer(FederatedServer):
         if not self._owed:  # every site answered there already (explorations): the epoch is over as it begins
             self._end_epoch(now)
 
-    def _epoch_point(self, base: Profile, step: Step, new: Profile | None, probe: bool) -> tuple[Profile, float]:
-        """The next epoch's point and the increase of ℓ it promises: sync's trust-region step s, or (async, sites
-        answered elsewhere since) the surrogate's maximiser, no farther from base than s and within |s|/2 of it, if
-        higher on the surrogate. After one strike (_end_epoch), s for the rest of the fit."""
-        sync = new if new is not None else dataclasses.replace(base, u=base.u + step.p)
-        self._sur_pred, self._quad_pred = None, step.predicted
-        explored = any(not np.array_equal(st["u"], base.u) for j, st in self.records.stats.items()
-                       if j in self.active)
-        if (probe or self.config.mode == "sync" or not explored or self._distrust
-                or step.predicted <= self.policy.loglik_tol):  # (a gain below loglik_tol cannot be judged)
-            return sync, step.predicted
-        start = self._explore.params.u
-        found = self.records.surrogate(start, self.active, self.n_obs, self.t, self._explore_radius)
-        if (found is None or len(found.used) < len(self.active)
-                or not all(self.records.within_reach(v, found.used) for v in (base.u, sync.u))):
-            return sync, step.predicted  # the surrogate does not reach both: it cannot compare them
-        origin, here = self._evaluate(found.at, base.u), self._evaluate(found.at, start, derivatives=True)
-        best = None if here is None else self._maximise(found.at, here, found.radius)[0]
-        reach = distance(sync.u, base.u)  # no farther than the synchronous step goes
-        if best is not None and distance(best.u, base.u) > reach:
-            best = self._evaluate(found.at, base.u + (best.u - base.u) * reach / distance(best.u, base.u))
-        on_surrogate = self._evaluate(found.at, sync.u)
-        if origin is not None and on_surrogate is not None:
-            self._sur_pred = on_surrogate.loglik - origin.loglik
-        if (not self._vouched or best is None or origin is None or on_surrogate is None or best.loglik <= origin.loglik
-                or on_surrogate.loglik >= best.loglik or distance(best.u, sync.u) > 0.5 * reach):
-            return sync, step.predicted  # (a correction as long as half the step: the two models disagree)
-        d = best.u - base.u
-        self._surrogate_epoch, self._sur_pred = True, best.loglik - origin.loglik
-        self._quad_pred = float(base.grad @ d + 0.5 * d @ base.hess @ d)
-        return best, best.loglik - origin.loglik
-
     def _surrogate_step(self, now: float) -> None:
         """Async, between epochs: maximise the surrogate from the current point and publish where it leads (the
         point faster sites are asked at); the surrogate steps have their own trust region (_check_promise)."""
-        self._new = 0
+        self._new, self._stepped = 0, True
         u = self._explore.params.u
         found = self.records.surrogate(u, self.active, self.n_obs, self.t, self._explore_radius)
         if found is None:
@@ -375,7 +354,7 @@ class StatsServer(FederatedServer):
         self.boundary = step.at_bound
         self._set_params(new)
         # an estimate only from every site's model, where it agrees with sync's step (within |s|/2 of the epoch
-        # point, as _epoch_point), and where most of what it rests on is newer than the epoch point's own model: the
+        # point), and where most of what it rests on is newer than the epoch point's own model: the
         # answers' mean square distance at most half of |s|² (every site's at u_a); elsewhere it is a probe
         if (len(used) == len(self.active) and distance(new.u, self._epoch.params.u) <= 0.5 * self._epoch_step
                 and self.records.spread(new.u, u, self.active) <= 0.5 * self._epoch_step ** 2):

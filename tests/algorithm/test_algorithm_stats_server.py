@@ -7,7 +7,7 @@ import pytest
 from support import LowRankReference, simulate
 
 from spatialfed.algorithm.config import FitConfig, StatsPolicy
-from spatialfed.algorithm.profile import distance, taylor_statistics
+from spatialfed.algorithm.profile import distance
 from spatialfed.algorithm.protocol import STATS_STEP, evaluate
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.model.reference import lowrank_loglik
@@ -399,94 +399,6 @@ def test_a_time_budget_that_ends_during_the_initialisation_stops_with_an_exact_e
         run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
         assert server.done and server.stop_reason == "time_budget" and not server.converged
         assert np.isfinite(server.loglik) and server.trace[-1]["step"] == "final"
-
-
-#: the variogram start of the full store before its bins followed the sites' extents (δ₀ 2.2 from δ̂ in log)
-FAR_START = {"delta": 24.16750606990266, "sigma2": 0.8585626020801143, "beta": 0.06424655664429965}
-
-
-def overpromising_fit(problem, point):
-    """An async fit whose first point after φ₀ is published as the surrogate's at point(base, step) (a trust-region
-    step from φ₀), promising ten times sync's predicted increase; and the synchronous fit (no hold in either). The
-    full store starts at FAR_START, where the first step is long enough to overpromise."""
-    class Overpromising(Recording):
-        def _epoch_point(self, base, step, new, probe):
-            out, predicted = super()._epoch_point(base, step, new, probe)
-            if self.epochs == 0:
-                self._surrogate_epoch = True
-                return self._evaluate(lambda v: taylor_statistics(self._anchor[1], v), point(base, step)), 10 * predicted
-            return out, predicted
-
-    models, knots, kernel, residual = problem
-    start = FAR_START if residual == "full" else None
-    return [run_virtual(models, knots, kernel, slowdowns=SLOW, server=server_type(
-        len(models), knots, kernel, FitConfig(mode=mode, max_iter=300, tol=1e-8), start))
-        for mode, server_type in (("async", Overpromising), ("sync", Recording))]
-
-
-def test_a_surrogate_point_short_of_its_promise_and_of_the_maximum_costs_one_epoch_at_most(problem, sync):
-    """One strike: the first point after φ₀ gains (ℓ rises) but less than 0.75 of its promise and of sync's
-    prediction, and its Newton decrement is larger than φ₀'s (it lies off the way to the maximum: 0.3·|s| along a
-    direction where ℓ rises and steepens), so it is not accepted: the next point is sync's step from φ₀, every later
-    one sync's, the accepted points are sync's, and the fit ends within one slowest round trip of sync's end."""
-    e = np.array([0.16, -0.818, 0.552])
-    fit_, sync_ = overpromising_fit(problem, lambda base, step: base.u + 0.3 * np.linalg.norm(step.p) * e / np.linalg.norm(e))
-    first = [u for j, u, _ in fit_.requests if j == 3][1]  # the straggler's second request: the strike's point
-    assert not np.allclose(first, sync_.requests[len(problem[0])][1])
-    assert fit_._distrust and fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
-    assert [ll for _, ll in fit_.accepted] == pytest.approx([ll for _, ll in sync_.accepted], abs=1e-8)
-    durations = fit_.pacing.durations[STATS_STEP].values()
-    assert fit_.trace[-1]["time_s"] <= sync_.trace[-1]["time_s"] + max(durations) + min(durations)
-
-
-def test_a_surrogate_point_short_of_its_promise_but_nearer_the_maximum_is_kept_where_l_is_quadratic(problem, sync):
-    """A quarter of sync's step also gains less than 0.75 of its promise and of sync's prediction, but its Newton
-    decrement (ℓ* − ℓ where ℓ is quadratic) is smaller than φ₀'s. With the full residual φ₀'s decrement is 1.3, inside
-    Wilks' p/2 = 1.5: the point is kept and the next epochs take sync's steps from it (redoing the epoch at sync's
-    step costs one more epoch than stepping on), ending no later than sync. pp's φ₀ is 790 below the maximum, where
-    the quadratic model says little (kept, the quarter point made a probe of the nugget's bound look better and the
-    walk back took 13 epochs against sync's 9): not kept, sync's path."""
-    fit_, sync_ = overpromising_fit(problem, lambda base, step: base.u + 0.25 * step.p)
-    accepted, synced = [ll for _, ll in fit_.accepted], [ll for _, ll in sync_.accepted]
-    assert fit_._distrust and fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
-    if problem[3] == "full":
-        assert synced[0] < accepted[1] < synced[1] - 1e-6  # the quarter step's point, kept
-        assert len(accepted) <= len(synced) and fit_.trace[-1]["time_s"] <= sync_.trace[-1]["time_s"]
-    else:
-        assert accepted == pytest.approx(synced, abs=1e-8)
-
-
-def test_a_surrogate_that_disagrees_with_the_step_by_half_its_length_is_not_taken(problem, sync):
-    """The surrogate corrects the synchronous step, it does not replace it: a surrogate that is the exact ℓ moved by
-    0.4 in log β has its maximiser far from sync's step s (more than |s|/2 from it), so every epoch point is sync's."""
-    from spatialfed.algorithm.profile import sum_statistics
-    from spatialfed.algorithm.site_records import SiteRecords, Surrogate
-    from spatialfed.model.stats import site_statistics
-
-    models, knots, kernel, _ = problem
-    shift = np.array([0.0, 0.0, 0.4])
-
-    class Shifted(SiteRecords):
-        def surrogate(self, u_at, active, n_obs, t, radius):
-            def at(u):
-                out = dict(sum_statistics([site_statistics(lm, np.asarray(u) - shift) for lm in models]))
-                out["u"] = np.asarray(u, dtype=float)
-                return out
-            return Surrogate(at, radius, 0, sorted(active), None)
-
-    chosen = []
-
-    class Watched(StatsServer):
-        def _epoch_point(self, base, step, new, probe):
-            out = super()._epoch_point(base, step, new, probe)
-            chosen.append(self._surrogate_epoch)
-            return out
-
-    server = Watched(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
-    server.records = Shifted(server.policy)
-    fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
-    assert chosen and not any(chosen)
-    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
 
 
 class SharedCores(VirtualRuntime):
