@@ -64,12 +64,20 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
     coef = {k: 1.0 for k in used}
     around = []  # (statistics at a stale u_j, coefficient, the stale site's statistics: its scaling c)
     usable = set(used)
+    still: dict[str, tuple[set, dict]] = {}  # u key -> the sites still at that u (second order), their summed stats
     for j in used if control_variates else ():
         st = stats[j]
-        entry = rounds.get(u_key(st["u"]))
-        others = [k for k in entry["sites"] if k != j] if entry else []
-        same = [k for k in others if np.array_equal(stats[k]["u"], st["u"]) and not any(x in stats[k] for x in THIRD)]
-        fresh = [k for k in others if k not in same]
+        key = u_key(st["u"])
+        entry = rounds.get(key)
+        if entry is None:
+            continue
+        if key not in still:  # once per u: the sum is shared by every stale site answered there (O(J), not O(J²))
+            at_u = [k for k in entry["sites"] if np.array_equal(stats[k]["u"], st["u"])
+                    and not any(x in stats[k] for x in THIRD)]
+            still[key] = (set(at_u), sum_statistics([stats[k] for k in at_u]) if at_u else None)
+        at_u, at_sum = still[key]
+        same = at_u - {j}
+        fresh = [k for k in entry["sites"] if k != j and k not in same]
         if not fresh or not set(fresh) <= usable:
             continue  # nothing fresher to lean on: the plain Taylor model
         inside = j in entry["sites"]  # S_j − ρ Σ_{k∈F} S_k = (1 + ρ[j∈E]) S_j − ρ E + ρ Σ_{same} S_k, E the sum at u_j
@@ -79,7 +87,10 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         for k in fresh:
             coef[k] += rho
         around += [(st, 1.0 + (rho if inside else 0.0), st), (entry["sum"], -rho, st)]
-        around += [(stats[k], rho, st) for k in same]
+        if same:  # Σ_{same} S_k: the sum of the sites still at u_j, without j itself
+            around.append((at_sum, rho, st) if j not in at_u else
+                          ({name: np.asarray(at_sum[name], dtype=float) - np.asarray(st[name], dtype=float)
+                            for name in SUMMED} | {"u": st["u"]}, rho, st))
     groups: dict[tuple, list] = {}  # (u_j, c) -> the second-order terms there: [(statistics, coefficient, c, own)]
     terms = []  # what the Expansion sums: third-order models (refined or secant; cubic within their radius), groups
     for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:
