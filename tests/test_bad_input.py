@@ -939,6 +939,14 @@ def _resume_missing(w, T):
     FederatedGP.resume(T / "nope" / "checkpoint.pkl")
 
 
+def _load(key):
+    def run(w, T):
+        from spatialfed.api import FederatedGP
+
+        FederatedGP.load(w[key] if key in w else key.format(T=T))
+    return run
+
+
 def _ingest_frame(frame_fn, **kw):
     def run(w, T):
         from spatialfed.data.ingest import ingest_frame
@@ -1023,6 +1031,10 @@ API_CASES = [
     ("api-resume-other-store", _resume_other_store,
      r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store"),
     ("api-resume-missing", _resume_missing, r"no checkpoint at .*nope"),
+    ("api-load-missing", _load("{T}/nope"), r"cannot load .*nope: there is no fit directory; give a directory "
+                                             r"written by FederatedGP\.save\(DIR\)"),
+    ("api-load-without-fit-json", _load("NOFIT"), r"cannot load .*fit_nojson: .*fit\.json not found"),
+    ("api-load-damaged-fit-json", _load("BADFIT"), r"cannot load .*fit_badjson: .*not valid JSON .*run the fit again"),
     ("api-write-nan-z", _write(_poke(1, 3, 0, np.nan)), r"worker 1: z holds NaN"),
     ("api-write-inf-z", _write(_poke(1, 3, 0, np.inf)), r"worker 1: z holds NaN or infinite"),
     ("api-write-nan-x", _write(_poke(0, 3, 0, np.nan)), r"worker 1: locs holds NaN"),
