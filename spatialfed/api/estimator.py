@@ -153,7 +153,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
     checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_, boundary_
     ({"delta" | "sigma2" | "beta": "lower" | "upper"} for a parameter the fit left on a bound of its box, e.g.
-    {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary").
+    {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary"), loaded_from_
+    (after ``FederatedGP.load``: the directory read; only what save wrote is restored, e.g. no arrivals in monitor_).
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
@@ -271,6 +272,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             ``FederatedGP.resume``, which also restores the settings)."""
         scripts.check_not_bootstrapping()
         self._check_settings()
+        self.__dict__.pop("loaded_from_", None)  # a loaded estimator fitted again is a new fit
         old = self.__dict__.pop("_temporary_store", None)
         if old is not None:
             old.cleanup()      # the previous in-memory fit's store

@@ -120,7 +120,7 @@ def _store_path(d: Path, fit, extra, store) -> str:
 
     recorded = extra.get("store")
     if store is None and extra.get("data"):
-        path = d / extra["data"]
+        path = d.resolve() / extra["data"]
     else:
         path = Path(store if store is not None else recorded)
     if store is not None or path.exists():
@@ -157,7 +157,7 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     gp.monitor_.trace_rows = [dict(row) for row in gp.trace_]
     gp.domain_ = gp.dashboard_link_ = gp.scheduler_address_ = gp.assignment_ = gp.n_tasks_ = None
     gp.resumed_from_, gp.checkpoint_writes_, gp.checkpoint_seconds_ = None, 0, 0.0
-    gp.loaded_from_ = str(d)
+    gp.loaded_from_ = str(d.resolve())
 
 
 def _store_crs(path):

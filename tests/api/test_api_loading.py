@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from spatialfed.api import FederatedGP
+from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import DataError, StoreError
 
@@ -56,6 +57,7 @@ def test_a_saved_fit_predicts_in_a_new_process_after_its_store_is_deleted(frame_
     script = f"""
 import json, numpy as np, pandas as pd
 from spatialfed.api import FederatedGP
+from spatialfed.cli import main
 gp = FederatedGP.load({str(tmp_path / "fit")!r})
 new, frame = pd.read_csv({str(tmp_path / "new.csv")!r}), pd.read_csv({str(tmp_path / "frame.csv")!r})
 mean, sd = gp.predict(new, return_std=True)
@@ -77,10 +79,12 @@ print(json.dumps({{"mean": mean.tolist(), "sd": sd.tolist(), "loglik": gp.loglik
     assert got["store"] == str(tmp_path / "fit" / "data.zarr")  # the copy save() kept of the in-memory data
 
 
-def test_a_loaded_fit_has_the_fits_settings_attributes_and_saves_again(frame_fit, tmp_path):
+def test_a_loaded_fit_has_the_fits_settings_attributes_and_saves_again(frame_fit, tmp_path, monkeypatch):
     gp, _ = frame_fit
     gp.save(tmp_path / "fit")
-    back = FederatedGP.load(tmp_path / "fit")
+    monkeypatch.chdir(tmp_path)
+    back = FederatedGP.load("fit")  # a relative path: the loaded fit keeps predicting from elsewhere
+    monkeypatch.chdir(tmp_path.parent)
     assert back.get_params() == gp.get_params()
     assert back.get_params()["mode"] == "sync" and back.nu == 1.5 and back.covariates == ["elev"]
     for name in ("n_obs_", "n_workers_", "covariate_names_", "residual_", "n_iter_", "converged_", "store_crs_",
@@ -89,6 +93,10 @@ def test_a_loaded_fit_has_the_fits_settings_attributes_and_saves_again(frame_fit
     for name in ("knots_", "mu_", "Sigma_", "slowdowns_"):
         np.testing.assert_array_equal(getattr(back, name), getattr(gp, name), err_msg=name)
     assert [row["iter"] for row in back.trace_] == [row["iter"] for row in gp.trace_]
+    NEW.to_csv(tmp_path / "new.csv", index=False)  # the command line predicts from the saved copy as well
+    assert main(["predict", str(tmp_path / "fit"), "--store", str(tmp_path / "fit" / "data.zarr"), "--locations",
+                 str(tmp_path / "new.csv"), "--out", str(tmp_path / "pred.csv"), "--quiet"]) == 0
+    np.testing.assert_allclose(pd.read_csv(tmp_path / "pred.csv")["mean"], gp.predict(NEW), rtol=0, atol=1e-10)
     again = back.save(tmp_path / "again")  # the loaded fit's data.zarr goes along
     np.testing.assert_allclose(FederatedGP.load(again).predict(NEW), gp.predict(NEW), rtol=0, atol=1e-10)
     assert json.loads((again / "fit.json").read_text())["params"] == json.loads(
@@ -157,14 +165,14 @@ def _damaged(tmp_path, fit, how):
     return d
 
 
-@pytest.mark.parametrize("how, pattern", [
+@pytest.mark.parametrize("how, pattern", [pytest.param(how, pattern, id=how) for how, pattern in (
     ("missing", r"there is no fit directory; give a directory written by FederatedGP\.save\(DIR\)"),
     ("file", r"it is a file, not a fit directory"),
     ("no-model", r"has no μ, Σ or knots \(model\.zarr missing or damaged\); run `spatialfed fit` again"),
     ("garbled-model", r"its model\.zarr is damaged \(.*\); save the fit again"),
     ("truncated-fit-json", r"fit\.json is not valid JSON .*run the fit again"),
     ("fit-json-keys", r"fit\.json lacks keys \['mode', .*run the fit again"),
-])
+)])
 def test_loading_a_missing_or_damaged_directory_is_one_line(frame_fit, tmp_path, how, pattern):
     gp, _ = frame_fit
     fit = gp.save(tmp_path / "fit")
