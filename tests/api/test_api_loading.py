@@ -188,3 +188,23 @@ def test_loading_a_missing_or_damaged_directory_is_one_line(frame_fit, tmp_path,
     message = str(info.value)
     assert message.startswith(f"cannot load {d}: ") and "\n" not in message
     assert re.search(pattern, message), message
+
+
+def test_a_fit_directory_written_before_load_existed_still_loads(tmp_path):
+    """model.zarr without the settings save() now adds: the settings fit.json implies, the CRS from the store."""
+    import zarr
+
+    store = tmp_path / "s.zarr"
+    simulate_store(store, 3, 30, seed=5)
+    gp = FederatedGP(mode="sync", nu=1.5, **FAST).fit(store)
+    gp.save(tmp_path / "fit")
+    group = zarr.open_group(str(tmp_path / "fit" / "model.zarr"), mode="r+")
+    settings = dict(group.attrs["settings"])
+    for key in ("estimator", "store_crs", "groups_column", "covariates_inferred", "data"):
+        settings.pop(key)
+    group.attrs["settings"] = settings
+    back = FederatedGP.load(tmp_path / "fit")
+    assert (back.method, back.mode, back.nu, back.knots, back.seed) == ("lowrank", "sync", 1.5, 9, 0)
+    assert back.store_crs_ == gp.store_crs_ and back.variogram_params_ == gp.variogram_params_
+    X, coords = np.zeros((3, 5)), np.full((3, 2), 0.4)
+    np.testing.assert_allclose(back.predict(X, coords=coords), gp.predict(X, coords=coords), rtol=0, atol=1e-10)
