@@ -15,7 +15,8 @@ naming the path, the cause and the fix. `write_atomic(path, write)`, `write_text
 one-call forms; `staged_entries(directory, last=("fit.json",))` stages pieces to put into a directory that may hold
 other files (a fit's OUT); `replace_path(src, dst)` is the rename step alone.
 
-One overwrite rule for every output (a store, a fit directory, a prediction table, a map directory):
+One overwrite rule for every output (a store, a fit directory, a prediction table and its metrics.json, a map
+directory, the demo's directory, pilot-clip's bounds):
 `refuse_existing(path, overwrite)` refuses one that exists (an empty directory does not count) in one line naming the
 fix, `overwrite=True` from Python and `--overwrite` on the command line; with it the writer replaces it atomically.
 """
@@ -46,16 +47,17 @@ _FIXES = {
 
 
 def refuse_existing(path, overwrite: bool, *, error: type[Exception] = OutputError, keep: tuple[str, ...] = (),
-                    alternative: str = "") -> None:
+                    alternative: str = "", instead: str = "choose another path") -> None:
     """Raise `error` (one line naming the fix) when the output `path` exists and `overwrite` is false. An empty
     directory, or one holding only the entries named in `keep` (e.g. the fit's own checkpoint), is not an output
-    yet. `alternative` is a further way out to offer (e.g. how to continue a checkpointed fit)."""
+    yet. `instead` is the way out besides overwriting (for a file written beside the one named, e.g. metrics.json:
+    another directory); `alternative` a further one (e.g. how to continue a checkpointed fit)."""
     path = Path(path)
     if overwrite or not (path.exists() or path.is_symlink()):
         return
     if path.is_dir() and not path.is_symlink() and all(entry.name in keep for entry in path.iterdir()):
         return
-    raise error(f"{path} already exists; choose another path or pass {option('overwrite=True', '--overwrite')} to "
+    raise error(f"{path} already exists; {instead} or pass {option('overwrite=True', '--overwrite')} to "
                 f"replace it{alternative}")
 
 

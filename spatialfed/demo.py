@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spatialfed.atomic import refuse_existing, write_atomic
 from spatialfed.data import partition as partitions
 from spatialfed.data.geometry import domain_from_bbox
 from spatialfed.data.simulate import sample_field
@@ -65,12 +66,15 @@ def simulate_networks(store: Path, seed: int = 0, test_size: int = 150):
                        extra_attrs={"networks": list(NETWORKS), "value": "log NO2 (log µg/m³), simulated"})
 
 
-def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None) -> dict:
-    """Simulate, fit asynchronously with one straggler on an embedded LocalCluster, write results; return paths."""
+def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None, overwrite: bool = False) -> dict:
+    """Simulate, fit asynchronously with one straggler on an embedded LocalCluster, write results; return paths.
+    An existing `out` (not empty) is refused before any work unless `overwrite`, which replaces its store, fit,
+    map and covariates.csv (each atomically)."""
     from spatialfed.api import FederatedGP
     from spatialfed.outputs.maps import make_map
 
     out = Path(out)
+    refuse_existing(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     tic = time.perf_counter()
     store = out / "networks.zarr"
@@ -81,7 +85,7 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None) -> dict:
                      domain=domain_from_bbox(*BBOX, crs=CRS), max_iter=60, seed=seed, n_dask_workers=n_dask_workers)
     gp.fit(store)
     fit_dir = out / "fit"
-    gp.save(fit_dir, overwrite=True)  # the demo's own directory: a second run replaces the first
+    gp.save(fit_dir, overwrite=True)  # inside the demo's own directory, refused above unless `overwrite`
     maps = make_map(fit_dir, store, out / "map", resolution=MAP_RESOLUTION_M,
                     covariates=write_covariate_table(out / "covariates.csv"), units="log NO₂ (log µg/m³)",
                     title="Simulated NO₂ over five monitoring networks — federated low-rank GP",
@@ -98,5 +102,5 @@ def write_covariate_table(path: Path) -> Path:
     gx, gy = np.meshgrid(np.arange(x0, x1 + step, step), np.arange(y0, y1 + step, step))
     pts = np.column_stack([gx.ravel(), gy.ravel()])
     X = covariates(pts)
-    pd.DataFrame({"x": pts[:, 0], "y": pts[:, 1], "traffic": X[:, 1], "urban": X[:, 2]}).to_csv(path, index=False)
-    return path
+    table = pd.DataFrame({"x": pts[:, 0], "y": pts[:, 1], "traffic": X[:, 1], "urban": X[:, 2]})
+    return write_atomic(path, lambda tmp: table.to_csv(tmp, index=False))

@@ -262,6 +262,9 @@ def _prepare(setup, world, T: Path):
         (T / "out" / "notes.txt").write_text("keep me\n")
     elif setup == "out_csv":
         (T / "out.csv").write_text("x,y,mean\n0,0,1\n")
+    elif setup == "metrics_json":  # the scores of an earlier prediction into the same directory
+        (T / "out.csv").write_text("x,y,mean\n0,0,1\n")
+        (T / "metrics.json").write_text('{"rmse": 1.0}\n')
     elif setup == "ckdir":
         shutil.copytree(world["CK"], T / "ck")
     elif setup == "ck_only":  # a checkpoint without the rest of the fit directory
@@ -669,6 +672,9 @@ CLI_CASES = [
                                    "--out", "{T}/out.csv", *PRED], r"nope\.csv does not exist", None),
     ("predict-out-exists", ["predict", "{F}", "--store", "{S}", "--out", "{T}/out.csv", *PRED],
      r"out\.csv already exists; choose another path or pass --overwrite to replace it", "out_csv"),
+    ("predict-metrics-exists", ["predict", "{F}", "--store", "{S}", "--out", "{T}/other.csv", *PRED],
+     r"metrics\.json already exists; predict into another directory or pass --overwrite to replace it",
+     "metrics_json"),
     ("predict-locations-named-columns-missing", ["predict", "{F}", "--store", "{S}", "--locations",
                                                  "{D}/locs_nocov.csv", "--x", "east", "--y", "north",
                                                  "--out", "{T}/out.csv", *PRED],
@@ -721,6 +727,10 @@ CLI_CASES = [
      r"file\.txt/out: .*file\.txt is a file, not a directory", None),
     # other commands
     ("cluster-script-unknown-system", ["cluster-script", "lsf"], r"unknown batch system 'lsf'", None),
+    ("demo-out-exists", ["demo", "--out", "{T}/out"],
+     r"out already exists; choose another path or pass --overwrite to replace it", "out_dir"),
+    ("pilot-clip-out-exists", ["pilot-clip", "{S}", "--out", "{T}/out"],
+     r"out already exists; choose another path or pass --overwrite to replace it", "out_file"),
     ("pilot-clip-missing-store", ["pilot-clip", "{T}/nope.zarr", "--out", "{T}/clip.json"],
      r"nope\.zarr is not a Zarr v3 store", None),
 ]
@@ -899,6 +909,13 @@ def _predict_over_output(w, T):
     predict_to_file(w["F"], w["S"], T / "prior" / "pred.csv", runtime="simulated", progress=False)
 
 
+def _predict_over_metrics(w, T):
+    from spatialfed.outputs.prediction import predict_to_file
+
+    (_prior(T) / "metrics.json").write_text('{"rmse": 1.0}\n')
+    predict_to_file(w["F"], w["S"], T / "prior" / "other.csv", runtime="simulated", progress=False)
+
+
 def _simulate_over_output(w, T):
     from spatialfed.data.simulate import simulate_store
 
@@ -920,6 +937,14 @@ def _resume_missing(w, T):
     from spatialfed.api import FederatedGP
 
     FederatedGP.resume(T / "nope" / "checkpoint.pkl")
+
+
+def _load(key):
+    def run(w, T):
+        from spatialfed.api import FederatedGP
+
+        FederatedGP.load(w[key] if key in w else key.format(T=T))
+    return run
 
 
 def _ingest_frame(frame_fn, **kw):
@@ -1006,6 +1031,10 @@ API_CASES = [
     ("api-resume-other-store", _resume_other_store,
      r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store"),
     ("api-resume-missing", _resume_missing, r"no checkpoint at .*nope"),
+    ("api-load-missing", _load("{T}/nope"), r"cannot load .*nope: there is no fit directory; give a directory "
+                                             r"written by FederatedGP\.save\(DIR\)"),
+    ("api-load-without-fit-json", _load("NOFIT"), r"cannot load .*fit_nojson: .*fit\.json not found"),
+    ("api-load-damaged-fit-json", _load("BADFIT"), r"cannot load .*fit_badjson: .*not valid JSON .*run the fit again"),
     ("api-write-nan-z", _write(_poke(1, 3, 0, np.nan)), r"worker 1: z holds NaN"),
     ("api-write-inf-z", _write(_poke(1, 3, 0, np.inf)), r"worker 1: z holds NaN or infinite"),
     ("api-write-nan-x", _write(_poke(0, 3, 0, np.nan)), r"worker 1: locs holds NaN"),
@@ -1043,6 +1072,8 @@ API_CASES = [
     ("api-map-over-output", _map_over_output, r"prior already exists; .* pass overwrite=True to replace it"),
     ("api-predict-over-output", _predict_over_output, r"pred\.csv already exists; .* pass overwrite=True"),
     ("api-simulate-over-output", _simulate_over_output, r"prior already exists; .* pass overwrite=True"),
+    ("api-predict-over-metrics", _predict_over_metrics,
+     r"prior/metrics\.json already exists; predict into another directory or pass overwrite=True"),
     # advice names the Python parameter (the CLI cases name the flag)
     ("api-ingest-duplicates", _ingest_frame(_frame(x=np.r_[500.0, 500.0, _RNG.uniform(0, 100, 28)],
                                                    y=np.r_[700.0, 700.0, _RNG.uniform(0, 100, 28)])),

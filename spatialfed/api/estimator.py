@@ -37,7 +37,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
 from spatialfed.algorithm.profile import U_NAMES
-from spatialfed.api import inputs, predicting, resuming, scripts, settings
+from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.units import variogram_params
@@ -154,7 +154,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     federated worker), scheduler_address_ (``tls://...`` when ``tls`` is set), checkpoint_writes_ and
     checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_, boundary_
     ({"delta" | "sigma2" | "beta": "lower" | "upper"} for a parameter the fit left on a bound of its box, e.g.
-    {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary").
+    {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary"), loaded_from_
+    (after ``FederatedGP.load``: the directory read; only what save wrote is restored, e.g. no arrivals in monitor_).
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
@@ -213,6 +214,11 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "params_")
 
+    def __setstate__(self, state) -> None:
+        """Unpickling (joblib, pickle): a fit on in-memory data predicts from its own copy of the data."""
+        super().__setstate__(state)
+        inputs.follow_temporary_store(self)
+
     # --- validation ----------------------------------------------------------------------------------------
     def _check_settings(self) -> None:
         settings.check_settings(self)
@@ -243,6 +249,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         return resume(cls, checkpoint_path, store, overrides)
 
+    @classmethod
+    def load(cls, fit_dir, store=None) -> "FederatedGP":
+        """The fitted estimator `save(fit_dir)` (or ``spatialfed fit --out``) wrote, with its settings; `store`: the
+        fitted store's new path if it moved (a fit on in-memory data predicts from the copy in fit_dir)."""
+        from spatialfed.api.loading import load
+
+        return load(cls, fit_dir, store)
+
     def fit(self, X, y=None, *, coords=None, groups=None, resume=None) -> "FederatedGP":
         """Fit the model (SPEC §1–4); returns self.
 
@@ -259,6 +273,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             ``FederatedGP.resume``, which also restores the settings)."""
         scripts.check_not_bootstrapping()
         self._check_settings()
+        self.__dict__.pop("loaded_from_", None)  # a loaded estimator fitted again is a new fit
         old = self.__dict__.pop("_temporary_store", None)
         if old is not None:
             old.cleanup()      # the previous in-memory fit's store
@@ -431,14 +446,15 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
                    "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_),
-                   "vecchia_k": self.vecchia_k_},
+                   "vecchia_k": self.vecchia_k_, **loading.saved_settings(self)},
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 
     def save(self, out_dir, overwrite: bool = False) -> Path:
-        """Write fit.json, model.zarr, trace.csv (SPEC §6) and report.html (a written summary above the monitor's
-        plots) as one atomic set; returns the dir. An existing `out_dir` holding anything but this fit's own
-        checkpoint is refused unless `overwrite=True`, which replaces the result files (other files stay)."""
+        """Write fit.json, model.zarr, trace.csv (SPEC §6), report.html (a written summary above the monitor's
+        plots) and, for a fit on in-memory data, data.zarr (its copy, for ``load``) as one atomic set; returns the
+        dir. An existing `out_dir` holding anything but this fit's own checkpoint is refused unless
+        `overwrite=True`, which replaces the result files (other files stay)."""
         from spatialfed.atomic import refuse_existing
         from spatialfed.outputs.results import write_results
 
@@ -449,7 +465,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))
-        return write_results(out_dir, result, extras={"report.html": report})
+        return write_results(out_dir, result, extras={"report.html": report, **loading.saved_data(self)})
 
 
 def _on_bound(server) -> dict:

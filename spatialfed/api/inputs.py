@@ -3,7 +3,9 @@
 The partitioned store (SPEC §5) is the federated contract: each site holds its own partition and nothing else.
 In-memory data are a convenience (notebooks, tests, cross-validation): ``fit_store`` writes them to a temporary
 store with ``spatialfed.data.ingest.ingest_frame`` (same checks, projection and partitions as ``spatialfed ingest``),
-which lives as long as the estimator that fitted it (prediction needs the sites' data for the residual part).
+which lives as long as the estimator that fitted it (prediction needs the sites' data for the residual part); a
+pickled copy carries the store's files into a temporary store of its own, and ``save`` copies it into the fit
+directory (``api.loading``).
 
 Coordinates come from, in order: ``coords=`` (an n×2 array or a pair of column names), a GeoDataFrame's point
 geometry (with its CRS), or the columns x/y, lon/lat or longitude/latitude of a DataFrame, in any case
@@ -56,23 +58,26 @@ class TemporaryStore:
         self._finalizer()
 
     def __reduce__(self):
-        """A pickled copy (joblib, multiprocessing) refers to the same directory but does not own it."""
-        return (_borrowed, (str(self.dir),))
+        """A pickled copy (joblib, multiprocessing, deepcopy) carries the store's files and unpickles into a
+        temporary store of its own, so it predicts after this one is removed (the estimator then points its
+        ``store_`` there: ``follow_temporary_store``)."""
+        files = {str(f.relative_to(self.path)): f.read_bytes() for f in sorted(self.path.rglob("*")) if f.is_file()}
+        return (_restored, (files,))
 
 
-class _Borrowed:
-    """A TemporaryStore seen from a copy: the path, no clean-up."""
-
-    def __init__(self, directory: str):
-        self.dir = Path(directory)
-        self.path = self.dir / "data.zarr"
-
-    def cleanup(self) -> None:
-        pass
+def _restored(files: dict) -> TemporaryStore:
+    store = TemporaryStore()
+    for name, data in files.items():
+        (store.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (store.path / name).write_bytes(data)
+    return store
 
 
-def _borrowed(directory: str) -> _Borrowed:
-    return _Borrowed(directory)
+def follow_temporary_store(gp) -> None:
+    """After unpickling: an estimator fitted on in-memory data uses its own copy of the temporary store."""
+    temporary = gp.__dict__.get("_temporary_store")
+    if temporary is not None and hasattr(gp, "store_"):
+        gp.store_ = str(temporary.path)
 
 
 def is_store_path(X) -> bool:

@@ -59,8 +59,10 @@ def predict(gp, locs, X0) -> dict:
     from spatialfed.outputs.prediction import (batch_size, default_predictor, open_workers, predict_at,
                                                prediction_runtime)
 
+    from spatialfed.api.loading import prediction_store
+
     model = fitted_model(gp)
-    info = open_store(gp.store_)
+    info = open_store(prediction_store(gp))
     runtime = getattr(gp, "runtime_used_", None) or gp.runtime  # where the fit ran ("auto" resolved)
     if gp.jobqueue:
         runtime = "dask"

@@ -18,7 +18,9 @@ def register(subparsers) -> None:
                     "bounds taken from the private data void the privacy guarantee. Use the knots, ν and residual "
                     "of the private fit.")
     p.add_argument("store", metavar="PILOT.zarr", help="a store of public or simulated data like the private data")
-    p.add_argument("--out", required=True, metavar="CLIP.json", help="where to write {key: bound}")
+    p.add_argument("--out", required=True, metavar="CLIP.json",
+                   help="where to write {key: bound}; an existing file is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace CLIP.json if it exists")
     p.add_argument("--method", choices=["lowrank", "independent"], default="lowrank", help="default lowrank")
     p.add_argument("--knots", type=int, default=100, help="number of knots m, as in the private fit (default 100)")
     p.add_argument("--nu", type=float, default=0.5, help="Matérn smoothness ν (default 0.5)")
@@ -31,9 +33,10 @@ def register(subparsers) -> None:
 
 def run(args) -> None:
     """Handler of `spatialfed pilot-clip`: runtime.pilot.pilot_clip on the pilot store, written as JSON."""
-    from spatialfed.atomic import write_text
+    from spatialfed.atomic import refuse_existing, write_text
     from spatialfed.runtime.pilot import pilot_clip
 
+    refuse_existing(args.out, args.overwrite)  # before the pilot fit
     models, knots, kernel = pilot_models(args)
     clip = pilot_clip(models, knots, kernel, margin=args.margin, max_iter=args.max_iter)
     out = write_text(Path(args.out), json.dumps(clip, indent=1) + "\n")

@@ -30,9 +30,10 @@ def register(subparsers) -> None:
                         "GeoParquet (its own CRS), reprojected to the store's CRS; default: the store's test group")
     add_point_columns(p, "--locations")
     p.add_argument("--out", required=True, metavar="PRED.csv",
-                   help="output table: .csv, .gpkg or .parquet, written batch by batch and renamed into place at "
-                        "the end; an existing one is refused unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="replace PRED.csv if it exists")
+                   help="output table: .csv, .gpkg or .parquet (GeoParquet), written batch by batch and renamed into "
+                        "place at the end; an existing one (or metrics.json beside it) is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace PRED.csv, and the metrics.json beside it when the test group is scored, if they exist")
     add_batch(p)
     add_quiet(p)
     p.set_defaults(handler=run)

@@ -58,6 +58,7 @@ from spatialfed.outputs.results import check_same_store, load_fit
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
 PREDICTORS = ("seamless", "lowrank", "independent", "personal", "ols")
+METRICS_JSON = "metrics.json"   # the held-out scores, beside the prediction table
 INTERCEPT = "intercept"
 CHUNK = 2048   # prediction locations per round of worker tasks when predict_at is given no batch size
 #: entries of the server's largest per-batch matrix (batch × m): 4·2²⁰ float64 = 32 MB
@@ -427,7 +428,8 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
     """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
     `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
     the store's test group also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
-    An existing `out` is refused unless `overwrite` (`atomic.refuse_existing`).
+    An existing `out`, or metrics.json when the test group is scored, is refused unless `overwrite`
+    (`atomic.refuse_existing`), before any site starts.
 
     Returns {"out", "metrics" (path or None), "n", "batch", "outside" (count), "scores" (or None)}. Memory: the
     targets plus one batch's matrices (`batch_size`), whatever the number of locations."""
@@ -435,6 +437,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
     refuse_existing(out, overwrite)
     model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
                                                {"x": x, "y": y, "crs": crs})
+    refuse_metrics(out, targets.observed is not None, overwrite)
     n = len(targets.locs)
     size = batch_size(len(model.knots), batch)
     scoring = targets.observed is not None
@@ -459,8 +462,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                       "column outside_domain)", stacklevel=2)
     scores = {"predictor": predictor, **metrics.scores(targets.observed, mean, sd)} if scoring else None
     out = Path(out)
-    mpath = None if scores is None else write_text(out.with_name("metrics.json"),
-                                                   json.dumps(scores, indent=1) + "\n")
+    mpath = None if scores is None else write_text(out.with_name(METRICS_JSON), json.dumps(scores, indent=1) + "\n")
     return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}
 
 
@@ -468,8 +470,16 @@ def write_prediction(frame: pd.DataFrame, out, scores: dict | None = None, crs=N
                      overwrite: bool = False) -> tuple[Path, Path | None]:
     """The prediction table in the format its extension names (.csv, .gpkg, .parquet; points in `crs`, the
     store's) and, with scores, metrics.json beside it — both atomic; an existing `out` is refused unless
-    `overwrite`."""
+    `overwrite` (so is an existing metrics.json beside it, when there are scores)."""
     refuse_existing(out, overwrite)
+    refuse_metrics(out, scores is not None, overwrite)
     out = tables.write_table(frame, out, crs=crs if crs is not None else frame.attrs.get("crs"))
-    metrics_path = out.with_name("metrics.json")
+    metrics_path = out.with_name(METRICS_JSON)
     return out, (None if scores is None else write_text(metrics_path, json.dumps(scores, indent=1) + "\n"))
+
+
+def refuse_metrics(out, scoring: bool, overwrite: bool) -> None:
+    """The overwrite rule for the metrics.json written beside `out` when `scoring` (an earlier prediction's scores
+    in that directory are refused as `out` itself would be)."""
+    if scoring:
+        refuse_existing(Path(out).with_name(METRICS_JSON), overwrite, instead="predict into another directory")

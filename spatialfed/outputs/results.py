@@ -234,7 +234,8 @@ def load_fit(out_dir) -> FitResult:
         raise ValueError(f"{fj} is not valid JSON ({exc}): the fit directory is damaged; run the fit again") from None
     missing = [k for k in FIT_KEYS if k not in doc]
     if missing:
-        raise ValueError(f"{fj} lacks keys {missing}")
+        raise ValueError(f"{fj} lacks keys {missing}: it was not written by spatialfed, or is damaged; run the "
+                         "fit again")
     mu = Sigma = None
     extra = {}
     mz = d / MODEL_ZARR

@@ -67,12 +67,19 @@ def write_table(frame: pd.DataFrame, path, *, crs=None, layer: str | None = None
 
 
 def check_writer(path) -> str:
-    """The output format (suffix) of `path`; DataError naming the writable ones otherwise."""
+    """The output format (suffix) of `path`; DataError naming the writable ones otherwise, or, for .parquet in an
+    install without pyarrow (a base dependency, but a venv may lack it), naming the package: before any work."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in WRITERS:
         raise DataError(f"cannot write {path}: the output format follows the extension and "
                         f"{suffix or '(no extension)'} is not one of {', '.join(WRITERS)}; rename the output")
+    if suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise DataError(f"cannot write {path}: GeoParquet needs pyarrow, which this Python lacks; install it "
+                            "(pip install pyarrow) or write .csv or .gpkg") from None
     return suffix
 
 

@@ -178,11 +178,12 @@ def test_the_temporary_store_lives_as_long_as_the_estimator():
     gp = FederatedGP(**FAST).fit(X, z, coords=locs, groups=groups)
     first = Path(gp.store_)
     assert first.is_dir()
-    twin = pickle.loads(pickle.dumps(gp))  # a copy (joblib, multiprocessing) uses the store without owning it
+    twin = pickle.loads(pickle.dumps(gp))  # a copy (joblib, multiprocessing) has a store of its own (api.inputs)
     np.testing.assert_allclose(twin.predict(X[:3], coords=locs[:3]), gp.predict(X[:3], coords=locs[:3]), rtol=1e-12)
+    assert Path(twin.store_) != first
     del twin
     gc.collect()
-    assert first.is_dir()
+    assert first.is_dir()  # removing the copy's store leaves the original's
     gp.fit(X, z, coords=locs)  # a new fit replaces (and removes) the previous temporary store
     second = Path(gp.store_)
     assert not first.exists() and second.is_dir()

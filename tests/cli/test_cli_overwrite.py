@@ -82,3 +82,63 @@ def test_estimator_save_is_refused_then_replaced_with_overwrite(store, tmp_path)
     FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(own / "checkpoint.pkl"),
                 checkpoint_every=1).fit(store).save(own)
     assert _knots(own) == 9 and (own / "checkpoint.pkl").exists()
+
+
+def test_a_second_prediction_into_a_directory_keeps_the_metrics_json_there(store, tmp_path, capsys):
+    """metrics.json is an output too: predicting the test group again into the same directory (another --out)
+    is refused before any site starts, naming it; --overwrite replaces it; a prediction without scores
+    (--locations) writes no metrics.json and is not refused."""
+    fit = tmp_path / "fit"
+    assert main(["fit", str(store), "--out", str(fit), "--knots", "9", *FIT]) == 0
+    pred = ["predict", str(fit), "--store", str(store), "--runtime", "simulated", "--quiet", "--out"]
+    assert main([*pred, str(tmp_path / "pred.csv")]) == 0
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text('{"rmse": "an earlier prediction"}\n')
+    capsys.readouterr()
+    assert main([*pred, str(tmp_path / "other.csv")]) == 1
+    assert capsys.readouterr().err.strip() == (f"spatialfed predict: error: {metrics} already exists; predict into "
+                                               "another directory or pass --overwrite to replace it")
+    assert not (tmp_path / "other.csv").exists() and "earlier" in metrics.read_text()
+    assert main([*pred, str(tmp_path / "other.csv"), "--overwrite"]) == 0
+    assert json.loads(metrics.read_text())["n"] == 10 and (tmp_path / "other.csv").exists()
+    locations = tmp_path / "locs.csv"
+    locations.write_text("x,y,x1,x2,x3,x4,x5\n0.5,0.5,0,0,0,0,0\n")
+    before = metrics.read_text()
+    assert main([*pred, str(tmp_path / "at.csv"), "--locations", str(locations)]) == 0
+    assert metrics.read_text() == before
+
+
+def test_a_second_demo_is_refused_and_overwrite_lets_it_run(tmp_path, monkeypatch, capsys):
+    """`spatialfed demo` into an existing directory stops before simulating, naming --overwrite; a new or empty
+    directory (a first demo, as .ci/run runs it in a fresh temporary directory) and --overwrite go on to the
+    simulation (stubbed here: the demo itself is tests/cli/test_cli_demo.py, slow)."""
+    import spatialfed.demo
+    from spatialfed.errors import DataError
+
+    def simulated(store, seed):
+        raise DataError(f"reached the simulation of {store.name}")
+
+    monkeypatch.setattr(spatialfed.demo, "simulate_networks", simulated)
+    out = tmp_path / "spatialfed-demo"
+    out.mkdir()
+    assert main(["demo", "--out", str(out)]) == 1  # empty: not an output yet
+    assert capsys.readouterr().err.strip() == "spatialfed demo: error: reached the simulation of networks.zarr"
+    (out / "notes.txt").write_text("mine\n")
+    assert main(["demo", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == (f"spatialfed demo: error: {out} already exists; choose another path "
+                                               "or pass --overwrite to replace it")
+    assert main(["demo", "--out", str(out), "--overwrite"]) == 1
+    assert "reached the simulation" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path / "spatialfed-demo")
+    assert main(["demo"]) == 1 and "reached the simulation" in capsys.readouterr().err  # the default, new
+
+
+def test_pilot_clip_refuses_an_existing_clip_file(store, tmp_path, capsys):
+    clip = tmp_path / "clip.json"
+    clip.write_text("{}\n")
+    assert main(["pilot-clip", str(store), "--out", str(clip), "--knots", "9"]) == 1
+    assert capsys.readouterr().err.strip() == (f"spatialfed pilot-clip: error: {clip} already exists; choose another "
+                                               "path or pass --overwrite to replace it")
+    assert clip.read_text() == "{}\n"
+    assert main(["pilot-clip", str(store), "--out", str(clip), "--knots", "9", "--max-iter", "2", "--overwrite"]) == 0
+    assert len(json.loads(clip.read_text())) > 0

@@ -95,8 +95,8 @@ def test_streamed_file_equals_in_memory_prediction_with_progress(fitted, capsys)
     assert written.keys() == scores.keys() and numbers
     assert {k: written[k] for k in numbers} == pytest.approx({k: scores[k] for k in numbers}, rel=1e-10)
     assert {k: written[k] for k in scores.keys() - numbers} == {k: scores[k] for k in scores.keys() - numbers}
-    for suffix in (".gpkg", ".parquet"):
-        path = out.with_suffix(suffix)
+    for suffix in (".gpkg", ".parquet"):  # a directory each: metrics.json beside pred.csv is not replaced
+        path = out.parent / suffix[1:] / f"pred{suffix}"
         pr.predict_to_file(fit, store, path, runtime="simulated", batch=4, progress=False)
         geo = gpd.read_parquet(path) if suffix == ".parquet" else gpd.read_file(path)
         assert len(geo) == 30 and geo.geom_type.eq("Point").all()

@@ -96,3 +96,40 @@ def test_other_extensions_are_refused_with_the_list(tmp_path):
     with pytest.raises(DataError, match=r"lacks column\(s\) \['x', 'y'\].*write \.csv"):
         write_table(pd.DataFrame({"a": [1.0]}), tmp_path / "t.gpkg")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pyarrow_is_a_base_dependency_because_parquet_is_read_and_written():
+    """`predict --out PRED.parquet`, `ingest T.parquet` and `--locations P.parquet` need pyarrow: a plain
+    `pip install spatialfed` must bring it (it was only in the [test] extra: the output died after the work)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from spatialfed.data import ingest, points
+    from spatialfed.outputs.tables import WRITERS
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[<>=!~ \[;]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
+    assert ".parquet" in WRITERS and ".parquet" in ingest.PARQUET_SUFFIXES and ".parquet" in points.PARQUET_SUFFIXES
+    assert "pyarrow" in base, sorted(base)
+
+
+def test_a_parquet_output_without_pyarrow_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """An install that lacks pyarrow anyway: `spatialfed predict --out PRED.parquet` stops in one line naming the
+    package before it reads the fit (the fit directory given here does not even exist) or starts a site."""
+    import sys
+
+    from spatialfed.cli import main
+    from spatialfed.outputs.tables import check_writer
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
+    with pytest.raises(DataError, match=r"pred\.parquet: GeoParquet needs pyarrow, .* \(pip install pyarrow\) or "
+                                        r"write \.csv or \.gpkg"):
+        check_writer(tmp_path / "pred.parquet")
+    assert check_writer(tmp_path / "pred.csv") == ".csv"
+    argv = ["predict", str(tmp_path / "no_fit"), "--store", str(tmp_path / "no.zarr"), "--out",
+            str(tmp_path / "pred.parquet"), "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GeoParquet needs pyarrow" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
