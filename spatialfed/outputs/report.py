@@ -68,7 +68,7 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
         "crs": facts.get("crs"), "unit": facts.get("unit"), "sizes": facts.get("sizes"),
         "method": result.method, "mode": result.mode, "preset": preset or extra.get("preset"),
         "residual": result.residual, "m": 0 if result.knots is None else int(np.asarray(result.knots).shape[0]),
-        "nu": float(result.nu), "runtime": extra.get("runtime"), "profile": extra.get("profile"),
+        "nu": float(result.nu), "runtime": extra.get("runtime"), "profile": _profile(extra),
         "gamma": dict(zip(names, gamma.tolist())),
         "nugget": 1.0 / float(p["delta"]), "partial_sill": float(p["sigma2"]), "range": float(p["beta"]),
         "practical_range": float(p["beta"]) * factor, "range_factor": factor,
@@ -147,7 +147,9 @@ def summary_html(facts: dict) -> str:
         settings.append(f"m = {facts['m']} knots" if facts["m"] else "no knots")
     if facts["nu"] is not None:
         settings.append(f"ν = {facts['nu']:g}")
-    settings += [f"{k} {facts[k]}" for k in ("runtime", "profile") if facts.get(k)]
+    settings += [f"runtime {facts['runtime']}"] if facts.get("runtime") else []
+    profile = facts.get("profile")
+    settings += [profile if str(profile).startswith("slowdowns") else f"profile {profile}"] if profile else []
     gamma = ", ".join(f"{e(str(k))} {v:.4g}" for k, v in facts["gamma"].items()) or "—"
     data = f"J = {facts['n_sites']} sites"
     if facts["n_obs"] is not None:
@@ -195,3 +197,12 @@ def report_page(title: str, summary: str, plots) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
             f"<style>{STYLE}</style>\n{INLINE.render()}\n</head>\n<body>\n<p class=\"title\">{html.escape(title)}</p>\n"
             f"{summary}\n<div id=\"plots\">{div}</div>\n{script}\n</body>\n</html>\n")
+
+
+def _profile(extra) -> str | None:
+    """The sites' emulated speeds as a reader should see them: the profile's name, or explicit slowdowns (given with
+    `slowdown=`, the name left at "balanced") as factors, e.g. "slowdowns 1, 1, 1, 20.7, 1"."""
+    name, s = extra.get("profile"), extra.get("slowdowns")
+    if s is not None and name in (None, "balanced") and any(float(v) != 1.0 for v in s):
+        return "slowdowns " + ", ".join(f"{float(v):.3g}" for v in s)
+    return name
