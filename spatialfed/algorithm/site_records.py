@@ -151,11 +151,6 @@ class SiteRecords:
         d = np.array([distance(u, st["u"]) for st in models.values()])
         return float(n @ d ** 2 / n.sum())
 
-    def within_reach(self, u, sites) -> bool:
-        """Every site's nearest model is used within taylor_radius at u."""
-        models = self.nearest(u, sites)
-        return all(self._reaches(distance(u, models[j]["u"])) for j in sites)
-
     def _reaches(self, du: float) -> bool:
         """A model is used this far from its u_j (taylor_radius; rounding allowed at a full step's end)."""
         return du <= self.policy.taylor_radius * (1 + 1e-9)
