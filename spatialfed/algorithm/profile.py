@@ -344,12 +344,6 @@ def stop_point(base: Profile, new: Profile | None, step: Step, dgamma: float, be
     return None
 
 
-def newton_decrement(pr: Profile, lower, upper, floor: float = 1e-8) -> float:
-    """The increase of ℓ the quadratic model at pr promises for its whole Newton step within the box: ℓ* − ℓ(u)
-    where ℓ is quadratic, so a smaller decrement says a point is nearer the maximum."""
-    return trust_region_step(pr.u, pr.grad, pr.hess, np.inf, lower, upper, floor).predicted
-
-
 def maximise(evaluate, base: Profile, max_move: float, lower, upper, steps: int, floor: float,
              tol: float) -> tuple[Profile, Step]:
     """Safeguarded Newton iterations on u ↦ evaluate(u) (a Profile with derivatives, or None where it is not positive

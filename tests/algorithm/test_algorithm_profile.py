@@ -14,7 +14,6 @@ from spatialfed.algorithm.profile import (
     default_bounds,
     distance,
     maximise,
-    newton_decrement,
     profile_loglik,
     projected_gradient,
     sum_statistics,
@@ -425,24 +424,6 @@ def test_sum_keeps_the_scaling_direction_only_when_every_site_shares_it(parts):
     np.testing.assert_array_equal(sum_statistics([a, b])["c"], a["c"])
     assert "c" not in sum_statistics([a, {key: value for key, value in b.items() if key != "c"}])
     assert "c" not in sum_statistics([a, {**b, "c": np.array([1.0, 0.0, 0.0])}])
-
-
-def test_newton_decrement_is_the_gap_to_the_top_of_a_quadratic_and_sees_the_box_and_the_floor():
-    """On ℓ = −½(u − top)ᵀA(u − top) the decrement at u is ℓ(top) − ℓ(u) = ½ rᵀAr exactly, whatever the distance
-    (no trust radius); a box that stops the step short of the top promises less (the step's own prediction); a
-    Hessian with an eigenvalue at 0 is floored at the floor given."""
-    for u in (np.zeros(3), np.array([3.0, -2.0, 1.0])):
-        r = u - TOP
-        assert newton_decrement(quadratic(u), *BOX) == pytest.approx(0.5 * r @ A_QUAD @ r, rel=1e-12)
-    boxed = (np.array([-5.0, -5.0, -5.0]), np.array([5.0, 5.0, 0.0]))  # top's log β entry 0.1 lies above 0
-    u = np.array([0.0, 0.0, -1.0])
-    step = trust_region_step(u, quadratic(u).grad, quadratic(u).hess, np.inf, *boxed)
-    assert newton_decrement(quadratic(u), *boxed) == pytest.approx(step.predicted, rel=1e-12)
-    assert newton_decrement(quadratic(u), *boxed) < newton_decrement(quadratic(u), *BOX) - 1e-6
-    # curvatures 4 and 0: the flat direction is floored at floor·4 = 2, so its gradient 1 promises ½·1²/2 = 0.25
-    flat = Profile(u=np.zeros(3), loglik=0.0, grad=np.array([0.0, 1.0, 0.0]), hess=-np.diag([4.0, 0.0, 4.0]),
-                   mu=np.zeros(0), Sigma=np.zeros((0, 0)), gamma=np.zeros(0), n_obs=1)
-    assert newton_decrement(flat, *BOX, floor=0.5) == pytest.approx(0.25, rel=1e-12)
 
 
 def test_only_an_interior_newton_step_counts_toward_the_predicted_stop():
