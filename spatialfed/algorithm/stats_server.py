@@ -146,6 +146,8 @@ class StatsServer(FederatedServer):
             return self._epoch
         if self.config.mode == "sync" or not self.policy.explore or self._explore is None or not free:
             return None
+        if not self._step_due() and not self._settled and self.records.answered_at(j, self._explore.params.u):
+            return None  # nothing new to ask (no step due, none to refine): not worth the pacing's O(J) look
         busy = {k: k in self._in_flight and self._in_flight[k] is not self._epoch for k in self._owed}
         due = self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
         if not self.pacing.may_work(j, self._last_now, due, self.active):
