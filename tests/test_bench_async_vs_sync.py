@@ -105,10 +105,10 @@ def test_summary_counts_unsettled_and_off_optimum_runs():
     assert whole["worst_run"]["partition"] == "area"
     assert [(g["partition"], g["runs"], g["worst"]) for g in summary["by_group"]] == [("area", 1, 1.2),
                                                                                       ("random", 3, 0.9)]
-    settled, worst = summary["bounds"][:2]  # graded only: no balanced, straggler+graded or graded:12 bound
+    settled, worst = summary["bounds"][:2]  # graded only: no balanced, straggler or graded:12 bound
     assert len(summary["bounds"]) == 3 and (settled["value"], settled["holds"]) == (2, False)
     assert worst["value"] is None and not worst["holds"]  # the unsettled run is the worst
-    assert summary["bounds"][2]["bound"].startswith("mean straggler+graded") and summary["bounds"][2]["value"] is None
+    assert summary["bounds"][2]["bound"].startswith("mean graded <=") and summary["bounds"][2]["value"] is None
     text = bench.table(summary)  # the Markdown table on stderr
     assert "| graded | all | all | all | 4 | 3 | 2 | 0.867 | 1.2 (0) |" in text
     assert "| graded | 40 | area | equal | 1 | 1 | 1 | 1.2 | 1.2 (0) |" in text
