@@ -88,9 +88,7 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
             coef[k] += rho
         around += [(st, 1.0 + (rho if inside else 0.0), st), (entry["sum"], -rho, st)]
         if same:  # Σ_{same} S_k: the sum of the sites still at u_j, without j itself
-            around.append((at_sum, rho, st) if j not in at_u else
-                          ({name: np.asarray(at_sum[name], dtype=float) - np.asarray(st[name], dtype=float)
-                            for name in SUMMED} | {"u": st["u"]}, rho, st))
+            around.append((_without(at_sum, st) if j in at_u else at_sum, rho, st))
     groups: dict[tuple, list] = {}  # (u_j, c) -> the second-order terms there: [(statistics, coefficient, c, own)]
     terms = []  # what the Expansion sums: third-order models (refined or secant; cubic within their radius), groups
     for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:
@@ -113,6 +111,12 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
                 total[name] += weight * np.asarray(member[name], dtype=float)
         terms.append((total, 1.0))
     return Expansion(terms, terms[0][0]["u"] if center is None else center, scale)
+
+
+def _without(total: Mapping, st: Mapping) -> dict:
+    """The summed entries of `total` less those of `st` (both at one u): a sum of statistics with one site taken out."""
+    return {"u": st["u"], **{name: np.asarray(total[name], dtype=float) - np.asarray(st[name], dtype=float)
+                             for name in SUMMED}}
 
 
 def _zero(st: Mapping) -> dict:

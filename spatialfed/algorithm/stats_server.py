@@ -81,7 +81,8 @@ class StatsServer(FederatedServer):
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
         self._final, self._final_reason = None, None  # the final pass's request and reason (a stop before any point)
         self._pilot: Pilot | None = None  # the pilot start's rounds (pilot.py), once the φ₀ passes are done
-        self._costs: dict[str, list[float]] = {"step": [], "call": []}  # clock seconds of the last calls (spent)
+        self._step_costs: list[float] = []  # clock seconds of the last few calls that took a surrogate step (spent)
+        self._dearest_call = 0.0  # clock seconds of the dearest call of the loop so far (spent)
         self._stepped = False  # the call in progress took a surrogate step
 
     @property
@@ -96,18 +97,17 @@ class StatsServer(FederatedServer):
         """What the call just made took on the fit's clock: in the loop, the dearest call so far and the last few
         that took a surrogate step (_idle_for_step)."""
         if self.phase in (Phase.LOOP, Phase.FINAL) and seconds > 0:
-            self._costs["call"] = [max([float(seconds), *self._costs["call"]])]
+            self._dearest_call = max(self._dearest_call, float(seconds))
             if self._stepped:
-                self._costs["step"] = [*self._costs["step"][-4:], float(seconds)]
+                self._step_costs = [*self._step_costs[-4:], float(seconds)]
         self._stepped = False
 
     def _idle_for_step(self, now: float) -> bool:
-        """Whether a surrogate step, at its measured cost (before one is measured: the dearest recent call), ends
+        """Whether a surrogate step, at its measured cost (before one is measured: the loop's dearest call), ends
         before the first epoch answer is due: the server is otherwise idle, so the step never delays the epoch's
         decision. With equal sites the answers come together and no step is taken: async does sync's work. Always
         where the clock leaves the server out (cost 0)."""
-        costs = self._costs["step"] or self._costs["call"]
-        cost = float(np.median(costs)) if costs else 0.0
+        cost = float(np.median(self._step_costs)) if self._step_costs else self._dearest_call
         if cost <= 0.0:
             return True
         due = []

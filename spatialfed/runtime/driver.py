@@ -199,7 +199,10 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
             if arrived or rang:
                 now = runtime.now()
                 receiving = True
-                charged(server.receive, arrived, now) if arrived else charged(server.tick, now)
+                if arrived:
+                    charged(server.receive, arrived, now)
+                else:
+                    charged(server.tick, now)
                 receiving = False
                 if checkpointer is not None:
                     checkpointer.on_event(server)
