@@ -23,7 +23,7 @@ def stats_of(rows) -> dict:
 
 def settled_by_counts(rows) -> dict:
     """How the settled asynchronous runs settled: on the slowest site's epoch answer, on another site's epoch
-    answer, or between epochs (an exploration or a refinement); {} for rows without async_settled_by."""
+    answer, or between epochs (an exploration); {} for rows without async_settled_by."""
     by = [r["async_settled_by"] for r in rows if r.get("async_settled_by")]
     if not by:
         return {}

@@ -94,7 +94,7 @@ def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -
 def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     """One store: φ₀, u*, u_s, the one-answer maximisers' distances from u* and sync's settle rounds."""
     from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
-    from spatialfed.algorithm.stale import refine_points, refined, site_models, u_key
+    from spatialfed.algorithm.stale import secant, site_models, u_key
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.simulate import simulate_store
     from spatialfed.data.store import open_store
@@ -138,7 +138,7 @@ def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     first = answer(u0)
     at_phi0 = maximiser(with_slow(first), u_star, box, knots, kernel)
     at_us = maximiser(with_slow(answer(u_s)), u_star, box, knots, kernel)
-    third = refined(first, [answer(u) for u in refine_points(first, 1e-4, *box)], reach=np.inf)
+    third = secant(first, [answer(first["u"] + 1e-4 * e) for e in np.eye(3)], reach=np.inf)  # exact third order
     at_phi0_third = maximiser(with_slow(third), u_star, box, knots, kernel)
 
     def control_variate(one):  # the server's model of the slowest site from `one` answer, through the others there

@@ -36,7 +36,7 @@ Prints one JSON document on stdout, progress on stderr (ending with the summary 
   ratio_by_rtol (the same ratio at tolerances 1e-2 and 1e-4: where a ratio above 1 at 1e-3 is not above 1 at
   either, one estimate lay just inside the band and the other just outside), async_settled_by (--preset stats on
   the simulated runtime: the answer after which the asynchronous estimate settled, its site, kind — epoch,
-  explore, refine —, the epochs completed before it, at_s, and its site's round trip as a share of the slowest
+  explore —, the epochs completed before it, at_s, and its site's round trip as a share of the slowest
   site's) and the wall seconds it took;
 - a summary per (profile, n_per_worker, partition, sizes) and per profile: runs, settled, on_optimum
   (|dloglik| ≤ 1e-6), the mean and the worst (largest) ratio over the settled runs and the row of the worst, and
@@ -258,9 +258,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
         def _receive(self, qs, now):
             if self.phase == Phase.LOOP:
                 for q in qs:
-                    task = self._in_flight.get(q.worker)
-                    kind = ("refine" if task is not None and "refine" in task.extra else
-                            "epoch" if q.worker in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
+                    kind = ("epoch" if q.worker in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
                             else "explore")
                     self.answer_log.append((float(now), int(q.worker), kind, int(self.epochs)))
             return super()._receive(qs, now)
@@ -307,7 +305,7 @@ def ratios_beside(sync_trace, async_trace, ref) -> dict:
 
 def settled_by(answer_log, async_s, slowdowns) -> dict | None:
     """The answer after which the asynchronous estimate settled: the last to arrive by async_s (the settling trace
-    row follows it), with its site, kind (epoch, explore, refine), the epochs completed before it and its site's
+    row follows it), with its site, kind (epoch, explore), the epochs completed before it and its site's
     round trip as a share of the slowest site's (None when the run never settled)."""
     arrived = [a for a in answer_log if a[0] <= async_s * (1 + 1e-12)] if async_s is not None else []
     if not arrived:

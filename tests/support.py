@@ -152,3 +152,14 @@ def full_disk_beside_slow_parent_writes(monkeypatch, key_suffix: str, delay: flo
 
     monkeypatch.setattr(local, "set", full_disk)
     monkeypatch.setattr(local, "set_if_not_exists", late)
+
+
+def third_order(lm, st, h, reach=3.0):
+    """Site statistics `st` (of LocalModel lm, at st["u"]) with third derivatives from answers h along each axis of u
+    (stale.secant): the third-order model the asynchronous surrogate uses, d3_radius = reach · h."""
+    from spatialfed.algorithm import stale
+    from spatialfed.model.stats import site_statistics
+
+    u = np.asarray(st["u"], dtype=float)
+    return stale.secant(st, [site_statistics(lm, u + h * e) for e in np.eye(3)], reach=reach)
+

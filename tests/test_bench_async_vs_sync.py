@@ -241,7 +241,7 @@ def test_each_run_names_the_answer_it_settled_on(tiny):
     for r in tiny["rows"]:
         b = r["async_settled_by"]
         assert b["at_s"] == pytest.approx(r["async_s"], rel=1e-12) and 0 <= b["site"] < 3 and b["epochs"] >= 0
-        assert b["kind"] in {"epoch", "explore", "refine"}
+        assert b["kind"] in {"epoch", "explore"}
         # straggler: the last worker is the slow one; balanced: every site is as slow as the slowest, and answers
         # only at epoch points (no site is ever free before the epoch ends)
         assert (b["round_trip_share"] == 1.0) == (r["profile"] == "balanced" or b["site"] == 2)

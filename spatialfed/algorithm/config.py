@@ -62,10 +62,8 @@ class StatsPolicy:
       taylor_radius — a site's model is used within this distance of the u_j it answered at (a farther site is
         stood in for); the largest move of an aggregation keeps every used model inside it;
       secant_reach — earlier answers within this distance give a site's model third derivatives (stale.secant);
-      refine_step — an idle settled site answers this far from its u_j for third derivatives (stale.refined; None:
-        off): large enough for differences to beat rounding, small against secant_reach;
-      settle_tol — a surrogate step shorter than this has settled (idle sites may refine) and is not judged by the
-        trust region (it cannot exploit model error);
+      settle_tol — a surrogate step shorter than this is not judged by the trust region (it cannot exploit model
+        error);
       stale_tol — None: min(settle_tol, max(√tol, 10·tol)); a model nearer than this to u counts as fresh;
       min_coverage — share of the observations whose statistics must be usable before a surrogate step;
       control_variates — model a stale site through the sites that answered at its u_j (stale.site_models);
@@ -88,7 +86,6 @@ class StatsPolicy:
     loglik_tol: float = 1e-6
     taylor_radius: float = 0.5
     secant_reach: float = 0.2
-    refine_step: float | None = 0.03
     settle_tol: float = 1e-2
     stale_tol: float | None = None
     min_coverage: float = 0.5
@@ -113,12 +110,12 @@ class StatsPolicy:
             raise ValueError(f"policy inner_steps must be an integer ≥ 1, got {self.inner_steps!r}")
         if self.probe_step is not None and not self.probe_step > 0:
             raise ValueError(f"policy probe_step must be > 0 (None: never probe a bound), got {self.probe_step!r}")
-        ladder = [("stale_tol", self.stale_tol), ("settle_tol", self.settle_tol), ("refine_step", self.refine_step),
-                  ("secant_reach", self.secant_reach), ("taylor_radius", self.taylor_radius)]
+        ladder = [("stale_tol", self.stale_tol), ("settle_tol", self.settle_tol), ("secant_reach", self.secant_reach),
+                  ("taylor_radius", self.taylor_radius)]
         ladder = [(name, value) for name, value in ladder if value is not None]
         for (a, x), (b, y) in zip(ladder, ladder[1:]):  # each reach inside the next: models are used where valid
             if not x < y and not (a == "stale_tol" and x <= y):
-                raise ValueError(f"policy needs stale_tol ≤ settle_tol < refine_step < secant_reach < taylor_radius;"
+                raise ValueError(f"policy needs stale_tol ≤ settle_tol < secant_reach < taylor_radius;"
                                  f" got {a}={x!r}, {b}={y!r}")
 
     def stale_tol_for(self, tol: float) -> float:
@@ -128,14 +125,16 @@ class StatsPolicy:
 
 
 #: StatsPolicy settings of earlier versions, and why each went (a checkpoint that names one still restores)
-RETIRED = {"hold_share": "slow sites are no longer held back before the first epoch (docs/algorithm.md)"}
+RETIRED = {"hold_share": "slow sites are no longer held back before the first epoch (docs/algorithm.md)",
+           "refine_step": "idle sites no longer answer near their last point for third derivatives: removing it "
+                          "changed the charged-clock ratios by less than 0.01 (docs/results.md)"}
 
 
 def retire(policy: dict, refuse: bool = True) -> dict:
-    """A policy dict without RETIRED settings: those at their no-op value (0) are dropped, any other is refused
+    """A policy dict without RETIRED settings: those at their no-op value (0, None) are dropped, any other is refused
     with the reason it went (`refuse=False`, a checkpoint of an earlier version: dropped too)."""
     for name, why in RETIRED.items():
-        if refuse and name in policy and policy[name] not in (0, 0.0):
+        if refuse and name in policy and policy[name] not in (0, 0.0, None):
             raise ValueError(f"policy {name} was removed: {why}; leave it out")
     return {name: value for name, value in policy.items() if name not in RETIRED}
 

@@ -28,11 +28,11 @@ U_NAMES = ("delta", "sigma2", "beta")
 _PAIR = np.array([[PAIRS.index((min(a, b), max(a, b))) for b in range(3)] for a in range(3)])
 #: (a's, b's) of PAIRS
 _PAIR_AB = np.array(PAIRS).T
-#: distinct triples (a ≤ b ≤ c) of the third derivatives "d3S" and "d3d" a refined model carries (stale.refined)
+#: distinct triples (a ≤ b ≤ c) of the third derivatives "d3S" and "d3d" a third-order model carries (stale.secant)
 TRIPLES = tuple(itertools.combinations_with_replacement(range(3), 3))
 #: 3×3×3 table of positions in TRIPLES
 _TRIPLE = np.array([[[TRIPLES.index(tuple(sorted((a, b, c)))) for c in range(3)] for b in range(3)] for a in range(3)])
-#: keys of a refined model's third derivatives and the radius around u_j within which they are used: dropped
+#: keys of a third-order model's third derivatives and the radius around u_j within which they are used: dropped
 #: by point evaluations and combinations (second order)
 THIRD = ("d3S", "d3d", "d3_radius")
 
@@ -100,7 +100,7 @@ def scaled_frame(stats: dict, w: np.ndarray, packed: bool = False) -> tuple[np.n
 def taylor_statistics(stats: dict, u) -> dict:
     """The Taylor model of a site's statistics around the u_j they were computed at, evaluated at u (Δ = u − u_j),
     with the model's own first and second derivatives at u; exact at u = u_j. Second order, or third when the
-    statistics carry third derivatives "d3S", "d3d" (a site refined by nearby answers, stale.refined) and u lies
+    statistics carry third derivatives "d3S", "d3d" (from the site's earlier answers, stale.secant) and u lies
     within their "d3_radius" of u_j (farther, the cubic term of forward differences is an extrapolation that can
     invent ascent: on graded n_j = 500 a flat ridge led the surrogate 0.4 in log β away with it, 0.28 without).
 

@@ -1,5 +1,5 @@
 """What the statistics server knows of each site (SPEC §2b): its latest statistics, the sums of the answers given at
-one u, the answers near its u_j that make its model third order, and the surrogate Σ_j T_j(u) built from them.
+one u, its earlier answers that make its model third order, and the surrogate Σ_j T_j(u) built from them.
 
 State only, no pacing: `SiteRecords` is told of answers and asked for models (algorithm/stats_server.py drives it).
 """
@@ -29,9 +29,8 @@ class SiteRecords:
 
     stats {site: its latest statistics, with "t" of its request}; epoch {site: its answer at the last epoch point
     it answered, the point every site shares}; rounds {u key: summed exact statistics of the sites that answered at
-    that u, and which} (stale.remember); refine {site: its answers near its u_j so far}; earlier {site: its two
-    answers before its latest}; secant {site: its latest statistics with third derivatives from those
-    (stale.secant), or None, once asked for}.
+    that u, and which} (stale.remember); earlier {site: its two answers before its latest}; secant {site: its latest
+    statistics with third derivatives from those (stale.secant), or None, once asked for}.
     """
 
     def __init__(self, policy: StatsPolicy):
@@ -39,7 +38,6 @@ class SiteRecords:
         self.stats: dict[int, dict] = {}
         self.epoch: dict[int, dict] = {}
         self.rounds: dict[str, dict] = {}
-        self.refine: dict[int, list[dict]] = {}
         self.earlier: dict[int, list[dict]] = {}
         self.secant: dict[int, dict] = {}
 
@@ -50,31 +48,8 @@ class SiteRecords:
         self.stats[j] = {**xi, "t": int(t)}
         if epoch:
             self.epoch[j] = self.stats[j]
-        self.refined(j)
         self._keep_earlier(j, previous)
         stale.remember(self.rounds, self.stats, j, list(live) + self._epoch_points())
-
-    def refined(self, j: int, nearby: dict | None = None) -> bool:
-        """Site j's answers near its u_j (refine_task), with `nearby` a new one: those still between ½ and 1½
-        refine_step from u_j are kept, and once they span u with c, j's model is third order (stale.refined).
-        True when the model became third order with this answer."""
-        st, h = self.stats.get(j), self.policy.refine_step
-        kept = self.refine.pop(j, [])
-        if st is None or h is None:
-            return False
-        if nearby is not None:
-            kept.append(nearby)
-        kept = [x for x in kept if 0.5 * h <= distance(x["u"], st["u"]) <= 1.5 * h]
-        if len(kept) < len(stale.refine_points(st, h, np.full(3, -np.inf), np.full(3, np.inf))):
-            if kept:
-                self.refine[j] = kept
-            return False
-        try:
-            self.stats[j] = {**stale.refined(st, kept), "t": st["t"]}
-        except ValueError:  # the answers kept do not span u (two along one direction): ask again
-            return False
-        self.refine[j] = kept
-        return nearby is not None
 
     def _keep_earlier(self, j: int, previous: dict | None) -> None:
         """Site j's two answers before its latest (its secant model is computed again when next asked for)."""
@@ -86,24 +61,14 @@ class SiteRecords:
 
     def secant_model(self, j: int) -> dict | None:
         """Site j's latest statistics with third derivatives from its two answers before, if within secant_reach
-        (stale.secant; None otherwise); kept apart from its statistics, so a site with a secant model still refines.
-        Computed when first asked for: only the asynchronous surrogate uses it."""
+        (stale.secant; None otherwise), kept apart from its statistics. Computed when first asked for: only the
+        asynchronous surrogate uses it."""
         if j not in self.secant:
             st = self.stats[j]
             near = [x for x in self.earlier.get(j, [])
                     if 1e-4 <= distance(x["u"], st["u"]) <= self.policy.secant_reach]
-            self.secant[j] = {**stale.secant(st, near), "t": st["t"]} if len(near) == 2 and "d3S" not in st else None
+            self.secant[j] = {**stale.secant(st, near), "t": st["t"]} if len(near) == 2 else None
         return self.secant[j]
-
-    def refine_point(self, j: int, bounds) -> np.ndarray | None:
-        """The next point near site j's u_j at which an answer refines its model (None: refined, or nothing left)."""
-        st, h = self.stats.get(j), self.policy.refine_step
-        if h is None or st is None or "d3S" in st:
-            return None
-        kept = [(x["u"] - st["u"]) / distance(x["u"], st["u"]) for x in self.refine.get(j, [])]
-        points = [v for v in stale.refine_points(st, h, *bounds)
-                  if not any(abs(float((v - st["u"]) @ d)) > 0.5 * h for d in kept)]
-        return points[0] if points else None
 
     def answered_at(self, j: int, u) -> bool:
         return j in self.stats and np.array_equal(self.stats[j]["u"], u)
@@ -113,8 +78,8 @@ class SiteRecords:
         iterations, the sites used, and those sites again when all answered at u_at) or None while the usable sites
         hold less than min_coverage of the observations.
 
-        Sites within taylor_radius of u_at enter through their models (stale.site_models: a secant model where no
-        refined one exists); the others are stood in for by the used ones scaled by N / Σ n_j used. The move is
+        Sites within taylor_radius of u_at enter through their models (stale.site_models: a secant model where its
+        earlier answers give one); the others are stood in for by the used ones scaled by N / Σ n_j used. The move is
         limited so that no used model is evaluated farther than taylor_radius from its u_j."""
         pol = self.policy
         models = self.nearest(u_at, active)
@@ -136,7 +101,7 @@ class SiteRecords:
         models = {}
         for j, st in self.stats.items():
             if j in active:
-                secant = None if "d3S" in st else self.secant_model(j)
+                secant = self.secant_model(j)
                 latest = st if secant is None else secant
                 at_epoch = self.epoch.get(j)
                 models[j] = (at_epoch if at_epoch is not None and distance(u, at_epoch["u"]) < distance(u, st["u"])
@@ -161,7 +126,7 @@ class SiteRecords:
 
     def drop(self, j: int) -> None:
         """Forget site j (a lost worker); the sums at one u are rebuilt without it."""
-        for records in (self.stats, self.epoch, self.refine, self.earlier, self.secant):
+        for records in (self.stats, self.epoch, self.earlier, self.secant):
             records.pop(j, None)
         for key, entry in list(self.rounds.items()):
             if j in entry["sites"]:

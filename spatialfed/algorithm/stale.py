@@ -1,5 +1,5 @@
 """Stale sites in the asynchronous statistics server (SPEC §2b): their models at the current u (Taylor or control
-variate; third order from refining or earlier answers). Pure functions over the server's records; the server holds the state.
+variate; third order from earlier answers). Pure functions over the server's records; the server holds the state.
 
 Records: `stats` {site: its latest statistics (model/stats.py site_statistics, with "u")}; `rounds`
 {u key: {"sum": the exact statistics of the sites that answered at that u, summed; "sites": [j, ...]}}.
@@ -7,7 +7,6 @@ Records: `stats` {site: its latest statistics (model/stats.py site_statistics, w
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -90,7 +89,7 @@ def site_models(stats: Mapping[int, dict], rounds: Mapping[str, dict], used: Seq
         if same:  # Σ_{same} S_k: the sum of the sites still at u_j, without j itself
             around.append((_without(at_sum, st) if j in at_u else at_sum, rho, st))
     groups: dict[tuple, list] = {}  # (u_j, c) -> the second-order terms there: [(statistics, coefficient, c, own)]
-    terms = []  # what the Expansion sums: third-order models (refined or secant; cubic within their radius), groups
+    terms = []  # what the Expansion sums: third-order models (secant; cubic within their radius), groups
     for st, c, frame in [(stats[k], c, None) for k, c in coef.items()] + around:
         if c == 0.0:
             continue
@@ -126,18 +125,6 @@ def _zero(st: Mapping) -> dict:
             for key, value in st.items() if key not in THIRD and key != "c"}
 
 
-def refine_points(st: Mapping, h: float, lower, upper) -> list[np.ndarray]:
-    """Where a site's answers give its statistics' third derivatives (refined): u_j + h·e_i for every log-parameter
-    i but the first along which they scale exactly (c; all three when c = 0), −h where +h would leave the box."""
-    u, c = np.asarray(st["u"], dtype=float), np.asarray(st.get("c", np.zeros(3)), dtype=float)
-    skip = int(np.flatnonzero(c)[0]) if np.any(c) else None
-    points = []
-    for i in (i for i in range(3) if i != skip):
-        step = h if u[i] + h <= upper[i] else -h
-        points.append(u + step * np.eye(3)[i])
-    return points
-
-
 def _hessian_differences(base: Mapping, nearby: Sequence[Mapping]):
     """(directions v, ∂_v ∂_abG, ∂_v ∂_ab d, steps h) from answers near base's u_j: forward differences of the second
     derivatives in base's frame (scaled_frame: at u_j + hv the frame is e^{−w·hv} times the one at its own u), with
@@ -168,29 +155,9 @@ def _with_third(base: Mapping, d3S: np.ndarray, d3d: np.ndarray, radius: float) 
     return out
 
 
-def refined(base: Mapping, nearby: Sequence[Mapping], reach: float = 3.0) -> dict:
-    """`base` with third derivatives "d3S", "d3d" (TRIPLES order), for the third-order model of taylor_statistics
-    within "d3_radius" = `reach` × the largest step to a nearby answer.
-
-    From answers at u_j + h_i·v_i (refine_points): ∂_v ∂_abG ≈ (∂_abG(u_j + h v) − ∂_abG(u_j))/h (_hessian_differences)
-    and ∂_c ∂_abG = ∂_c ∂_ab d = 0 exactly along the scaling direction c (G is constant and d linear along c). Solving
-    for ∂_abc in u and averaging over the permutations of (a, b, c) gives a symmetric tensor with an O(h) error."""
-    vs, TS, Td, hs = _hessian_differences(base, nearby)
-    V = np.array(vs).T
-    if V.shape != (3, 3) or abs(np.linalg.det(V)) < 1e-12:
-        raise ValueError("the nearby answers and c must span the three directions of u")
-    Vi = np.linalg.inv(V)
-    TS = np.einsum("vabij,vc->abcij", np.array(TS), Vi)
-    Td = np.einsum("vab,vc->abc", np.array(Td), Vi)
-    perms = list(itertools.permutations(range(3)))
-    TS = sum(TS.transpose(*p, 3, 4) for p in perms) / len(perms)
-    Td = sum(Td.transpose(*p) for p in perms) / len(perms)
-    return _with_third(base, np.stack([TS[t] for t in TRIPLES]), np.array([Td[t] for t in TRIPLES]), reach * max(hs))
-
-
 def secant(base: Mapping, earlier: Sequence[Mapping], reach: float = 3.0) -> dict:
-    """`base` with third derivatives from the site's own earlier answers, wherever the fit asked them (refined needs
-    answers placed around u_j; a slow site has none): the symmetric tensor (10 distinct triples) that fits the
+    """`base` with third derivatives from the site's own earlier answers, wherever the fit asked them: the symmetric
+    tensor (10 distinct triples) that fits the
     differences of _hessian_differences best in least squares, Σ_c ∂_abc v_c = ∂_v ∂_ab for every direction v (c
     included); the minimum-norm one where they do not span u, so the model is third order along the fit's path.
     Used within `reach` × the largest step (on graded n_j = 200 a 3.7× site answering 0.05 and 0.004 from its latest

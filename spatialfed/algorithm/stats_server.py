@@ -76,7 +76,6 @@ class StatsServer(FederatedServer):
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
         self._explore_radius = float(self.config.step_bound)  # the surrogate steps' trust radius (async)
         self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
-        self._settled = False  # the last surrogate step was short with room to go farther (refining pays off)
         self._new = 0  # answers since the last surrogate step
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
         self._final, self._final_reason = None, None  # the final pass's request and reason (a stop before any point)
@@ -146,22 +145,15 @@ class StatsServer(FederatedServer):
             return self._epoch
         if self.config.mode == "sync" or not self.policy.explore or self._explore is None or not free:
             return None
-        if not self._step_due() and not self._settled and self.records.answered_at(j, self._explore.params.u):
-            return None  # nothing new to ask (no step due, none to refine): not worth the pacing's O(J) look
+        if not self._step_due() and self.records.answered_at(j, self._explore.params.u):
+            return None  # nothing new to ask (no step due): not worth the pacing's O(J) look
         busy = {k: k in self._in_flight and self._in_flight[k] is not self._epoch for k in self._owed}
         due = self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
         if not self.pacing.may_work(j, self._last_now, due, self.active):
             return None
         if self._step_due() and self._idle_for_step(self._last_now):  # deferred while the processors were crowded
             self._surrogate_step(self._last_now)
-        if not self.records.answered_at(j, self._explore.params.u):
-            return self._explore
-        st = self.records.stats[j]
-        if self._settled and distance(st["u"], self._explore.params.u) <= self.stale_tol:
-            point = self.records.refine_point(j, self.bounds)
-            if point is not None:
-                return Augmented(self.params.with_u(point), self.t, STATS_STEP, extra={"refine": st["u"]})
-        return None
+        return None if self.records.answered_at(j, self._explore.params.u) else self._explore
 
     def _receive(self, qs, now: float) -> None:
         for q in qs:
@@ -178,10 +170,7 @@ class StatsServer(FederatedServer):
             if j in self._obsolete or self.phase == Phase.DONE:
                 self._obsolete.discard(j)
                 continue
-            if "refine" in p.extra:
-                self._new += self.records.refined(j, q.xi)
-                continue
-            live = [task.params.u for task in self._in_flight.values() if "refine" not in task.extra]
+            live = [task.params.u for task in self._in_flight.values()]
             at_epoch = j in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
             self.records.answered(j, q.xi, q.t, live + ([self._epoch.params.u] if self._epoch else []), at_epoch)
             if at_epoch:
@@ -350,7 +339,6 @@ class StatsServer(FederatedServer):
         move = distance(new.u, base.u)
         if move <= self.config.tol:
             new, move = base, 0.0
-        self._settled = move <= self.policy.settle_tol < 0.5 * radius
         self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik, base.loglik,
                          exact_for] if move > 0 else None
         self.boundary = step.at_bound

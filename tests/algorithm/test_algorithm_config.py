@@ -63,7 +63,7 @@ def test_joint_mean_step_is_the_default_and_tuned_names_its_settings():
 
 def test_the_statistics_policy_travels_with_the_config_and_keeps_its_ladder():
     """StatsPolicy is reachable from FitConfig, written by as_dict (fit.json, checkpoints) and read back; the reaches
-    must nest (stale_tol ≤ settle_tol < refine_step < secant_reach < taylor_radius)."""
+    must nest (stale_tol ≤ settle_tol < secant_reach < taylor_radius)."""
     from spatialfed.algorithm.config import StatsPolicy
 
     config = FitConfig.stats(mode="async", policy={"explore": False, "taylor_radius": 0.4})
@@ -71,10 +71,9 @@ def test_the_statistics_policy_travels_with_the_config_and_keeps_its_ladder():
     back = FitConfig(**config.as_dict())
     assert back.policy == config.policy and back.as_dict()["policy"]["explore"] is False
     assert FitConfig.stats().policy == StatsPolicy() and FitConfig().as_dict()["policy"] is None
-    for bad in ({"refine_step": 0.3}, {"secant_reach": 0.6}, {"settle_tol": 0.05}, {"stale_tol": 0.02}):
-        with pytest.raises(ValueError, match="stale_tol ≤ settle_tol < refine_step < secant_reach < taylor_radius"):
+    for bad in ({"secant_reach": 0.6}, {"settle_tol": 0.3}, {"stale_tol": 0.02}):
+        with pytest.raises(ValueError, match="stale_tol ≤ settle_tol < secant_reach < taylor_radius"):
             StatsPolicy(**bad)
-    assert StatsPolicy(refine_step=None).refine_step is None  # refining off: the ladder skips it
     with pytest.raises(ValueError, match="min_coverage"):
         StatsPolicy(min_coverage=0.0)
 
@@ -87,3 +86,6 @@ def test_a_retired_policy_setting_is_refused_with_its_reason_unless_it_is_off():
     with pytest.raises(ValueError, match="hold_share was removed: slow sites are no longer held back"):
         FitConfig.stats(mode="async", policy={"hold_share": 0.15})
     assert FitConfig.stats(mode="async", policy={"hold_share": 0.0}).policy == StatsPolicy()
+    with pytest.raises(ValueError, match="refine_step was removed: idle sites no longer answer near"):
+        FitConfig.stats(mode="async", policy={"refine_step": 0.03})
+    assert FitConfig.stats(mode="async", policy={"refine_step": None}).policy == StatsPolicy()  # its off value

@@ -3,9 +3,8 @@ sum of the models evaluated one by one (profile.taylor_statistics), wherever u l
 
 import numpy as np
 import pytest
-from support import simulate
+from support import simulate, third_order
 
-from spatialfed.algorithm import stale
 from spatialfed.algorithm.expansion import Expansion
 from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
 from spatialfed.model.stats import SUMMED, site_statistics
@@ -15,15 +14,14 @@ U1 = np.log([8.0, 0.8, 0.08])
 
 @pytest.fixture(scope="module")
 def terms():
-    """(statistics, coefficient) of four sites at four points: two plain, one refined (third order within
+    """(statistics, coefficient) of four sites at four points: two plain, one third order (within
     d3_radius = 0.06 of its u_j), one with a negative coefficient (a control variate's difference); and pp's
     scaling next to full's (two frames)."""
     full, _, _ = simulate(J=3, n=40, side=3, residual="full", seed=7)
     pp, _, _ = simulate(J=1, n=40, side=3, residual="pp", seed=8)
     points = [U1, U1 + [0.1, -0.05, 0.08], U1 + [-0.06, 0.04, 0.1], U1 + [0.02, 0.1, -0.04]]
     st = site_statistics(full[2], points[2])
-    nearby = [site_statistics(full[2], p) for p in stale.refine_points(st, 0.02, np.full(3, -20.0), np.full(3, 20.0))]
-    refined = stale.refined(st, nearby)
+    refined = third_order(full[2], st, 0.02)
     assert refined["d3_radius"] == pytest.approx(0.06)
     return [(site_statistics(full[0], points[0]), 1.0), (site_statistics(full[1], points[1]), 0.7), (refined, 1.0),
             (site_statistics(full[0], points[3]), -0.4), (site_statistics(pp[0], points[1]), 1.3)]
@@ -43,7 +41,7 @@ def assert_close(got, expected):
 
 
 @pytest.mark.parametrize("offset", [[0.0, 0.0, 0.0], [0.03, -0.02, 0.01], [0.2, 0.15, -0.1]],
-                         ids=["at_the_refined_u", "within_its_radius", "beyond_it"])
+                         ids=["at_the_third_order_u", "within_its_radius", "beyond_it"])
 def test_the_expansion_is_the_sum_of_the_models_evaluated_one_by_one(terms, offset):
     u = terms[2][0]["u"] + np.array(offset)
     assert_close(Expansion(terms, U1, scale=1.5)(u), one_by_one(terms, u, 1.5))

@@ -4,9 +4,9 @@ the centralized reference; Taylor models of stale sites; the trust-region step."
 import numpy as np
 import pytest
 from conftest import grid_knots, simulate_parts
+from support import third_order
 from scipy import linalg
 
-from spatialfed.algorithm import stale
 from spatialfed.algorithm.profile import (
     THIRD,
     NotPositiveDefinite,
@@ -119,15 +119,13 @@ def test_taylor_model_is_exact_at_its_point_and_second_order_nearby(parts, resid
 
 
 @pytest.mark.parametrize("residual,m", CASES)
-def test_refined_model_is_exact_at_its_point_and_third_order_nearby(parts, residual, m):
-    """Third derivatives from two nearby answers (stale.refined, h = 1e-3) make the model's error O(h⁴)."""
+def test_third_order_model_is_exact_at_its_point_and_third_order_nearby(parts, residual, m):
+    """Third derivatives from nearby answers (stale.secant, h = 1e-3) make the model's error O(h⁴)."""
     models, knots = setup(parts, residual, m)
     lm = models[0]
     st = site_statistics(lm, U)
-    lower, upper = default_bounds(1.0, 1.0)
-    nearby = [site_statistics(lm, v) for v in stale.refine_points(st, 1e-3, lower, upper)]
-    refined = stale.refined(st, nearby, reach=100.0)
-    same = taylor_statistics(refined, U)
+    third_model = third_order(lm, st, 1e-3, reach=100.0)
+    same = taylor_statistics(third_model, U)
     for key in ("S", "dS", "d2S", "d", "dd", "d2d"):
         np.testing.assert_array_equal(same[key], st[key])
     assert not set(same) & {"d3S", "d3d", "d3_radius"}  # a point evaluation is no model
@@ -140,13 +138,13 @@ def test_refined_model_is_exact_at_its_point_and_third_order_nearby(parts, resid
     for h in (0.04, 0.02, 0.01):
         exact = site_statistics(lm, U + h * direction)
         second.append(error(exact, taylor_statistics(st, U + h * direction)))
-        third.append(error(exact, taylor_statistics(refined, U + h * direction)))
+        third.append(error(exact, taylor_statistics(third_model, U + h * direction)))
     ratios = np.array(third[:-1]) / np.array(third[1:])
     assert np.all(ratios > 12.0), ratios  # O(h⁴): halving h divides the error by ~16
     assert third[-1] < 0.1 * second[-1]
     # beyond its radius the model is the second-order one
     far = U + 0.2 * direction
-    np.testing.assert_array_equal(taylor_statistics(stale.refined(st, nearby, reach=10.0), far)["S"],
+    np.testing.assert_array_equal(taylor_statistics(third_order(lm, st, 1e-3, reach=10.0), far)["S"],
                                   taylor_statistics(st, far)["S"])
 
 
@@ -281,12 +279,10 @@ def test_taylor_model_moves_the_derivatives_of_d_and_reads_a_missing_radius_as_u
     exact, model = site_statistics(lm, at), taylor_statistics(st, at)
     change = np.abs(exact["dd"] - st["dd"]).max()
     assert change > 0 and np.abs(model["dd"] - exact["dd"]).max() < 0.05 * change
-    lower, upper = default_bounds(1.0, 1.0)
-    refined = stale.refined(st, [site_statistics(lm, v) for v in stale.refine_points(st, 1e-3, lower, upper)],
-                            reach=1000.0)  # d3_radius = 1000·1e-3
-    unbounded = {key: value for key, value in refined.items() if key != "d3_radius"}
+    third_model = third_order(lm, st, 1e-3, reach=1000.0)  # d3_radius = 1000·1e-3
+    unbounded = {key: value for key, value in third_model.items() if key != "d3_radius"}
     far = U + 0.2 * np.array([1.0, -0.7, 0.5])
-    np.testing.assert_array_equal(taylor_statistics(unbounded, far)["S"], taylor_statistics(refined, far)["S"])
+    np.testing.assert_array_equal(taylor_statistics(unbounded, far)["S"], taylor_statistics(third_model, far)["S"])
 
 
 def test_profile_loglik_without_derivatives_and_with_a_quadratic_form_below_one(parts):
@@ -392,17 +388,15 @@ def test_maximise_uses_the_floor_given_and_returns_the_last_kept_step():
     assert got is at_top and not np.any(step.p)
 
 
-def test_refined_model_moves_every_derivative_to_third_order(parts):
+def test_third_order_model_moves_every_derivative_to_third_order(parts):
     """The third-order model's dS, dd (errors O(h³)) and d2d (O(h²)) against the exact ones: each far closer than the
     second-order model's (O(h²), O(h²), O(h))."""
     models, _ = setup(parts, "full", 9)
     lm = models[0]
     st = site_statistics(lm, U)
-    lower, upper = default_bounds(1.0, 1.0)
-    refined = stale.refined(st, [site_statistics(lm, v) for v in stale.refine_points(st, 1e-3, lower, upper)],
-                            reach=100.0)
+    third_model = third_order(lm, st, 1e-3, reach=100.0)
     at = U + 0.01 * np.array([1.0, -0.7, 0.5])
-    exact, second, third = site_statistics(lm, at), taylor_statistics(st, at), taylor_statistics(refined, at)
+    exact, second, third = site_statistics(lm, at), taylor_statistics(st, at), taylor_statistics(third_model, at)
     for key in ("dS", "dd", "d2d"):
         err2, err3 = (float(np.abs(np.asarray(got[key]) - exact[key]).max()) for got in (second, third))
         assert err3 < 0.2 * err2, (key, err3, err2)

@@ -66,16 +66,6 @@ def test_sums_are_forgotten_when_nothing_refers_to_them(sites):
     assert set(rounds) == {stale.u_key(u2)}
 
 
-def test_refine_points_step_across_the_scaling_direction_and_stay_in_the_box(sites):
-    u = np.log([8.0, 0.8, 0.08])
-    st = site_statistics(sites[0], u)  # full: c = (1, −1, 0), G depends on log δ + log σ² and log β only
-    lower, upper = np.full(3, -20.0), np.full(3, 20.0)
-    points = stale.refine_points(st, 0.03, lower, upper)
-    np.testing.assert_allclose(np.array(points) - u, [[0.0, 0.03, 0.0], [0.0, 0.0, 0.03]], atol=1e-15)
-    upper[2] = u[2] + 0.01  # +h would leave the box: −h
-    assert stale.refine_points(st, 0.03, lower, upper)[1][2] == pytest.approx(u[2] - 0.03)
-
-
 def third_derivative_errors(model, lm, u, directions, h=1e-4):
     """∂_v ∂²S and ∂_v ∂²(log det R) along each v from the model's tensors, against central differences of
     site_statistics (with its exact scaling along c taken out, as in the model)."""
@@ -95,16 +85,8 @@ def third_derivative_errors(model, lm, u, directions, h=1e-4):
         np.testing.assert_allclose(Td @ v, dd, rtol=1e-3, atol=1e-3 * np.abs(dd).max())
 
 
-def test_refined_third_derivatives_match_differences_of_the_exact_hessians(sites):
-    u = np.log([8.0, 0.8, 0.08])
-    lm = sites[1]
-    st = site_statistics(lm, u)
-    nearby = [site_statistics(lm, v) for v in stale.refine_points(st, 1e-4, np.full(3, -20.0), np.full(3, 20.0))]
-    third_derivative_errors(stale.refined(st, nearby), lm, u, [[1.0, 0.0, 0.0], [0.3, -0.5, 0.8]])
-
-
 def test_secant_third_derivatives_from_answers_anywhere_near(sites):
-    """Two earlier answers in any two directions that span u with c give the whole tensor, as refined does."""
+    """Two earlier answers in any two directions that span u with c give the whole tensor."""
     u = np.log([8.0, 0.8, 0.08])
     lm = sites[1]
     earlier = [site_statistics(lm, u + 1e-4 * np.array(v)) for v in ([0.3, -0.2, 1.0], [0.1, 0.9, -0.4])]
@@ -135,11 +117,3 @@ def test_secant_model_continues_the_path_more_accurately_than_second_order(sites
         second = np.max(np.abs(taylor_statistics(st, ahead)[key] - exact[key]))
         third = np.max(np.abs(taylor_statistics(secant, ahead)[key] - exact[key]))
         assert third < second / 4
-
-
-def test_refined_needs_answers_that_span_u_with_c(sites):
-    u = np.log([8.0, 0.8, 0.08])
-    st = site_statistics(sites[0], u)
-    along = [site_statistics(sites[0], u + [0.0, 0.0, 0.03]), site_statistics(sites[0], u + [0.0, 0.0, -0.03])]
-    with pytest.raises(ValueError, match="span"):
-        stale.refined(st, along)

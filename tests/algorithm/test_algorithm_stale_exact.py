@@ -110,27 +110,10 @@ def test_site_models_without_a_usable_control_fall_back_to_the_taylor_model(site
     np.testing.assert_allclose(only["S"], taylor_statistics(stats[0], u2)["S"], rtol=1e-12)
 
 
-def test_refine_points_without_a_scaling_direction_step_along_all_three(site):
-    st = dict(site_statistics(site, U1))
-    lower, upper = np.full(3, -20.0), np.full(3, 20.0)
-    for c in (None, np.zeros(3)):
-        if c is None:
-            st.pop("c")
-        else:
-            st["c"] = c
-        points = stale.refine_points(st, 0.03, lower, upper)
-        np.testing.assert_allclose(np.array(points) - U1, 0.03 * np.eye(3), atol=1e-15)
-    st["c"] = np.array([0.0, 0.0, 1.0])  # the scaling direction is skipped wherever it lies
-    np.testing.assert_allclose(np.array(stale.refine_points(st, 0.03, lower, upper)) - U1,
-                               0.03 * np.eye(3)[:2], atol=1e-15)
-    upper = U1 + np.array([0.03, 1.0, 1.0])  # +h lands exactly on the bound: still inside the box
-    assert stale.refine_points(st, 0.03, lower, upper)[0][0] == U1[0] + 0.03
-
-
-def test_refined_radius_is_three_times_the_largest_step(site):
+def test_third_order_radius_is_three_times_the_largest_step(site):
     st = site_statistics(site, U1)
-    nearby = [site_statistics(site, p) for p in stale.refine_points(st, 0.02, np.full(3, -20.0), np.full(3, 20.0))]
-    assert stale.refined(st, nearby)["d3_radius"] == pytest.approx(0.06)
+    earlier = [site_statistics(site, U1 + d) for d in ([0.0, 0.02, 0.0], [0.0, 0.01, -0.01])]
+    assert stale.secant(st, earlier)["d3_radius"] == pytest.approx(0.06)
 
 
 

@@ -154,18 +154,15 @@ def test_privacy_is_refused(problem):
 
 
 class Recording(StatsServer):
-    """A StatsServer that records every statistics request it hands out: (site, u, time) at a published u in
-    `requests`, (site, u) near a site's u_j in `refines`."""
+    """A StatsServer that records every statistics request it hands out: (site, u, time) in `requests`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.requests, self.refines = [], []
+        self.requests = []
 
     def next_task(self, j, free=True):
         p = super().next_task(j, free)
-        if p is not None and p.step == STATS_STEP and "refine" in p.extra:
-            self.refines.append((j, p.params.u.copy()))
-        elif p is not None and p.step == STATS_STEP:
+        if p is not None and p.step == STATS_STEP:
             self.requests.append((j, p.params.u.copy(), self._last_now))
         return p
 
@@ -259,7 +256,6 @@ def test_equal_sites_are_asked_together(problem):
     by_time = {}
     for j, u, when in same.requests:
         by_time.setdefault(when, []).append((j, u))
-    assert not same.refines
     assert all(sorted(j for j, _ in asked) == list(range(len(problem[0]))) and
                all(np.array_equal(u, asked[0][1]) for _, u in asked) for asked in by_time.values())
 
@@ -286,23 +282,6 @@ def test_async_with_equal_sites_and_jittered_answers_keeps_the_synchronous_pace(
             for mode in ("sync", "async")}
     assert runs["async"].converged and runs["async"].loglik == pytest.approx(sync.loglik, abs=1e-6)
     assert runs["async"].trace[-1]["time_s"] <= 1.05 * runs["sync"].trace[-1]["time_s"]
-
-
-def test_idle_sites_refine_their_models_near_where_they_answered(problem, sync):
-    """While the straggler computes, the others (settled) answer at u_j + refine_step·e_i: their models become
-    third order (stale.refined); this changes the path, not the optimum, and refining answers are not round trips."""
-    fit_ = fit_recorded(problem, SLOW)
-    straggler = len(SLOW) - 1
-    step = fit_.policy.refine_step
-    assert fit_.refines and {j for j, _ in fit_.refines} <= set(range(straggler))
-    for j, u in fit_.refines:  # refine_step along one log-parameter from a u the site was asked at
-        assert any(np.allclose(np.sort(np.abs(u - v)), [0.0, 0.0, step], atol=1e-12)
-                   for k, v, _ in fit_.requests if k == j)
-    assert fit_.converged and fit_.loglik == pytest.approx(sync.loglik, abs=1e-6)
-    np.testing.assert_allclose(fit_.params.u, sync.params.u, atol=1e-4)
-    assert sum(fit_.answers) == len(fit_.requests) - len(fit_._in_flight)  # refines are not answers
-    plain = fit_recorded(problem, SLOW, refine_step=None)
-    assert not plain.refines and plain.loglik == pytest.approx(sync.loglik, abs=1e-6)
 
 
 def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
@@ -410,14 +389,14 @@ class SharedCores(VirtualRuntime):
 
 @pytest.mark.parametrize("slowdowns", [[1.0, 1.3, 1.7, 2.2], [1.0, 1.0, 1.0, 1.5]])
 def test_async_without_a_free_processor_asks_only_the_synchronous_points(problem, slowdowns):
-    """Spare work (explorations, refinements) and the surrogate steps that place it wait for a free processor
+    """Spare work (explorations) and the surrogate steps that place it wait for a free processor
     (runtime.free): with none, the asynchronous fit asks every site exactly the synchronous fit's points."""
     models, knots, kernel, _ = problem
     config = FitConfig(mode="async", max_iter=300, tol=1e-8)
     shared = drive(Recording(len(models), knots, kernel, config), SharedCores(models, slowdowns))
     sync = fit_recorded_sync(problem, slowdowns)
     asked = sorted((j, u.tolist()) for j, u, _ in shared.requests)
-    assert asked == sorted((j, u.tolist()) for j, u, _ in sync.requests) and not shared.refines
+    assert asked == sorted((j, u.tolist()) for j, u, _ in sync.requests)
     assert shared.loglik == pytest.approx(sync.loglik, abs=1e-9)
     assert shared.t == sync.t  # and no surrogate step took the server's share of the cores (each adds to t)
     assert len(fit_recorded(problem, slowdowns).requests) > len(asked)  # with free processors it explores
