@@ -33,6 +33,7 @@ import numpy as np
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import FGPR_STEP, FINAL_STEP, Augmented, Quantity
 from spatialfed.algorithm.server import FederatedServer, ServerState, relative_change
+from spatialfed.algorithm.state import Phase
 from spatialfed.model import blocks
 
 #: the protocol step of one FGPR local update (Algorithm 2 of the FGPR paper)
@@ -119,22 +120,22 @@ class FgprServer(ServerState):
         self._results: dict[int, dict] = {}        # worker -> ξ of the current round or pass
         self._selected: list[int] = []             # S_c of the current round
         self._small_changes = 0
-        self._phase = "loop"
+        self._phase = Phase.LOOP
 
     # --- the runtime's side ----------------------------------------------------------------------------
     @property
-    def phase(self) -> str:
+    def phase(self) -> Phase:
         """"moments" | "variogram" (φ₀) | "loop" (rounds) | "value" (ℓ_ind) | "done" | "error"."""
         return self._init.phase if self._init is not None else self._phase
 
     @phase.setter
-    def phase(self, value: str) -> None:  # the error phase (ServerState._fail) ends the inner φ₀ server too
+    def phase(self, value: Phase) -> None:  # the error phase (ServerState._fail) ends the inner φ₀ server too
         self._init, self._phase = None, value
 
     @property
     def done(self) -> bool:
         """True once the value pass has set `loglik`; the runtime stops then."""
-        return self.phase == "done"
+        return self.phase == Phase.DONE
 
     def busy(self, j: int) -> bool:
         """Whether worker j has a task in flight."""
@@ -188,7 +189,7 @@ class FgprServer(ServerState):
         self.n_obs = sum(self._n_j[k] for k in self.active)
         if j in self._selected:
             self._selected.remove(j)
-        if self._phase == "loop" and not self._selected:
+        if self._phase == Phase.LOOP and not self._selected:
             self._select()  # every client of this round is gone: draw the round again
         self._advance(now)
 
@@ -221,7 +222,7 @@ class FgprServer(ServerState):
     def _leave_init(self, now: float) -> None:
         """Once the inner server has φ₀ (it entered its loop), take φ₀, N and its trace, and start round 1."""
         inner = self._init
-        if inner.phase != "loop":
+        if inner.phase != Phase.LOOP:
             return
         self.params, self.n_obs = inner.params, inner.n_obs
         self.active, self.dropped = list(inner.active), list(inner.dropped)
@@ -231,7 +232,7 @@ class FgprServer(ServerState):
 
     def _begin_round(self) -> None:
         self.t += 1
-        self._phase = "loop"
+        self._phase = Phase.LOOP
         self._select()
 
     def _select(self) -> None:
@@ -248,13 +249,13 @@ class FgprServer(ServerState):
 
     def _advance(self, now: float) -> None:
         """Aggregate a complete round, or finish a complete value pass."""
-        if self._phase == "loop" and self._selected and all(j in self._results for j in self._selected):
+        if self._phase == Phase.LOOP and self._selected and all(j in self._results for j in self._selected):
             self._aggregate(now)
-        elif self._phase == FINAL_STEP and all(j in self._results for j in self.active):
+        elif self._phase == Phase.VALUE and all(j in self._results for j in self.active):
             f = sum(self._results[j]["f"] for j in self.active)  # m = 0: no h term
             self.loglik = blocks.loglik_from_f(f, self.n_obs)
             self._record("final", now, self.loglik)
-            self._phase = "done"
+            self._phase = Phase.DONE
 
     def _aggregate(self, now: float) -> None:
         """θ̄ = Σ_{k∈S_c} n_k θ_k / Σ_{k∈S_c} n_k on (γ, δ⁻¹, σ², β) (FGPR Sec. 2.2 with FedAvg's n_k weights)."""
@@ -283,7 +284,7 @@ class FgprServer(ServerState):
         """Leave the rounds: a synchronous value pass over every active worker gives ℓ_ind (SPEC §6)."""
         self.stop_reason = reason
         self.converged = reason == "tol"
-        self._phase = FINAL_STEP
+        self._phase = Phase.VALUE
         self._results = {}
         self._pending = {j: Augmented(self.params, self.t, FINAL_STEP) for j in self.active}
 

@@ -133,13 +133,13 @@ class FederatedServer(ServerState):
                 self._accountant.record(j, self.config.privacy.released(q.xi))
             if j in self._obsolete:
                 self._obsolete.discard(j)
-            elif self.phase == "loop":
+            elif self.phase == Phase.LOOP:
                 self._Q[(j, q.step)] = (q, p.params)
                 self._num[q.step] += 1
                 self._arrivals[j] += 1
             else:
                 self._receive_synchronous(q, now)
-        if self.phase == "loop":
+        if self.phase == Phase.LOOP:
             self._progress(now)
 
     @property
@@ -220,9 +220,9 @@ class FederatedServer(ServerState):
             del self._Q[key]
         if self._n_j:
             self.n_obs = sum(self._n_j[k] for k in self.active)
-        if self.phase == "loop":
+        if self.phase == Phase.LOOP:
             self._progress(now)
-        elif self.phase != "done":
+        elif self.phase != Phase.DONE:
             self._complete_synchronous(now)
 
     # --- Algorithm 3: buffers, counters, aggregation ---------------------------------------------------
@@ -269,11 +269,11 @@ class FederatedServer(ServerState):
     def _progress(self, now: float) -> None:
         """Aggregate while the current step has Num.step ≥ Agg_threshold and fresh quantities from every worker,
         then check the time budget."""
-        while (self.phase == "loop" and self._num[STEPS[self._step]] >= self._threshold
+        while (self.phase == Phase.LOOP and self._num[STEPS[self._step]] >= self._threshold
                and self._fresh(STEPS[self._step])):
             self._aggregate(now)
         budget = self.config.time_budget
-        if self.phase == "loop" and budget is not None and now >= budget:
+        if self.phase == Phase.LOOP and budget is not None and now >= budget:
             self._stop("time_budget", now)
 
     def _aggregate(self, now: float) -> None:
@@ -297,7 +297,7 @@ class FederatedServer(ServerState):
         self._record(step, now, max(self.t - tj for tj in t_js), self._loglik_estimate if step == "theta" else None)
         if step == "theta":
             self._end_iteration(now)
-        if self.phase == "loop":
+        if self.phase == Phase.LOOP:
             self._step = (self._step + 1) % len(STEPS)
             self._publish(self._task(STEPS[self._step]))
 
@@ -404,11 +404,11 @@ class FederatedServer(ServerState):
         self.converged = reason == "tol"
         self._P = [[] for _ in range(self.n_workers)]
         self._obsolete = set(self._in_flight)
-        self._begin_synchronous("final", self._task("mu_sigma"))
+        self._begin_synchronous(Phase.FINAL, self._task("mu_sigma"))
 
     # --- synchronous passes: φ₀ summaries and the final evaluation -------------------------------------
-    def _begin_synchronous(self, phase: str, p: Augmented) -> None:
-        self.phase = Phase(phase)
+    def _begin_synchronous(self, phase: Phase, p: Augmented) -> None:
+        self.phase = phase
         self._collected = {}
         self._publish(p)
 
@@ -433,7 +433,7 @@ class FederatedServer(ServerState):
             self._begin_loop(now)
         else:
             edges = init.variogram_edges(self._cutoff)
-            self._begin_synchronous("variogram", Augmented(None, 0, "variogram",
+            self._begin_synchronous(Phase.VARIOGRAM, Augmented(None, 0, "variogram",
                                                            {"gamma": self._ols_gamma, "edges": edges}))
 
     def _after_variogram(self, xis, now) -> None:
@@ -448,14 +448,14 @@ class FederatedServer(ServerState):
         self.params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
                                           self.knots, self.kernel)
         self._record("init", now, 0)
-        self._begin_synchronous("loop", self._task(STEPS[0]))
+        self._begin_synchronous(Phase.LOOP, self._task(STEPS[0]))
 
     def _after_final(self, xis, now) -> None:
         """μ*, Σ* at the final (γ, δ, θ) (Eq. 8), or μ*, Σ*, γ* at the final θ under mean_step="joint", from fresh
         quantities of all workers."""
         entries = [(Quantity(xi, self.t, "mu_sigma", j), self.params) for j, xi in zip(self.active, xis)]
         self.params = self.params.replace(**self._update_mean(entries, uniform_weights(len(xis))))
-        self._begin_synchronous(FINAL_STEP, Augmented(self.params, self.t, FINAL_STEP))
+        self._begin_synchronous(Phase.VALUE, Augmented(self.params, self.t, FINAL_STEP))
 
     def _after_value(self, xis, now) -> None:
         """ℓ_LR = −(Σ_j f_j + h) − (N/2) log 2π at (μ*, Σ*) (SPEC §1); recorded as the trace's "final" row."""

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spatialfed.algorithm.state import Phase
 from spatialfed.errors import SpatialFedError, WorkerTaskError
 from spatialfed.runtime.interface import ACTIVATION, ALARM, Runtime
 
@@ -71,7 +72,7 @@ class Checkpointer:
         self._last_write = (time.perf_counter(), 0.0)  # (when the previous write ended, how long it took)
 
     def on_event(self, server) -> None:
-        if self.path is not None and server.phase == "loop" and server.t >= self.last_t + self.every:
+        if self.path is not None and server.phase == Phase.LOOP and server.t >= self.last_t + self.every:
             ended, took = self._last_write
             if self.adaptive and took > MAX_SHARE * (time.perf_counter() - ended):
                 return  # the last write was costly: wait until it is under MAX_SHARE of the time since
