@@ -38,6 +38,18 @@ from spatialfed.algorithm.state import Phase
 from spatialfed.model.params import Params
 
 
+@dataclasses.dataclass(frozen=True)
+class Promise:
+    """A surrogate step's promise, judged by the next step's model: it moved from `start` (where ℓ was `loglik`,
+    from the sites `sites` when all answered there) to `end`, promising ℓ to rise by `increase`."""
+
+    end: tuple
+    start: tuple
+    increase: float
+    loglik: float
+    sites: tuple | None
+
+
 class StatsServer(FederatedServer):
     """Sans-IO server of SPEC §2b with FederatedServer's runtime interface (done, busy, next_task, dispatch,
     receive, drop_worker, snapshot/restore) and results (params, loglik, trace, t, iterations, converged,
@@ -75,7 +87,7 @@ class StatsServer(FederatedServer):
         self._boundary = BoundaryProbe(self.policy.probe_step)
         self._explore: Augmented | None = None  # the request at the surrogate's current point (async)
         self._explore_radius = float(self.config.step_bound)  # the surrogate steps' trust radius (async)
-        self._promise: list | None = None  # [u published, u it stepped from, increase promised, ℓ there, sites]
+        self._promise: Promise | None = None  # what the last surrogate step promised (_check_promise)
         self._new = 0  # answers since the last surrogate step
         self._crowded: set[int] = set()  # idle sites whose processor other sites' tasks held at their last request
         self._final, self._final_reason = None, None  # the final pass's request and reason (a stop before any point)
@@ -339,8 +351,8 @@ class StatsServer(FederatedServer):
         move = distance(new.u, base.u)
         if move <= self.config.tol:
             new, move = base, 0.0
-        self._promise = [new.u.tolist(), base.u.tolist(), new.loglik - base.loglik, base.loglik,
-                         exact_for] if move > 0 else None
+        self._promise = Promise(tuple(new.u.tolist()), tuple(base.u.tolist()), new.loglik - base.loglik,
+                                base.loglik, None if exact_for is None else tuple(exact_for)) if move > 0 else None
         self.boundary = step.at_bound
         self._set_params(new)
         # an estimate only from every site's model, where it agrees with sync's step (within |s|/2 of the epoch
@@ -364,20 +376,20 @@ class StatsServer(FederatedServer):
         exact one would. Where the same sites answered at both points (`exact_for`), ℓ at u_old is their exact one.
         A step shorter than settle_tol is not judged (it cannot exploit model error), unless it reached the radius."""
         promise, self._promise = self._promise, None
-        if (promise is None or not np.allclose(promise[0], self._explore.params.u, rtol=0.0, atol=1e-9)
-                or not promise[2] > self.policy.loglik_tol):
+        if (promise is None or not np.allclose(promise.end, self._explore.params.u, rtol=0.0, atol=1e-9)
+                or not promise.increase > self.policy.loglik_tol):
             return
-        start = np.asarray(promise[1])
+        start = np.asarray(promise.start)
         moved = distance(self._explore.params.u, start)
-        if exact_for is not None and list(exact_for) == list(promise[4] or ()):
-            old = promise[3]
+        if exact_for is not None and tuple(exact_for) == (promise.sites or ()):
+            old = promise.loglik
         elif moved > self.policy.settle_tol or moved >= 0.99 * self._explore_radius:
             at_old = self._evaluate(at, start)
             old = None if at_old is None else at_old.loglik
         else:
             return
         if old is not None:
-            self._explore_radius = max(self._updated(self._explore_radius, (loglik - old) / promise[2], moved),
+            self._explore_radius = max(self._updated(self._explore_radius, (loglik - old) / promise.increase, moved),
                                        self.policy.settle_tol)
 
     def _updated(self, radius: float, ratio: float, step: float) -> float:

@@ -315,6 +315,7 @@ def test_a_step_cut_at_the_smallest_radius_is_judged_so_the_radius_can_grow(prob
     settle_tol can grow again (unjudged, area partitions crawled 1e-2 per aggregation for 40 aggregations)."""
     from spatialfed.algorithm.profile import profile_loglik, sum_statistics
     from spatialfed.algorithm.protocol import Augmented
+    from spatialfed.algorithm.stats_server import Promise
     from spatialfed.model.params import Params
     from spatialfed.model.stats import site_statistics
 
@@ -329,7 +330,7 @@ def test_a_step_cut_at_the_smallest_radius_is_judged_so_the_radius_can_grow(prob
     phi = Params(np.zeros(len(knots)), np.eye(len(knots)), np.zeros(1), *np.exp(new))
     for rise, radius in ((1.0, 2 * r), (-0.5, settle)):  # the newer model's ℓ rose as promised / fell
         server._explore, server._explore_radius = Augmented(phi, 0, STATS_STEP), r
-        server._promise = [phi.u.tolist(), old.tolist(), 1.0, before, None]
+        server._promise = Promise(tuple(phi.u.tolist()), tuple(old.tolist()), 1.0, before, None)
         server._check_promise(at, before + rise)
         assert server._explore_radius == pytest.approx(radius)
 
