@@ -50,7 +50,7 @@ Prints one JSON document on stdout, progress on stderr (ending with the summary 
 the charged virtual clock through the same store → runtime.site → runtime.driver path as the
 estimator, on knots jittered_unit_grid(m, seed=0); the other presets (the block scheme) run through FederatedGP, as
 does `--runtime dask` (a LocalCluster of --dask-workers processes, one store at a time). Results: docs/results.md,
-"Asynchronous against synchronous".
+"Asynchronous fitting on the charged clock".
 """
 
 from __future__ import annotations
