@@ -120,13 +120,27 @@ def store_domain(info, worker_bounds) -> Domain:
     return domain
 
 
-def store_hull_domain(info, worker_hulls, *, close: float = 0.0) -> Domain:
-    """A store's hull domain: [0,1]² for simulated stores (SPEC §7), else the union of the workers' hulls
-    (`domain_from_hulls`). `worker_hulls()` returns one polygon (or WKB) per worker, each `points_hull` of that
-    worker's sites computed where the partition lives; it is only called when needed."""
+#: the default prediction domains a store can build from its sites' hulls (`store_hull_domain`)
+DOMAIN_KINDS = ("hull", "bbox")
+
+
+def store_hull_domain(info, worker_hulls, *, kind: str = "hull") -> Domain:
+    """A store's default prediction domain: [0,1]² for simulated stores (SPEC §7), else the study area the sites'
+    hulls span (`worker_hulls()` returns one polygon or WKB per worker, each `points_hull` of that worker's sites,
+    grown by their spacing, computed where the partition lives; only called when needed). `kind` "hull": the convex
+    hull of their union, so the map has no holes or slits where sites meet; "bbox": its bounding box."""
+    if kind not in DOMAIN_KINDS:
+        raise DataError(f"the default domain must be one of {', '.join(DOMAIN_KINDS)} (or a polygon file), "
+                        f"got {kind!r}")
     if info.crs is None and getattr(info, "truth", None) is not None:
         return domain_from_bbox(0.0, 0.0, 1.0, 1.0)
-    return domain_from_hulls(list(worker_hulls()), info.crs, close=close)
+    hulls = [shapely.from_wkb(h) if isinstance(h, (bytes, bytearray)) else h for h in worker_hulls()]
+    if not hulls:
+        raise DataError("no worker hulls to build the domain from; check that the store has workers")
+    geom = shapely.convex_hull(shapely.union_all(hulls))
+    domain = Domain(geom if kind == "hull" else shapely.box(*geom.bounds), parse_crs(info.crs))
+    check_domain(domain)
+    return domain
 
 
 def domain_from_file(path, crs=None, layer=None) -> Domain:

@@ -32,9 +32,9 @@ from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError, option
 from spatialfed.outputs import metrics
 from spatialfed.outputs.bars import counting
-from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store, default_domain,
-                                           default_predictor, design_matrix, load_domain, load_model, open_workers,
-                                           predict_batches)
+from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store,
+                                           default_predictor, design_matrix, load_model, open_workers,
+                                           predict_batches, resolve_domain)
 from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
@@ -283,7 +283,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     with staged(out, directory=True) as tmp:  # the whole set or nothing (a full disk, Ctrl-C); replaces an old one
         with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                           n_dask_workers=n_dask_workers) as workers:
-            dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+            dom = resolve_domain(domain, info, workers)
             grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
             X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs})
             pred = _predict_grid(workers, model, grid, X0, predictor, worker,

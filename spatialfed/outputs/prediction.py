@@ -342,17 +342,26 @@ def heldout_targets(info: StoreInfo) -> Targets:
     return Targets(locs, X, z)
 
 
-def default_domain(info: StoreInfo, workers) -> geometry.Domain:
-    """The data's own region (geometry.store_hull_domain): the union of the hulls the sites report of their
-    observation sites — not their bounding boxes, whose empty corners a map would extrapolate into."""
+def default_domain(info: StoreInfo, workers, kind: str = "hull") -> geometry.Domain:
+    """The study area the data span (geometry.store_hull_domain): the convex hull of the hulls the sites report of
+    their observation sites (a polygon each, not the points), or its bounding box (`kind` "bbox")."""
     return geometry.store_hull_domain(
-        info, lambda: list(workers.call("hull", {j: () for j in range(workers.n_workers)}).values()))
+        info, lambda: list(workers.call("hull", {j: () for j in range(workers.n_workers)}).values()), kind=kind)
 
 
 def load_domain(path, info: StoreInfo) -> geometry.Domain:
     """The domain polygon(s) of a vector file, reprojected to the store's CRS when the file has another."""
     domain = geometry.domain_from_file(path, crs=info.crs)
     return geometry.Domain(domain.geometry, geometry.parse_crs(info.crs))
+
+
+def resolve_domain(domain, info: StoreInfo, workers) -> geometry.Domain:
+    """The prediction domain `domain` names: None or "hull" (default), "bbox", a Domain or a polygon file."""
+    if isinstance(domain, geometry.Domain):
+        return domain
+    if domain is None or str(domain) in geometry.DOMAIN_KINDS:
+        return default_domain(info, workers, "hull" if domain is None else str(domain))
+    return load_domain(domain, info)
 
 
 def outside_domain(locs, domain: geometry.Domain) -> np.ndarray:
@@ -410,7 +419,7 @@ def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=
                                                {"x": x, "y": y, "crs": crs})
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
-        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        dom = resolve_domain(domain, info, workers)
         outside = outside_domain(targets.locs, dom)
         pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker,
                           batch_size(len(model.knots), batch), progress=progress)
@@ -445,7 +454,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
     n_outside = 0
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
-        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        dom = resolve_domain(domain, info, workers)
         with tables.stream_table(out, crs=info.crs) as stream:
             with counting(n, progress) as bar:
                 for i, part in predict_batches(workers, model, targets.locs, targets.X, predictor, worker, size):
