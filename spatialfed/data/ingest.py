@@ -25,6 +25,7 @@ from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_st
     project
 from spatialfed.data.store import StoreInfo, write_store
 from spatialfed.errors import DataError, option
+from spatialfed.model import transform as value_transform
 
 DUPLICATES = ("error", "merge", "keep")
 #: the Python spelling of advice (spatialfed.errors.option): crs= for lon/lat or planar, duplicates= merge or keep
@@ -227,13 +228,15 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
                  crs=None, target_crs=None, partition: str = "area", n_workers: int | None = None, sizes=None,
                  test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
                  overwrite: bool = False, extra_attrs: dict | None = None,
-                 sites_option: str | None = None) -> tuple[StoreInfo, IngestReport]:
+                 sites_option: str | None = None, transform=None) -> tuple[StoreInfo, IngestReport]:
     """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`; J defaults to
     `partition.default_sites` (about 500 rows per site, 4 to 64 sites), and a chosen J (not a column partition) that
     leaves sites under `partition.MIN_SITE_ROWS` rows is warned about once, naming `sites_option` (the caller's name
-    for J)."""
+    for J). `transform` "log" writes log `value` (model.transform; positive values checked) and records it in the
+    store's "transform" attribute, so fits and predictions know the scale."""
     out = Path(out)
     refuse_existing(out, overwrite, error=DataError)
+    transform = value_transform.check_transform(transform)
     kind, column = partitions.parse_scheme(partition)
     if n_workers is not None and (int(n_workers) != n_workers or n_workers <= 0):
         raise DataError(f"{option('n_workers', '--workers')} must be a positive integer, got {n_workers!r}")
@@ -242,13 +245,14 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
     locs, z, X, names, groups, crs_out, report = prepare(
         frame, value=value, x=x, y=y, covariates=covariates, crs=crs, target_crs=target_crs, intercept=intercept,
         duplicates=duplicates, group=column)
+    z = value_transform.forward(z, transform, what=f"column {value!r}")
     rng = np.random.default_rng(seed)
     n_test = int(round(test_fraction * len(z)))
     held = np.zeros(len(z), dtype=bool)
     held[rng.choice(len(z), size=n_test, replace=False)] = True
     test = (locs[held], z[held], X[held]) if n_test else None
     locs, z, X = locs[~held], z[~held], X[~held]
-    attrs = dict(extra_attrs or {})
+    attrs = dict(extra_attrs or {}, **({"transform": transform} if transform != "none" else {}))
     if report.crs_note:
         attrs["crs_note"] = report.crs_note          # why this CRS (UTM zone or centred equal-area), for reports
     if kind == "column":

@@ -32,7 +32,7 @@ from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError, option
 from spatialfed.outputs import metrics
 from spatialfed.outputs.bars import counting
-from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store,
+from spatialfed.outputs.prediction import (INTERCEPT, LOGNORMAL, batch_size, check_predictor, check_store,
                                            default_predictor, design_matrix, load_model, open_workers,
                                            predict_batches, resolve_domain)
 from spatialfed.outputs.tables import TableStream, read_points
@@ -133,7 +133,7 @@ def grid_frame(grid: geometry.PredictionGrid, pred: dict, rows: slice = slice(No
     (`pred` holds the values of those rows)."""
     pts, h = grid.points[rows], grid.resolution / 2
     cells = shapely.box(pts[:, 0] - h, pts[:, 1] - h, pts[:, 0] + h, pts[:, 1] + h)
-    cols = {k: pred[k] for k in ("mean", "sd", "sd_latent", "owner")}
+    cols = {k: pred[k] for k in ("mean", "sd", "sd_latent", "owner", *LOGNORMAL) if k in pred}
     return gpd.GeoDataFrame({"x": pts[:, 0], "y": pts[:, 1], **cols}, geometry=cells, crs=grid.crs)
 
 
