@@ -32,7 +32,7 @@ import pandas as pd
 
 from spatialfed.api import covariates as covariates_module
 from spatialfed.data import geometry, points
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, warn
 
 VALUE, SITE = "__value__", "__site__"   # the temporary store's value and partition columns (never covariates)
 
@@ -214,8 +214,7 @@ def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, se
                                  crs=points.crs if points.crs is not None else crs, partition=partition, n_workers=J,
                                  seed=seed, sites_option="n_sites=", transform=transform)
     if report.n_dropped:
-        warnings.warn(f"{report.n_dropped} of {report.n_read} rows have missing values and were left out of the fit",
-                      stacklevel=3)
+        warn(f"{report.n_dropped} of {report.n_read} rows have missing values and were left out of the fit")
     return store.path, store, inferred and cov.shape[1] > 0
 
 

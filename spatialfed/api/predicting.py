@@ -56,6 +56,7 @@ def predict(gp, locs, X0) -> dict:
     estimator's runtime."""
     from spatialfed.api.scripts import embedded_cluster, spawn_safe
     from spatialfed.data.store import open_store
+    from spatialfed.outputs.domains import default_domain, outside_domain
     from spatialfed.outputs.prediction import (batch_size, default_predictor, open_workers, predict_at,
                                                prediction_runtime)
 
@@ -71,6 +72,7 @@ def predict(gp, locs, X0) -> dict:
     cluster = embedded_cluster(runtime, client=gp.client, scheduler=gp.scheduler, jobqueue=gp.jobqueue)
     with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
                                            n_dask_workers=gp.n_dask_workers) as workers:
+        outside_domain(locs, default_domain(info, workers), "the study area is the convex hull of the sites' hulls")
         return predict_at(workers, model, locs, X0, default_predictor(model),
                           batch_size(len(model.knots)))
 

@@ -58,6 +58,8 @@ def run(args) -> None:
                           test_fraction=args.test_fraction, seed=args.seed, intercept=not args.no_intercept,
                           duplicates=args.duplicates, overwrite=args.overwrite,
                           transform=args.transform)
-    for line in report.lines():
+    for line in report.warnings():
+        print(f"spatialfed ingest: warning: {line}", file=sys.stderr)
+    for line in report.lines(warnings=False):
         print(f"ingest: {line}", file=sys.stderr)
     print(store_summary(info))

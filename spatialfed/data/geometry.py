@@ -7,7 +7,6 @@ them from the domain, m and a seed. Coordinates are validated (`check_coordinate
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import geopandas as gpd
@@ -21,7 +20,7 @@ from spatialfed.data.crs import (  # noqa: F401 (re-exported: geometry was the C
     LAT_NAMES, LON_NAMES, PLANAR, Projection, check_lonlat, crs_name, crs_string, laea_crs, lonlat_centre,
     lonlat_projection, looks_geographic, parse_crs, project, scale_error, to_projected, utm_crs, utm_zone,
 )
-from spatialfed.errors import DataError, option
+from spatialfed.errors import DataError, option, warn
 
 MAX_ASPECT = 1e4                   # domains longer than this along one axis are strips, not 2-D regions
 MIN_FILL = 1e-3                    # domains filling less of their bounding box make the knot lattice huge
@@ -270,8 +269,7 @@ def regular_knots(domain: Domain, m: int) -> np.ndarray:
                 return best
     if best is None:
         raise DataError(f"no grid fits {m} knots in this domain; check the domain's extent and units")
-    warnings.warn(f"no regular grid gives exactly {m} knots in this domain; using {len(best)} (nearest feasible)",
-                  stacklevel=2)
+    warn(f"no regular grid gives exactly {m} knots in this domain; using {len(best)} (nearest feasible)")
     return best
 
 

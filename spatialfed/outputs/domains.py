@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
 from spatialfed.data import geometry
 from spatialfed.data.store import StoreInfo
+from spatialfed.errors import warn
 
 
 def default_domain(info: StoreInfo, workers, kind: str = "hull") -> geometry.Domain:
@@ -32,10 +32,10 @@ def resolve_domain(domain, info: StoreInfo, workers) -> geometry.Domain:
     return load_domain(domain, info)
 
 
-def outside_domain(locs, domain: geometry.Domain) -> np.ndarray:
-    """Mask of locations outside the domain, with a warning naming how many (prediction there is extrapolation)."""
+def outside_domain(locs, domain: geometry.Domain, flagged: str = "flagged in column outside_domain") -> np.ndarray:
+    """Mask of locations outside the domain, with one warning naming how many (prediction there is extrapolation)."""
     outside = ~domain.contains(locs)
     if outside.any():
-        warnings.warn(f"{int(outside.sum())} of {len(outside)} prediction location(s) lie outside the domain "
-                      "(extrapolation; flagged in column outside_domain)", stacklevel=2)
+        warn(f"{int(outside.sum())} of {len(outside)} prediction location(s) lie outside the domain "
+             f"(extrapolation; {flagged})", once=False)
     return outside

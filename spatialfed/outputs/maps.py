@@ -35,6 +35,7 @@ from spatialfed.outputs.bars import counting
 from spatialfed.outputs.prediction import (INTERCEPT, LOGNORMAL, batch_size, check_predictor, check_store,
                                            default_predictor, design_matrix, load_model, open_workers,
                                            predict_batches, resolve_domain)
+from spatialfed.outputs.report import distance
 from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
@@ -322,8 +323,9 @@ def _write_map_files(tmp: Path, grid, pred, dom, info, predictor, locs, overlays
                      title) -> dict:
     """The rasters, NetCDF, PNG and map.json of make_map into the staged directory `tmp` (grid.gpkg is there)."""
     if title is None:
-        title = f"{predictor} prediction on {int(grid.mask.sum())} cells of {grid.resolution:g} " \
-                f"{_crs_unit(info.crs)} ({geometry.crs_name(info.crs) or 'planar units'})"
+        name = geometry.crs_name(info.crs)
+        title = f"{predictor} prediction on {int(grid.mask.sum()):,} cells of side " \
+                f"{distance(grid.resolution, _crs_unit(info.crs) or None)}" + (f", {name}" if name else "")
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
                "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import uuid
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ import pandas as pd
 
 from spatialfed.atomic import refuse_existing, write_text
 from spatialfed.data.store import StoreInfo, open_store
-from spatialfed.errors import DataError, WorkerTaskError, option
+from spatialfed.errors import DataError, WorkerTaskError, option, warn
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model import transform
@@ -397,8 +396,8 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                     if bar is not None:
                         bar.update(len(part["mean"]))
     if n_outside:
-        warnings.warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
-                      "column outside_domain)", stacklevel=2)
+        warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
+             "column outside_domain)", once=False)
     scores = {"predictor": predictor, **metrics.prediction_scores(targets.observed, scored)} if scoring else None
     out = Path(out)
     mpath = None if scores is None else write_text(out.with_name(METRICS_JSON), json.dumps(scores, indent=1) + "\n")

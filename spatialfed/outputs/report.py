@@ -106,6 +106,17 @@ def _g(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def distance(value, unit: str | None) -> str:
+    """A distance with its unit: kilometres for metres from 10 km up (8,063 km, not 8.063e+06 m); "(planar units)"
+    without a CRS."""
+    if value is None or not math.isfinite(float(value)):
+        return "—"
+    short = UNIT_SHORT.get(unit, unit) if unit else None
+    if short == "m" and abs(value) >= 10_000:
+        return f"{value / 1000:,.4g} km" if abs(value) < 1e7 else f"{value / 1000:,.0f} km"
+    return f"{value:.4g} {short}" if short else f"{value:.4g} (planar units)"
+
+
 def _site_table(f: dict) -> str:
     sizes = f.get("sizes") or []
     rows = f["sites"]
@@ -132,8 +143,6 @@ def summary_html(facts: dict) -> str:
     """The summary section (HTML, every value escaped) that opens report.html; unknown values (None) are left out
     or shown as '—'."""
     e = html.escape
-    unit = UNIT_SHORT.get(facts["unit"], facts["unit"]) if facts.get("unit") else None
-    dist = f" {unit}" if unit else " (planar units)"
     if facts["converged"] is None:
         conv = "convergence unknown (the report was written without the fit's result)"
     elif facts["converged"]:
@@ -159,13 +168,13 @@ def summary_html(facts: dict) -> str:
     practical = ""
     if facts["practical_range"] is not None:
         practical = (f", practical range (correlation 0.05) β·{facts['range_factor']:.3f} = "
-                     f"{_g(facts['practical_range'])}{e(dist)}")
+                     f"{e(distance(facts['practical_range'], facts.get('unit')))}")
     items = [
         ("Data", data),
         ("Settings", e(", ".join(settings)) or "—"),
         ("Estimates", f"γ: {gamma}<br>nugget variance 1/δ = {_g(facts['nugget'])}, partial sill σ² = "
                       f"{_g(facts['partial_sill'])} (squared units of the response); range β = "
-                      f"{_g(facts['range'])}{e(dist)}{practical}"),
+                      f"{e(distance(facts['range'], facts.get('unit')))}{practical}"),
         ("Convergence", f"{e(conv)} after {facts['iterations']} iterations; final log-likelihood "
                         f"ℓ = {_g(facts['loglik'], 8)}"
                         + (f"; continued without sites {facts['dropped']}" if facts["dropped"] else "")),
