@@ -459,6 +459,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         dir. An existing `out_dir` holding anything but this fit's own checkpoint is refused unless
         `overwrite=True`, which replaces the result files (other files stay)."""
         from spatialfed.atomic import refuse_existing
+        from spatialfed.outputs.report import data_name
         from spatialfed.outputs.results import write_results
 
         own = Path(self.checkpoint) if self.checkpoint else None
@@ -467,7 +468,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                             keep=(own.name,) if own and own.resolve().parent == Path(out_dir).resolve() else ())
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
-            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))
+            path, title=f"spatialfed fit report: {data_name(result.extra)}", result=result,
+            preset=preset_name(self.preset, self.privacy))
         return write_results(out_dir, result, extras={"report.html": report, **loading.saved_data(self)})
 
 

@@ -319,13 +319,17 @@ def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg:
     return pred
 
 
+def map_title(predictor: str, grid: geometry.PredictionGrid, crs) -> str:
+    """The default title of map.png: "seamless prediction on 3,103 cells of side 40 m, EPSG:28992"."""
+    name = geometry.crs_name(crs)
+    return (f"{predictor} prediction on {int(grid.mask.sum()):,} cells of side "
+            f"{distance(grid.resolution, _crs_unit(crs) or None)}" + (f", {name}" if name else ""))
+
+
 def _write_map_files(tmp: Path, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units,
                      title) -> dict:
     """The rasters, NetCDF, PNG and map.json of make_map into the staged directory `tmp` (grid.gpkg is there)."""
-    if title is None:
-        name = geometry.crs_name(info.crs)
-        title = f"{predictor} prediction on {int(grid.mask.sum()):,} cells of side " \
-                f"{distance(grid.resolution, _crs_unit(info.crs) or None)}" + (f", {name}" if name else "")
+    title = map_title(predictor, grid, info.crs) if title is None else title
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
                "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,

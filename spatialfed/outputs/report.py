@@ -51,6 +51,14 @@ def site_times(arrivals: list[dict], n_workers: int) -> list[dict]:
     return rows
 
 
+def data_name(extra: dict) -> str:
+    """What the report calls the data: the store's path, or, for a fit on in-memory data (whose temporary store
+    is gone once the estimator is), the copy saved beside the report (``api.loading``: extra "data")."""
+    if extra.get("data"):
+        return f"in-memory data (a DataFrame or arrays), saved as {extra['data']} beside this report"
+    return str(extra.get("store"))
+
+
 def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
     """The facts of the summary from a ``FitResult`` (and the monitor's arrivals), as plain values."""
     extra = dict(result.extra or {})
@@ -64,7 +72,8 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
     factor = Matern(float(result.nu)).effective_range_factor()
     stop = extra.get("stop_reason")
     return {
-        "store": None if store is None else str(store), "n_sites": int(result.n_workers), "n_obs": int(result.n_obs),
+        "store": None if store is None else data_name(extra), "in_memory": bool(extra.get("data")),
+        "n_sites": int(result.n_workers), "n_obs": int(result.n_obs),
         "crs": facts.get("crs"), "unit": facts.get("unit"), "sizes": facts.get("sizes"),
         "method": result.method, "mode": result.mode, "preset": preset or extra.get("preset"),
         "residual": result.residual, "m": 0 if result.knots is None else int(np.asarray(result.knots).shape[0]),
@@ -164,7 +173,8 @@ def summary_html(facts: dict) -> str:
     if facts["n_obs"] is not None:
         data += f", N = {facts['n_obs']:,} observations"
     if facts["store"] is not None:
-        data = f"store {e(facts['store'])}: {data}; CRS {e(facts['crs'] or 'none (planar coordinates)')}"
+        where = facts["store"] if facts.get("in_memory") else f"store {facts['store']}"
+        data = f"{e(where)}: {data}; CRS {e(facts['crs'] or 'none (planar coordinates)')}"
     practical = ""
     if facts["practical_range"] is not None:
         practical = (f", practical range (correlation 0.05) β·{facts['range_factor']:.3f} = "

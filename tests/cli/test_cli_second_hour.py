@@ -130,3 +130,13 @@ def test_distances_read_in_km_at_continental_scale():
     vp = {"nugget": 1.0, "partial_sill": 2.0, "sill": 3.0, "range": 8.063e6, "practical_range": 2.4e7,
           "distance_unit": "metre"}
     assert "range β = 8,063 km, practical range (ρ = 0.05) = 24,000 km" in describe(vp)
+
+
+def test_map_titles_read_well():
+    from spatialfed.data import geometry
+    from spatialfed.outputs.maps import map_title
+
+    planar = geometry.prediction_grid(geometry.domain_from_bbox(0, 0, 300, 250), 1.0)
+    assert map_title("seamless", planar, None) == "seamless prediction on 75,000 cells of side 1 (planar units)"
+    rd = geometry.prediction_grid(geometry.domain_from_bbox(0, 0, 400, 400, crs="EPSG:28992"), 40.0)
+    assert map_title("lowrank", rd, "EPSG:28992") == "lowrank prediction on 100 cells of side 40 m, EPSG:28992"

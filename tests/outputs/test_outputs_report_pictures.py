@@ -99,3 +99,11 @@ def test_pictures_show_a_point_per_round_trip_and_the_variogram(default_fit, tmp
     assert blobs(png, hex_rgb(M.LOGLIK_COLORS[1])) == n_ll          # ℓ at every round trip that has it
     assert blobs(png, (255, 127, 14), tol=6) >= len(gp.monitor_.variogram.points()["lag"]) - 2  # the bins
     assert blobs(png, (44, 160, 44), tol=6) >= 1                    # the fitted semivariogram's line
+
+
+def test_the_report_of_an_in_memory_fit_names_its_saved_copy_not_the_temporary_store(default_fit):
+    gp, d = default_fit
+    html = (d / "fit" / "report.html").read_text()
+    temporary = str(gp.store_)
+    assert temporary not in html   # gone with the estimator: the report names what stays
+    assert "in-memory data (a DataFrame or arrays), saved as data.zarr beside this report" in html
