@@ -62,6 +62,16 @@ class PointTable:
     hints: Hints = CLI
     from_geometry: bool = False
 
+    def arrived_in(self, arrived) -> "PointTable":
+        """Points without a CRS of their own whose values look like lon/lat are taken in `arrived` when it is
+        geographic: the CRS a store's points came in (its "input_crs": lon/lat ingested with --crs EPSG:4326), so
+        lon/lat is reprojected without being told twice. Returns self."""
+        arrived = parse_crs(arrived)
+        if self.crs is None and arrived is not None and arrived.is_geographic and \
+                looks_geographic(self.xy[:, 0], self.xy[:, 1], self.names):
+            self.crs = arrived
+        return self
+
     def in_crs(self, target) -> np.ndarray:
         """The points' x/y in `target` (the store's CRS; None = planar units), reprojected from their own CRS."""
         target = parse_crs(target)

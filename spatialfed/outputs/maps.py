@@ -36,6 +36,7 @@ from spatialfed.outputs.prediction import (INTERCEPT, LOGNORMAL, batch_size, che
                                            default_predictor, design_matrix, load_model, open_workers,
                                            predict_batches, resolve_domain)
 from spatialfed.outputs.report import distance
+from spatialfed.outputs.targets import input_crs
 from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
@@ -72,7 +73,7 @@ def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, 
                             f"{option('covariates=', '--covariates FILE')} (points with x, y and those columns, e.g. "
                             "the dataset's prediction grid)")
         return np.ones((int(grid.mask.sum()), len(names)))
-    table = read_points(covariates, info.crs, **(columns or {}))
+    table = read_points(covariates, info.crs, arrived=input_crs(info), **(columns or {}))
     return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 
 from spatialfed.data import points
-from spatialfed.data.crs import looks_geographic, parse_crs
 from spatialfed.data.store import StoreInfo, load_test
 from spatialfed.errors import DataError, option
 from spatialfed.model import transform
@@ -54,9 +53,7 @@ def table_targets(path, info: StoreInfo, *, x=None, y=None, crs=None, observed=N
     reprojected to the store's) with the fitted covariates and, when `observed` names a column, its values (on the
     variable's own scale) to score the prediction against; the coordinates as given are kept when they differ
     from the store's x, y (other column names or another CRS)."""
-    table = points.read_point_table(path, x=x, y=y, crs=crs)
-    if table.crs is None:
-        table.crs = arrival_crs(info, table.xy, table.names)
+    table = points.read_point_table(path, x=x, y=y, crs=crs).arrived_in(input_crs(info))
     locs = table.in_crs(info.crs)
     moved = not np.array_equal(locs, table.xy) or (not table.from_geometry and table.names != ("x", "y"))
     given = table.given_columns(taken=("x", "y")) if moved else None
@@ -64,13 +61,9 @@ def table_targets(path, info: StoreInfo, *, x=None, y=None, crs=None, observed=N
     return Targets(locs, design_matrix(table.columns, list(info.covariate_names), str(path)), z, given)
 
 
-def arrival_crs(info: StoreInfo, xy, names):
-    """The CRS a store's points came in (lon/lat ingested with --crs EPSG:4326: its "input_crs" attribute) when points
-    given without a CRS look like it, so lon/lat is reprojected without being told twice; else None (the store's)."""
-    given = parse_crs((getattr(info, "attrs", None) or {}).get("input_crs"))
-    if given is not None and given.is_geographic and looks_geographic(xy[:, 0], xy[:, 1], names):
-        return given
-    return None
+def input_crs(info: StoreInfo):
+    """The CRS the store's points came in (its "input_crs" attribute: set when ingest projected them), or None."""
+    return (getattr(info, "attrs", None) or {}).get("input_crs")
 
 
 def observed_column(frame: pd.DataFrame, name: str, source: str, coords=()) -> np.ndarray:

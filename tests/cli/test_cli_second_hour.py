@@ -140,3 +140,16 @@ def test_map_titles_read_well():
     assert map_title("seamless", planar, None) == "seamless prediction on 75,000 cells of side 1 (planar units)"
     rd = geometry.prediction_grid(geometry.domain_from_bbox(0, 0, 400, 400, crs="EPSG:28992"), 40.0)
     assert map_title("lowrank", rd, "EPSG:28992") == "lowrank prediction on 100 cells of side 40 m, EPSG:28992"
+
+
+def test_points_without_a_crs_take_the_stores_input_crs_only_when_they_look_like_it():
+    from spatialfed.data.points import PointTable
+
+    lonlat = PointTable(np.array([[-88.0, 40.0], [-87.0, 41.0]]), None, ("lon", "lat"), pd.DataFrame(), "t.csv")
+    assert lonlat.arrived_in("EPSG:4326").crs.to_epsg() == 4326
+    metres = PointTable(np.array([[181000.0, 333000.0], [179000.0, 330000.0]]), None, ("x", "y"), pd.DataFrame(),
+                        "t.csv")
+    assert metres.arrived_in("EPSG:4326").crs is None            # already in the store's CRS
+    assert lonlat.arrived_in(None).crs.to_epsg() == 4326          # kept: it was set above
+    fresh = PointTable(np.array([[-88.0, 40.0], [-87.0, 41.0]]), None, ("lon", "lat"), pd.DataFrame(), "t.csv")
+    assert fresh.arrived_in(None).crs is None and fresh.arrived_in("EPSG:28992").crs is None  # projected: not lon/lat
