@@ -8,6 +8,7 @@ while the `spatialfed` command runs (`command_line()`, entered by spatialfed.cli
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -22,11 +23,31 @@ def option(python: str, cli: str) -> str:
     return cli if os.environ.get(INTERFACE_ENV) == "cli" else python
 
 
+_SAID: set[str] = set()   # the warnings `warn` has shown in this process
+
+
+def warn(message: str, once: bool = True) -> None:
+    """A warning for the user: one line attributed to "spatialfed" (Python prints no path or source line of
+    spatialfed's own code), shown once per process for the same text (`once`: the warnings of a fit, so that the
+    folds of a cross-validation, each a fit of its own, do not repeat them; a prediction's warn every time)."""
+    if once and message in _SAID:
+        return
+    _SAID.add(message)
+    warnings.warn_explicit(message, UserWarning, "spatialfed", 0, module="spatialfed")
+
+
+def forget_warnings() -> None:
+    """Show every warning again (a new session of work: the command line's commands, the tests)."""
+    _SAID.clear()
+
+
 @contextmanager
 def command_line():
-    """Messages raised inside this block advise command-line flags (`option`); the previous setting is restored."""
+    """Messages raised inside this block advise command-line flags (`option`) and its warnings are shown afresh; the
+    previous setting is restored."""
     before = os.environ.get(INTERFACE_ENV)
     os.environ[INTERFACE_ENV] = "cli"
+    forget_warnings()  # a command's warnings are its own
     try:
         yield
     finally:

@@ -32,7 +32,7 @@ def devtools_caller(conn):
     return call
 
 
-async def _screenshot(ws_url: str, url: str, settle_s: float, size: tuple[int, int]) -> bytes:
+async def _screenshot(ws_url: str, url: str, settle_s: float, size: tuple[int, int], before: str | None = None) -> bytes:
     from tornado.websocket import websocket_connect
 
     conn = await websocket_connect(ws_url, max_message_size=64 * 2**20)
@@ -42,13 +42,18 @@ async def _screenshot(ws_url: str, url: str, settle_s: float, size: tuple[int, i
     await call("Page.enable")
     await call("Page.navigate", url=url)
     await asyncio.sleep(settle_s)  # BokehJS renders after the page (and, for a server app, its websocket) loads
+    if before is not None:  # e.g. click a tab, then let BokehJS draw it
+        await call("Runtime.evaluate", expression=before)
+        await asyncio.sleep(min(settle_s, 3.0))
     data = (await call("Page.captureScreenshot", format="png"))["data"]
     conn.close()
     return base64.b64decode(data)
 
 
-def screenshot(url: str, png: Path, profile: Path, settle_s: float = 4.0, size=(1100, 900)) -> Path:
-    """Open url in headless Chromium, wait settle_s seconds, write a PNG screenshot."""
+def screenshot(url: str, png: Path, profile: Path, settle_s: float = 4.0, size=(1100, 900),
+               before: str | None = None) -> Path:
+    """Open url in headless Chromium, wait settle_s seconds (then run the JavaScript `before`, if given, and wait
+    again), write a PNG screenshot."""
     profile.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([CHROMIUM, *FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}",
                              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -62,7 +67,7 @@ def screenshot(url: str, png: Path, profile: Path, settle_s: float = 4.0, size=(
         port = int(port_file.read_text().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as response:
             target = next(t for t in json.load(response) if t["type"] == "page")
-        png.write_bytes(asyncio.run(_screenshot(target["webSocketDebuggerUrl"], url, settle_s, size)))
+        png.write_bytes(asyncio.run(_screenshot(target["webSocketDebuggerUrl"], url, settle_s, size, before)))
         return png
     finally:
         proc.terminate()

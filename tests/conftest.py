@@ -15,6 +15,15 @@ def one_blas_thread():
         yield
 
 
+@pytest.fixture(autouse=True)
+def warnings_said_afresh():
+    """Each test sees spatialfed's warnings anew (errors.warn shows a text once per process)."""
+    from spatialfed import errors
+
+    errors.forget_warnings()
+    yield
+
+
 def grid_knots(side: int, lo: float = 0.1, hi: float = 0.9) -> np.ndarray:
     """A side×side regular grid of knots in [lo, hi]²."""
     g = np.linspace(lo, hi, side)

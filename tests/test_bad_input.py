@@ -69,6 +69,7 @@ def _write_data(d: Path) -> None:
     d.mkdir()
     rows = _good_rows()
     _csv(d / "good.csv", HEADER, rows)
+    _csv(d / "nocoords.csv", HEADER.replace("x,y,", "east,north,", 1), rows)  # columns no name detection knows
     for name, col in (("z", 2), ("x", 0), ("y", 1), ("c1", 3)):
         _csv(d / f"nan_{name}.csv", HEADER, _with(rows, col, "nan"))
         _csv(d / f"inf_{name}.csv", HEADER, _with(rows, col, "inf"))
@@ -375,7 +376,8 @@ CLI_CASES = [
     ("ingest-missing-covariate", [*INGEST_GOOD, "--covariates", "c1,c9"], r"\['c9'\] not in the table", None),
     ("ingest-x-without-y", ["ingest", "{D}/good.csv", "{T}/out.zarr", "--x", "x", "--value", "z"],
      r"both --x and --y", None),
-    ("ingest-no-geometry", ["ingest", "{D}/good.csv", "{T}/out.zarr", "--value", "z"], r"no geometry.*--x and --y",
+    ("ingest-no-geometry", ["ingest", "{D}/nocoords.csv", "{T}/out.zarr", "--value", "z"],
+     r"no geometry and no coordinate columns found by name .*name them with --x and --y; its columns: east, north, z",
      None),
     ("ingest-no-value", ["ingest", "{D}/good.csv", "{T}/out.zarr", "--x", "x", "--y", "y"],
      r"required: --value", None),

@@ -6,19 +6,23 @@ fix (``covariates=[...]``), because fitting them is a silent mistake rather than
 - an obvious identifier: named like one (``ID_NAMES``, or ending in ``_id``), an integer column whose values are all
   distinct, or a sequence 0..n−1 / 1..n in row order;
 - a near-copy of the target: |corr(column, y)| > ``COPY_CORR``, which makes the spatial model fit nothing.
+The list a refusal suggests instead (``suggested``) leaves out, and names, every other refused column, any column
+that reads as a second measurement of y (its values within ``SECOND_MEASUREMENT`` of y's sd of y, root mean
+square: the same quantity on the same scale, not an explanatory variable, which may correlate as strongly with y
+on a scale of its own) and any column with missing values (its rows would be dropped from the fit).
 """
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pandas as pd
 
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, warn
 
 ID_NAMES = ("id", "fid", "gid", "oid", "objectid", "record", "index", "row", "rowid", "row_id", "key", "uid")
 COPY_CORR = 0.999
+SECOND_MEASUREMENT = 0.5
 
 
 def select(cov: pd.DataFrame, z: np.ndarray, covariates) -> tuple[pd.DataFrame, bool]:
@@ -37,11 +41,44 @@ def select(cov: pd.DataFrame, z: np.ndarray, covariates) -> tuple[pd.DataFrame, 
     for name in cov.columns:
         refusal = _refusal(name, cov[name], z)
         if refusal:
-            keep = [c for c in cov.columns if c != name]
+            keep, left = suggested(cov, z)
+            why = f" (left out: {'; '.join(left)})" if left else ""
+            fix = f"covariates={keep!r}{why}, or covariates=[] for the intercept only" if keep else \
+                f"covariates=[] for the intercept only{why}"
             raise DataError(f"X's column {name!r} {refusal}, and every column of X besides the coordinates, y and "
-                            f"groups is taken as a covariate unless you name them: pass covariates={keep!r} (or "
-                            "covariates=[] for the intercept only)")
+                            f"groups is taken as a covariate unless you name them: pass {fix}")
     return cov, True
+
+
+def suggested(cov: pd.DataFrame, z: np.ndarray) -> tuple[list[str], list[str]]:
+    """(the columns safe to suggest as covariates, why each other column is left out)."""
+    keep, left = [], []
+    for name in cov.columns:
+        values = pd.to_numeric(cov[name], errors="coerce").to_numpy(float)
+        missing = int((~np.isfinite(values)).sum())
+        ok = np.isfinite(values) & np.isfinite(z)
+        gap = np.sqrt(np.mean((values[ok] - z[ok]) ** 2)) / np.std(z[ok]) if ok.sum() >= 3 and np.std(z[ok]) > 0 \
+            else np.inf
+        refusal = _refusal(str(name), cov[name], z)
+        if refusal:
+            left.append(f"{name!r} {refusal}")
+        elif missing:
+            left.append(f"{name!r} is missing in {missing} of {len(values)} rows ({missing / len(values):.0%}), which "
+                        "would be dropped")
+        elif gap < SECOND_MEASUREMENT:
+            left.append(f"{name!r} differs from y by {gap:.2f} of y's sd (root mean square): a second measurement "
+                        "of y?")
+        else:
+            keep.append(str(name))
+    return keep, left
+
+
+def _correlation(values: np.ndarray, z: np.ndarray) -> float | None:
+    """corr(values, z) over the rows where both are finite (None when undefined)."""
+    ok = np.isfinite(values) & np.isfinite(z)
+    if ok.sum() < 3 or not (np.std(values[ok]) > 0 and np.std(z[ok]) > 0):
+        return None
+    return float(np.corrcoef(values[ok], z[ok])[0, 1])
 
 
 def _refusal(name: str, column: pd.Series, z: np.ndarray) -> str | None:
@@ -57,16 +94,14 @@ def _refusal(name: str, column: pd.Series, z: np.ndarray) -> str | None:
             return f"is the row sequence {int(finite[0])}..{int(finite[-1])} (an identifier)"
         if pd.api.types.is_integer_dtype(column) and len(np.unique(finite)) == n:
             return f"holds {n} distinct integers, one per row (an identifier)"
-    ok = np.isfinite(values) & np.isfinite(z)
-    if ok.sum() >= 3 and np.std(values[ok]) > 0 and np.std(z[ok]) > 0:
-        r = float(np.corrcoef(values[ok], z[ok])[0, 1])
-        if abs(r) > COPY_CORR:
-            return f"is a near-copy of y (correlation {r:.4f})"
+    r = _correlation(values, z)
+    if r is not None and abs(r) > COPY_CORR:
+        return f"is a near-copy of y (correlation {r:.4f})"
     return None
 
 
 def announce(names) -> None:
     """The warning that lists inferred covariates (nothing when there are none)."""
     if len(names):
-        warnings.warn(f"covariates inferred from X's other columns: {list(names)} (plus the intercept); name them "
-                      "with FederatedGP(covariates=[...]), or covariates=[] for the intercept only", stacklevel=4)
+        warn(f"covariates inferred from X's other columns: {list(names)} (plus the intercept); name them "
+             "with FederatedGP(covariates=[...]), or covariates=[] for the intercept only")

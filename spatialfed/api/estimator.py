@@ -137,6 +137,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         column, listed in a warning and the summary, with identifiers (named id/record/index/fid..., all-distinct
         integers, a 0..n−1 or 1..n sequence) and near-copies of y (|corr| > 0.999) refused (``api.covariates``).
         Not for a store path (its covariates were fixed at ingest) or an array X (every column is one).
+    transform : None or "log": fit log y (a positive, skewed variable) and predict on y's own scale, the lognormal
+        mean, sd and quantiles (``model.transform``); a store path carries its own (``spatialfed ingest --transform``).
     Further asynchronous options go in ``strategies`` (FitConfig fields): ``staleness_bound`` (VAFL's D),
     ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
     "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
@@ -164,7 +166,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
                  tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
                  privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None,
-                 covariates=None):
+                 covariates=None, transform=None):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -201,6 +203,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.n_sites = n_sites
         self.vecchia_k = vecchia_k
         self.covariates = covariates
+        self.transform = transform
 
     # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
     def __sklearn_clone__(self) -> "FederatedGP":
@@ -279,7 +282,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             old.cleanup()      # the previous in-memory fit's store
         store, self._temporary_store, self.covariates_inferred_ = inputs.fit_store(
             X, y, coords=coords, groups=groups, crs=self.crs, n_sites=self.n_sites, seed=self.seed,
-            covariates=self.covariates)
+            covariates=self.covariates, transform=self.transform)
         self.groups_column_ = groups if isinstance(groups, str) else None
         return self._fit_store(store, resume)
 
@@ -292,6 +295,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         tic = time.perf_counter()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
+        self.transform_ = settings.store_transform(self, info)
         self.runtime_used_, self.runtime_reason_ = self._choose_runtime(info)
         server = resuming.restored_server(self, resume, info.n_workers)
         resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
@@ -421,10 +425,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         return float(r2_score(y, self.predict(X, coords=coords), sample_weight=sample_weight))
 
     def predictive_scores(self, X, y, *, coords=None) -> dict:
-        """{"n", "rmse", "mae", "crps", "coverage95", "mlpd"} of the predictive distribution at X against y
-        (``outputs.metrics``; mlpd = mean log N(y; mean, sd²), higher is better)."""
-        mean, sd = self.predict(X, return_std=True, coords=coords)
-        return predicting.predictive_scores(np.asarray(y, dtype=float), mean, sd)
+        """{"n", "rmse", "mae", "crps", "coverage95", "mlpd"} of the predictive distribution at X against y (values
+        or the name of a column of X; ``outputs.metrics``; mlpd = mean log predictive density, higher is better)."""
+        return predicting.scores_at(self, X, y, coords)
 
     @property
     def result_(self):
@@ -456,6 +459,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         dir. An existing `out_dir` holding anything but this fit's own checkpoint is refused unless
         `overwrite=True`, which replaces the result files (other files stay)."""
         from spatialfed.atomic import refuse_existing
+        from spatialfed.outputs.report import data_name
         from spatialfed.outputs.results import write_results
 
         own = Path(self.checkpoint) if self.checkpoint else None
@@ -464,7 +468,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                             keep=(own.name,) if own and own.resolve().parent == Path(out_dir).resolve() else ())
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
-            path, title=f"spatialfed fit report: {self.store_}", result=result, preset=preset_name(self.preset, self.privacy))
+            path, title=f"spatialfed fit report: {data_name(result.extra)}", result=result,
+            preset=preset_name(self.preset, self.privacy))
         return write_results(out_dir, result, extras={"report.html": report, **loading.saved_data(self)})
 
 

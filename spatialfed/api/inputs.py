@@ -16,6 +16,8 @@ DataFrame is a covariate (an intercept is added), except the partition column na
 
 from __future__ import annotations
 
+import difflib
+
 import os
 import shutil
 import tempfile
@@ -30,7 +32,7 @@ import pandas as pd
 
 from spatialfed.api import covariates as covariates_module
 from spatialfed.data import geometry, points
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, warn
 
 VALUE, SITE = "__value__", "__site__"   # the temporary store's value and partition columns (never covariates)
 
@@ -160,7 +162,8 @@ def check_crs_given(points: Points) -> None:
                         "planar units")
 
 
-def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, seed=0, covariates=None):
+def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, seed=0, covariates=None,
+              transform=None):
     """(store path, TemporaryStore or None, whether the covariates were inferred): `X` itself when it is a store
     path, else a temporary store written by ingest_frame from the table or arrays (see the module docstring), with
     the `covariates` named (None: inferred and screened, ``api.covariates``)."""
@@ -184,7 +187,10 @@ def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, se
     z = _column(frame, y_col, "y") if y_col else _vector(y, n, "y")
     if points.from_arrays:   # an array X is its own explicit list of covariates
         if covariates is not None:
-            raise DataError("covariates= names columns of a DataFrame X; with an array X every column is a covariate")
+            what = "X is None (no covariates: an intercept-only model)" if X is None else \
+                "with an array X every column is a covariate"
+            raise DataError(f"covariates= names columns of a DataFrame X; {what}: drop covariates=, or pass X as a "
+                            "DataFrame")
         cov, inferred = numeric_covariates(points.covariates), False
     else:
         chosen, inferred = covariates_module.select(points.covariates, z, covariates)
@@ -206,17 +212,37 @@ def fit_store(X, y=None, *, coords=None, groups=None, crs=None, n_sites=None, se
         warnings.simplefilter("ignore", DeprecationWarning)
         _, report = ingest_frame(table, store.path, value=VALUE, x=xname, y=yname, covariates=list(cov.columns),
                                  crs=points.crs if points.crs is not None else crs, partition=partition, n_workers=J,
-                                 seed=seed, sites_option="n_sites=")
+                                 seed=seed, sites_option="n_sites=", transform=transform)
     if report.n_dropped:
-        warnings.warn(f"{report.n_dropped} of {report.n_read} rows have missing values and were left out of the fit",
-                      stacklevel=3)
+        warn(f"{report.n_dropped} of {report.n_read} rows have missing values and were left out of the fit")
     return store.path, store, inferred and cov.shape[1] > 0
 
 
 def _column(frame, name, what, numeric=True) -> np.ndarray:
-    if frame is None or name not in frame.columns:
-        raise DataError(f"{what}={name!r} names a column, but X is not a DataFrame with that column")
-    return frame[name].to_numpy(float) if numeric else frame[name].astype(str).to_numpy()
+    """Column `name` of the DataFrame X; one line listing X's columns (and the nearest name) when it has none."""
+    if frame is None:
+        raise DataError(f"{what}={name!r} names a column, but X is not a DataFrame; give {what} as an array of "
+                        f"values, or X as a DataFrame with a column {name!r}")
+    if name not in frame.columns:
+        near = difflib.get_close_matches(str(name), [str(c) for c in frame.columns], n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise DataError(f"{what}={name!r} is not a column of X; {hint}X's columns: "
+                        f"{', '.join(map(str, frame.columns))}")
+    if not numeric:
+        return frame[name].astype(str).to_numpy()
+    values = pd.to_numeric(frame[name], errors="coerce").to_numpy(float)
+    bad = np.flatnonzero(np.isnan(values) & frame[name].notna().to_numpy())
+    if bad.size:
+        raise DataError(f"{what}={name!r}: {bad.size} value(s) are not numbers (e.g. {frame[name].iloc[bad[0]]!r} "
+                        f"in row {bad[0]}); fix or drop those rows")
+    return values
+
+
+def observed_values(X, y) -> np.ndarray:
+    """The observed values to score against: y itself, or the column of the DataFrame X that y names."""
+    if isinstance(y, str):
+        return _column(X.reset_index(drop=True) if isinstance(X, pd.DataFrame) else None, y, "y")
+    return np.asarray(y, dtype=float).ravel()
 
 
 def _vector(v, n: int, what: str, numeric=True) -> np.ndarray:

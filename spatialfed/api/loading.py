@@ -39,6 +39,7 @@ def saved_settings(gp) -> dict:
             params[name] = None
     return {SAVED: params, "store_crs": gp.store_crs_, "groups_column": gp.groups_column_,
             "covariates_inferred": bool(getattr(gp, "covariates_inferred_", False)),
+            "transform": getattr(gp, "transform_", "none"),
             "data": DATA_ZARR if _own_data(gp) is not None else None}
 
 
@@ -153,8 +154,10 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     gp.runtime_used_, gp.runtime_reason_ = extra.get("runtime", "simulated"), extra.get("runtime_reason", "")
     gp.groups_column_ = extra.get("groups_column")
     gp.covariates_inferred_ = bool(extra.get("covariates_inferred", False))
+    gp.transform_ = str(extra.get("transform", "none"))
     gp.monitor_ = FitMonitor(fit.n_workers)  # the report of a re-save: the trace's plots, no arrivals
     gp.monitor_.trace_rows = [dict(row) for row in gp.trace_]
+    gp.monitor_.nu = float(fit.nu)  # the fitted semivariogram's curve (the sites' bins were not saved)
     gp.domain_ = gp.dashboard_link_ = gp.scheduler_address_ = gp.assignment_ = gp.n_tasks_ = None
     gp.resumed_from_, gp.checkpoint_writes_, gp.checkpoint_seconds_ = None, 0, 0.0
     gp.loaded_from_ = str(d.resolve())

@@ -38,7 +38,7 @@ def fitted_model(gp):
     params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
     return FittedModel(params, np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.nu),
                        getattr(gp, "residual_", gp.residual), gp.method, list(gp.covariate_names_),
-                       vecchia_k=gp.vecchia_k_)
+                       vecchia_k=gp.vecchia_k_, transform=getattr(gp, "transform_", "none"))
 
 
 def targets(gp, X, coords=None):
@@ -56,6 +56,7 @@ def predict(gp, locs, X0) -> dict:
     estimator's runtime."""
     from spatialfed.api.scripts import embedded_cluster, spawn_safe
     from spatialfed.data.store import open_store
+    from spatialfed.outputs.domains import default_domain, outside_domain
     from spatialfed.outputs.prediction import (batch_size, default_predictor, open_workers, predict_at,
                                                prediction_runtime)
 
@@ -71,6 +72,7 @@ def predict(gp, locs, X0) -> dict:
     cluster = embedded_cluster(runtime, client=gp.client, scheduler=gp.scheduler, jobqueue=gp.jobqueue)
     with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
                                            n_dask_workers=gp.n_dask_workers) as workers:
+        outside_domain(locs, default_domain(info, workers), "the study area is the convex hull of the sites' hulls")
         return predict_at(workers, model, locs, X0, default_predictor(model),
                           batch_size(len(model.knots)))
 
@@ -87,3 +89,19 @@ def predictive_scores(y, mean, sd) -> dict:
     from spatialfed.outputs.metrics import scores
 
     return {**scores(y, mean, sd), "mlpd": float(np.mean(log_predictive_density(y, mean, sd)))}
+
+
+def scores_at(gp, X, y, coords=None) -> dict:
+    """``predictive_scores`` of the estimator's prediction at X against y (values, or the name of a column of a
+    DataFrame X), on y's own scale: for a log fit those of its lognormal predictive (outputs.metrics.
+    prediction_scores; mlpd of the lognormal density)."""
+    from spatialfed.api.inputs import observed_values
+    from spatialfed.model import transform
+    from spatialfed.outputs.metrics import prediction_scores
+
+    z = observed_values(X, y)
+    pred = predict(gp, *targets(gp, X, coords))
+    if "mean_log" not in pred:
+        return predictive_scores(z, pred["mean"], pred["sd"])
+    density = transform.log_density(z, pred["mean_log"], pred["sd_log"])
+    return {**prediction_scores(z, pred), "mlpd": float(np.mean(density))}

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
+from spatialfed.model import transform
 from spatialfed.model.local import resolve_residual
 from spatialfed.model.names import RESIDUAL_CHOICES
 from spatialfed.model.vecchia_order import VECCHIA_K, check_k
@@ -28,6 +29,7 @@ def check_settings(gp) -> None:
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     runtime = runtime_name(gp.runtime)
+    transform.check_transform(gp.transform)
     if gp.vecchia_k is not None:
         check_k(gp.vecchia_k)
     if gp.method in ("independent", "fgpr") and gp.residual not in ("full", "auto"):
@@ -64,6 +66,18 @@ def check_settings(gp) -> None:
             raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
         if gp.checkpoint is None:
             raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+
+
+def store_transform(gp, info) -> str:
+    """The transform of a fit on the store `info`: the one its values were written with (model.transform.of_store);
+    a ``transform=`` the store's values do not carry is refused in one line naming the fix."""
+    have = transform.of_store(info)
+    if gp.transform is not None and transform.check_transform(gp.transform) != have:
+        holds = "log values (ingested with --transform log)" if have == "log" else "untransformed values"
+        raise ValueError(f"transform={gp.transform!r}, but the store {info.path} holds {holds}; drop transform= "
+                         "(a store carries its own), or ingest the table again with `spatialfed ingest --transform "
+                         "log` (ingest_frame(..., transform='log'))")
+    return have
 
 
 def vecchia_k(gp) -> int:

@@ -50,15 +50,12 @@ def short_name(crs) -> str | None:
 
 def describe(vp: dict) -> str:
     """One line: nugget, partial sill, sill, range and practical range with the distance unit."""
+    from spatialfed.outputs.report import distance
+
     unit = vp.get("distance_unit")
-    suffix = f" {_short(unit)}" if unit else " (planar units)"
     return (f"nugget 1/δ = {vp['nugget']:.4g}, partial sill σ² = {vp['partial_sill']:.4g}, sill = {vp['sill']:.4g}, "
-            f"range β = {vp['range']:.4g}{suffix}, practical range (ρ = 0.05) = {vp['practical_range']:.4g}{suffix}")
-
-
-def _short(unit: str) -> str:
-    return {"metre": "m", "meter": "m", "kilometre": "km", "foot": "ft", "US survey foot": "US ft",
-            "degree": "°"}.get(unit, unit)
+            f"range β = {distance(vp['range'], unit)}, practical range (ρ = 0.05) = "
+            f"{distance(vp['practical_range'], unit)}")
 
 
 #: what a parameter on a bound of the fit's box (algorithm.profile.default_bounds) means, by (name, side)

@@ -155,9 +155,11 @@ def add_fitted(p, runtimes: tuple, predictors: tuple) -> None:
                         "predictor), independent (each point kriged by its owner alone), personal (one worker's "
                         "data, see --worker) or ols (pooled least squares)")
     p.add_argument("--worker", type=int, default=None, metavar="J", help="the worker for --predictor personal")
-    p.add_argument("--domain", default=None, metavar="FILE",
-                   help="polygon file (GeoPackage, shapefile, GeoJSON), reprojected to the store's CRS when it has "
-                        "another; default: the union of the sites' hulls ([0,1]² for simulated stores)")
+    p.add_argument("--domain", default=None, metavar="hull|bbox|FILE",
+                   help="hull (default: the convex hull of the sites' hulls, each grown by its sampling spacing, so "
+                        "the study area has no holes where sites meet), bbox (its bounding box) or a polygon file "
+                        "(GeoPackage, shapefile, GeoJSON), reprojected to the store's CRS when it has another; "
+                        "[0,1]² for simulated stores")
     add_dask(p, runtimes, "auto (default: in this process for small stores, observations × knots ≤ 500,000, else "
                           "Dask), dask (each worker's part runs where its partition lives) or simulated (loads the "
                           "partitions in this process)")

@@ -21,6 +21,10 @@ def register(subparsers) -> None:
     p.add_argument("--y", help="y / latitude column")
     p.add_argument("--value", required=True, help="column with the observed value z")
     p.add_argument("--covariates", type=name_list, default=[], help="comma-separated covariate columns")
+    p.add_argument("--transform", choices=["log"], default=None,
+                   help="log: store log(value) (a positive, skewed variable such as a concentration or rainfall); "
+                        "fits are on the log scale, predictions and maps back on the value's own scale (the "
+                        "lognormal mean, sd and quantiles)")
     p.add_argument("--no-intercept", action="store_true", help="do not add an 'intercept' column to X")
     p.add_argument("--crs", help="CRS of the coordinates, e.g. EPSG:4326 (lon/lat is projected to UTM) or "
                                  "EPSG:28992; omit for planar units (store crs null)")
@@ -52,7 +56,10 @@ def run(args) -> None:
                           covariates=args.covariates, crs=args.crs, target_crs=args.target_crs,
                           partition=args.partition, n_workers=args.workers, sizes=args.sizes,
                           test_fraction=args.test_fraction, seed=args.seed, intercept=not args.no_intercept,
-                          duplicates=args.duplicates, overwrite=args.overwrite)
-    for line in report.lines():
+                          duplicates=args.duplicates, overwrite=args.overwrite,
+                          transform=args.transform)
+    for line in report.warnings():
+        print(f"spatialfed ingest: warning: {line}", file=sys.stderr)
+    for line in report.lines(warnings=False):
         print(f"ingest: {line}", file=sys.stderr)
     print(store_summary(info))

@@ -21,14 +21,19 @@ def register(subparsers) -> None:
         description="Federated kriging from a fitted model: the low-rank part from the server's state, the residual "
                     "part by the worker holding the nearest observation. Writes x, y (store CRS), mean, sd (sd of a "
                     "new observation) [, observed], sd_latent, owner, outside_domain, preceded by the coordinates "
-                    "as given when they were in other columns or another CRS (e.g. lon, lat); with the test group "
-                    "also metrics.json (RMSE, MAE, CRPS, 95 percent coverage) beside PRED.csv.")
+                    "as given when they were in other columns or another CRS (e.g. lon, lat), and for a fit on log "
+                    "values (ingest --transform log) median, q025, q975, mean_log, sd_log; with the test group or "
+                    "--observed COL also metrics.json (RMSE, MAE, CRPS, 95 percent coverage) beside PRED.csv.")
     add_fitted(p, RUNTIMES, PREDICTORS)
     p.add_argument("--locations", default=None, metavar="FILE",
                    help="points to predict at with the fitted covariates ('intercept' is added): a CSV (coordinate "
                         "columns --x/--y or detected; in --crs, else the store's CRS) or a point GeoPackage/"
                         "GeoParquet (its own CRS), reprojected to the store's CRS; default: the store's test group")
     add_point_columns(p, "--locations")
+    p.add_argument("--observed", default=None, metavar="COL",
+                   help="column of --locations holding the observed values (on the variable's own scale): the "
+                        "table gets an observed column and metrics.json the RMSE, MAE, CRPS and 95 percent coverage "
+                        "against it")
     p.add_argument("--out", required=True, metavar="PRED.csv",
                    help="output table: .csv, .gpkg or .parquet (GeoParquet), written batch by batch and renamed into "
                         "place at the end; an existing one (or metrics.json beside it) is refused unless --overwrite")
@@ -55,7 +60,7 @@ def run(args) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         done = predict_to_file(args.fit_dir, args.store, args.out, locations=args.locations, batch=args.batch,
-                               **point_columns(args),
+                               observed=args.observed, **point_columns(args),
                                progress=not args.quiet, overwrite=args.overwrite, **fitted_settings(args))
     for w in caught:
         print(f"spatialfed predict: warning: {w.message}", file=sys.stderr)

@@ -15,7 +15,7 @@ from pyproj.crs.coordinate_operation import LambertAzimuthalEqualAreaConversion
 from pyproj.database import query_utm_crs_info
 from pyproj.exceptions import CRSError
 
-from spatialfed.errors import DataError, option
+from spatialfed.errors import DataError, option, warn
 
 PLANAR = ("planar", "none")        # what users write for "planar units, no CRS" (--crs planar)
 LON_NAMES = ("lon", "long", "lng", "longitude", "x_lon", "lon_deg", "longitude_deg")
@@ -163,8 +163,8 @@ def lonlat_projection(lon, lat) -> tuple[CRS, str]:
     error = scale_error(crs, lon, lat)
     note += f"{', ' if note.endswith('exact') else ' ('}distances within {100 * error:.2g}% over the data)"
     if error > 0.02:
-        warnings.warn(f"{note}: more than 2% distortion, the data span too much of the globe for one planar CRS; "
-                      f"split the study area or give {option('target_crs=', '--target-crs')}", stacklevel=3)
+        warn(f"{note}: more than 2% distortion, the data span too much of the globe for one planar CRS; "
+             f"split the study area or give {option('target_crs=', '--target-crs')}")
     return crs, note
 
 

@@ -7,7 +7,6 @@ them from the domain, m and a seed. Coordinates are validated (`check_coordinate
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import geopandas as gpd
@@ -21,7 +20,7 @@ from spatialfed.data.crs import (  # noqa: F401 (re-exported: geometry was the C
     LAT_NAMES, LON_NAMES, PLANAR, Projection, check_lonlat, crs_name, crs_string, laea_crs, lonlat_centre,
     lonlat_projection, looks_geographic, parse_crs, project, scale_error, to_projected, utm_crs, utm_zone,
 )
-from spatialfed.errors import DataError, option
+from spatialfed.errors import DataError, option, warn
 
 MAX_ASPECT = 1e4                   # domains longer than this along one axis are strips, not 2-D regions
 MIN_FILL = 1e-3                    # domains filling less of their bounding box make the knot lattice huge
@@ -120,13 +119,27 @@ def store_domain(info, worker_bounds) -> Domain:
     return domain
 
 
-def store_hull_domain(info, worker_hulls, *, close: float = 0.0) -> Domain:
-    """A store's hull domain: [0,1]² for simulated stores (SPEC §7), else the union of the workers' hulls
-    (`domain_from_hulls`). `worker_hulls()` returns one polygon (or WKB) per worker, each `points_hull` of that
-    worker's sites computed where the partition lives; it is only called when needed."""
+#: the default prediction domains a store can build from its sites' hulls (`store_hull_domain`)
+DOMAIN_KINDS = ("hull", "bbox")
+
+
+def store_hull_domain(info, worker_hulls, *, kind: str = "hull") -> Domain:
+    """A store's default prediction domain: [0,1]² for simulated stores (SPEC §7), else the study area the sites'
+    hulls span (`worker_hulls()` returns one polygon or WKB per worker, each `points_hull` of that worker's sites,
+    grown by their spacing, computed where the partition lives; only called when needed). `kind` "hull": the convex
+    hull of their union, so the map has no holes or slits where sites meet; "bbox": its bounding box."""
+    if kind not in DOMAIN_KINDS:
+        raise DataError(f"the default domain must be one of {', '.join(DOMAIN_KINDS)} (or a polygon file), "
+                        f"got {kind!r}")
     if info.crs is None and getattr(info, "truth", None) is not None:
         return domain_from_bbox(0.0, 0.0, 1.0, 1.0)
-    return domain_from_hulls(list(worker_hulls()), info.crs, close=close)
+    hulls = [shapely.from_wkb(h) if isinstance(h, (bytes, bytearray)) else h for h in worker_hulls()]
+    if not hulls:
+        raise DataError("no worker hulls to build the domain from; check that the store has workers")
+    geom = shapely.convex_hull(shapely.union_all(hulls))
+    domain = Domain(geom if kind == "hull" else shapely.box(*geom.bounds), parse_crs(info.crs))
+    check_domain(domain)
+    return domain
 
 
 def domain_from_file(path, crs=None, layer=None) -> Domain:
@@ -256,8 +269,7 @@ def regular_knots(domain: Domain, m: int) -> np.ndarray:
                 return best
     if best is None:
         raise DataError(f"no grid fits {m} knots in this domain; check the domain's extent and units")
-    warnings.warn(f"no regular grid gives exactly {m} knots in this domain; using {len(best)} (nearest feasible)",
-                  stacklevel=2)
+    warn(f"no regular grid gives exactly {m} knots in this domain; using {len(best)} (nearest feasible)")
     return best
 
 

@@ -11,7 +11,6 @@ never leaves a partial store behind.
 from __future__ import annotations
 
 import csv
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +22,10 @@ from spatialfed.atomic import refuse_existing
 from spatialfed.data import partition as partitions
 from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_string, looks_geographic, parse_crs, \
     project
+from spatialfed.data.points import coordinate_columns
 from spatialfed.data.store import StoreInfo, write_store
-from spatialfed.errors import DataError, option
+from spatialfed.errors import DataError, option, warn
+from spatialfed.model import transform as value_transform
 
 DUPLICATES = ("error", "merge", "keep")
 #: the Python spelling of advice (spatialfed.errors.option): crs= for lon/lat or planar, duplicates= merge or keep
@@ -48,13 +49,20 @@ class IngestReport:
     crs_out: str | None = None
     crs_note: str | None = None
     sizes: list = field(default_factory=list)
+    coords: tuple | None = None       # coordinate columns found by name (none given)
 
-    def lines(self) -> list[str]:
-        """Human-readable summary, one fact per line."""
-        out = [f"read {self.n_read} rows"]
-        if self.n_dropped:
-            detail = ", ".join(f"{c}: {k}" for c, k in self.missing.items() if k)
-            out.append(f"dropped {self.n_dropped} rows with missing values ({detail})")
+    def warnings(self) -> list[str]:
+        """What the user should act on: rows dropped for missing values, with the count per column."""
+        if not self.n_dropped:
+            return []
+        detail = ", ".join(f"{c}: {k}" for c, k in self.missing.items() if k)
+        return [f"dropped {self.n_dropped} rows with missing values ({detail})"]
+
+    def lines(self, warnings: bool = True) -> list[str]:
+        """Human-readable summary, one fact per line (`warnings`: with those of `warnings()`)."""
+        out = [f"read {self.n_read} rows"] + (self.warnings() if warnings else [])
+        if self.coords:
+            out.append(f"coordinates from columns {self.coords[0]}, {self.coords[1]} (found by name)")
         if self.n_duplicates:
             action = {"merge": "merged (averaged)", "keep": "kept"}[self.duplicates]
             out.append(f"{self.n_duplicates} rows had duplicate coordinates: {action}")
@@ -113,7 +121,9 @@ def _coordinates(frame: pd.DataFrame, x: str | None, y: str | None, crs):
     if x is not None or y is not None:
         raise DataError(f"give both {_xy()} (coordinate columns), or neither for a point GeoPackage/GeoParquet")
     if not isinstance(frame, gpd.GeoDataFrame):
-        raise DataError(f"this table has no geometry; name its coordinate columns with {_xy()}")
+        raise DataError(f"this table has no geometry and no coordinate columns found by name (x/y, lon/lat, "
+                        f"long/lat, lng/lat, longitude/latitude, easting/northing, any case); name them with {_xy()}; "
+                        f"its columns: {', '.join(map(str, frame.columns))}")
     kinds = set(frame.geometry.geom_type.dropna())
     if kinds - {"Point"}:
         raise DataError(f"the geometry holds {sorted(kinds)}, not points; give {_xy()} columns instead")
@@ -152,13 +162,17 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     if not names:
         raise DataError(f"the design matrix would have no columns; keep the intercept or give "
                         f"{option('covariates=', '--covariates')}")
+    found = None
+    if x is None and y is None and not isinstance(frame, gpd.GeoDataFrame):
+        found = coordinate_columns(frame.columns)  # as predict and map find them (data.points)
+        x, y = found or (None, None)
     wanted = [c for c in [x, y, value, *covariates, group] if c is not None]
     missing_cols = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
     if missing_cols:
         sep = next((c for c in (";", "\t", "|") if len(frame.columns) == 1 and c in str(frame.columns[0])), None)
         hint = f"; the table reads as one column: is it separated by {sep!r} instead of commas?" if sep else ""
         raise DataError(f"column(s) {missing_cols} not in the table; available: {list(map(str, frame.columns))}{hint}")
-    report = IngestReport(n_read=len(frame), duplicates=duplicates)
+    report = IngestReport(n_read=len(frame), duplicates=duplicates, coords=found)
     xs, ys, source_crs = _coordinates(frame, x, y, crs)
     columns = {"__x": _numeric(xs, x or "geometry x"), "__y": _numeric(ys, y or "geometry y"),
                value: _numeric(frame[value], value)}
@@ -227,13 +241,15 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
                  crs=None, target_crs=None, partition: str = "area", n_workers: int | None = None, sizes=None,
                  test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
                  overwrite: bool = False, extra_attrs: dict | None = None,
-                 sites_option: str | None = None) -> tuple[StoreInfo, IngestReport]:
+                 sites_option: str | None = None, transform=None) -> tuple[StoreInfo, IngestReport]:
     """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`; J defaults to
     `partition.default_sites` (about 500 rows per site, 4 to 64 sites), and a chosen J (not a column partition) that
     leaves sites under `partition.MIN_SITE_ROWS` rows is warned about once, naming `sites_option` (the caller's name
-    for J)."""
+    for J). `transform` "log" writes log `value` (model.transform; positive values checked) and records it in the
+    store's "transform" attribute, so fits and predictions know the scale."""
     out = Path(out)
     refuse_existing(out, overwrite, error=DataError)
+    transform = value_transform.check_transform(transform)
     kind, column = partitions.parse_scheme(partition)
     if n_workers is not None and (int(n_workers) != n_workers or n_workers <= 0):
         raise DataError(f"{option('n_workers', '--workers')} must be a positive integer, got {n_workers!r}")
@@ -242,15 +258,18 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
     locs, z, X, names, groups, crs_out, report = prepare(
         frame, value=value, x=x, y=y, covariates=covariates, crs=crs, target_crs=target_crs, intercept=intercept,
         duplicates=duplicates, group=column)
+    z = value_transform.forward(z, transform, what=f"column {value!r}")
     rng = np.random.default_rng(seed)
     n_test = int(round(test_fraction * len(z)))
     held = np.zeros(len(z), dtype=bool)
     held[rng.choice(len(z), size=n_test, replace=False)] = True
     test = (locs[held], z[held], X[held]) if n_test else None
     locs, z, X = locs[~held], z[~held], X[~held]
-    attrs = dict(extra_attrs or {})
+    attrs = dict(extra_attrs or {}, **({"transform": transform} if transform != "none" else {}))
     if report.crs_note:
         attrs["crs_note"] = report.crs_note          # why this CRS (UTM zone or centred equal-area), for reports
+    if report.crs_in != report.crs_out:
+        attrs["input_crs"] = report.crs_in           # the CRS the points came in: predict reads tables in it too
     if kind == "column":
         if sizes is not None:
             raise DataError(f"{option('sizes', '--sizes')} cannot be used with a column partition: the groups of "
@@ -278,7 +297,7 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
     small = None if kind == "column" else partitions.small_sites_warning(
         report.sizes, sites_option or option("n_workers=", "--workers"))
     if small:  # a column partition is the data's real ownership (one agency per site), not a chosen J
-        warnings.warn(small, stacklevel=2)
+        warn(small)
     info = write_store(out, parts, partition=partition, crs=crs_out, covariate_names=names, test=test,
                        overwrite=overwrite, extra_attrs=attrs)
     return info, report

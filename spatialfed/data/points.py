@@ -62,6 +62,16 @@ class PointTable:
     hints: Hints = CLI
     from_geometry: bool = False
 
+    def arrived_in(self, arrived) -> "PointTable":
+        """Points without a CRS of their own whose values look like lon/lat are taken in `arrived` when it is
+        geographic: the CRS a store's points came in (its "input_crs": lon/lat ingested with --crs EPSG:4326), so
+        lon/lat is reprojected without being told twice. Returns self."""
+        arrived = parse_crs(arrived)
+        if self.crs is None and arrived is not None and arrived.is_geographic and \
+                looks_geographic(self.xy[:, 0], self.xy[:, 1], self.names):
+            self.crs = arrived
+        return self
+
     def in_crs(self, target) -> np.ndarray:
         """The points' x/y in `target` (the store's CRS; None = planar units), reprojected from their own CRS."""
         target = parse_crs(target)
@@ -117,15 +127,9 @@ def coordinate_columns(columns, x=None, y=None) -> tuple | None:
     """The (x, y) column names of a table: the ones named (matched case-insensitively when not exact), else the
     first of COORD_PAIRS present in any case; None when neither is found (or, for named ones, DataError)."""
     columns = [str(c) for c in columns]
-    lower: dict[str, list[str]] = {}
-    for c in columns:
-        lower.setdefault(c.lower(), []).append(c)
 
     def find(name):
-        if name in columns:
-            return name
-        hits = lower.get(str(name).lower(), [])
-        return hits[0] if len(hits) == 1 else None
+        return find_column(columns, name)
 
     if x is not None or y is not None:
         if x is None or y is None:
@@ -137,6 +141,16 @@ def coordinate_columns(columns, x=None, y=None) -> tuple | None:
         if None not in found:
             return found
     return None
+
+
+def find_column(columns, name) -> str | None:
+    """The column called `name`, matched case-insensitively when no column has it exactly (None when absent or
+    ambiguous)."""
+    columns = [str(c) for c in columns]
+    if name in columns:
+        return name
+    hits = [c for c in columns if c.lower() == str(name).lower()]
+    return hits[0] if len(hits) == 1 else None
 
 
 def point_table(frame: pd.DataFrame, *, x=None, y=None, crs=None, source: str = "the points",
@@ -151,7 +165,9 @@ def point_table(frame: pd.DataFrame, *, x=None, y=None, crs=None, source: str = 
     is_geo = isinstance(frame, gpd.GeoDataFrame)
     pair = None if is_geo and x is None and y is None else coordinate_columns(frame.columns, x, y)
     if pair is None and (x is not None or not is_geo):
-        wanted = f"columns {x!r} and {y!r}" if x is not None else "coordinate columns (x/y or lon/lat, any case)"
+        absent = [c for c in (x, y) if c is not None and find_column(frame.columns, c) is None]
+        wanted = (f"column{'s' * (len(absent) > 1)} {' and '.join(map(repr, absent))}" if x is not None
+                  else "coordinate columns (x/y or lon/lat, any case)")
         raise DataError(f"{source} has no {wanted} among {[str(c) for c in frame.columns if c != 'geometry']}; "
                         f"name them with {hints.columns}" + ("" if is_geo else " or give a point GeoPackage"))
     if pair is not None:

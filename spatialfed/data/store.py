@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,7 +29,7 @@ import zarr
 
 from spatialfed.atomic import refuse_existing, staged
 from spatialfed.data.coords import MAX_ABS_COORD
-from spatialfed.errors import StoreError, option
+from spatialfed.errors import StoreError, option, warn
 
 FORMAT_VERSION = 1
 ARRAYS = ("locs", "z", "X")
@@ -320,11 +319,10 @@ def _warn_legacy(path: Path) -> None:
     key = os.path.realpath(path)
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(f"{path} was written before stores recorded checksums: a damaged partition cannot be "
-                      "detected; write it again with this version ("
-                      + option("ingest/simulate_store(..., overwrite=True)",
-                               "spatialfed ingest/simulate ... --overwrite") + ")",
-                      UserWarning, stacklevel=3)
+        warn(f"{path} was written before stores recorded checksums: a damaged partition cannot be "
+             "detected; write it again with this version ("
+             + option("ingest/simulate_store(..., overwrite=True)",
+                      "spatialfed ingest/simulate ... --overwrite") + ")")
 
 
 def _root_attrs(path) -> dict:

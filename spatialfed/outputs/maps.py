@@ -32,9 +32,11 @@ from spatialfed.data.store import StoreInfo, open_store
 from spatialfed.errors import DataError, option
 from spatialfed.outputs import metrics
 from spatialfed.outputs.bars import counting
-from spatialfed.outputs.prediction import (INTERCEPT, batch_size, check_predictor, check_store, default_domain,
-                                           default_predictor, design_matrix, load_domain, load_model, open_workers,
-                                           predict_batches)
+from spatialfed.outputs.prediction import (INTERCEPT, LOGNORMAL, batch_size, check_predictor, check_store,
+                                           default_predictor, design_matrix, load_model, open_workers,
+                                           predict_batches, resolve_domain)
+from spatialfed.outputs.report import distance
+from spatialfed.outputs.targets import input_crs
 from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"
@@ -71,7 +73,7 @@ def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, 
                             f"{option('covariates=', '--covariates FILE')} (points with x, y and those columns, e.g. "
                             "the dataset's prediction grid)")
         return np.ones((int(grid.mask.sum()), len(names)))
-    table = read_points(covariates, info.crs, **(columns or {}))
+    table = read_points(covariates, info.crs, arrived=input_crs(info), **(columns or {}))
     return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
 
 
@@ -133,7 +135,7 @@ def grid_frame(grid: geometry.PredictionGrid, pred: dict, rows: slice = slice(No
     (`pred` holds the values of those rows)."""
     pts, h = grid.points[rows], grid.resolution / 2
     cells = shapely.box(pts[:, 0] - h, pts[:, 1] - h, pts[:, 0] + h, pts[:, 1] + h)
-    cols = {k: pred[k] for k in ("mean", "sd", "sd_latent", "owner")}
+    cols = {k: pred[k] for k in ("mean", "sd", "sd_latent", "owner", *LOGNORMAL) if k in pred}
     return gpd.GeoDataFrame({"x": pts[:, 0], "y": pts[:, 1], **cols}, geometry=cells, crs=grid.crs)
 
 
@@ -283,7 +285,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     with staged(out, directory=True) as tmp:  # the whole set or nothing (a full disk, Ctrl-C); replaces an old one
         with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                           n_dask_workers=n_dask_workers) as workers:
-            dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+            dom = resolve_domain(domain, info, workers)
             grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
             X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs})
             pred = _predict_grid(workers, model, grid, X0, predictor, worker,
@@ -318,12 +320,17 @@ def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg:
     return pred
 
 
+def map_title(predictor: str, grid: geometry.PredictionGrid, crs) -> str:
+    """The default title of map.png: "seamless prediction on 3,103 cells of side 40 m, EPSG:28992"."""
+    name = geometry.crs_name(crs)
+    return (f"{predictor} prediction on {int(grid.mask.sum()):,} cells of side "
+            f"{distance(grid.resolution, _crs_unit(crs) or None)}" + (f", {name}" if name else ""))
+
+
 def _write_map_files(tmp: Path, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units,
                      title) -> dict:
     """The rasters, NetCDF, PNG and map.json of make_map into the staged directory `tmp` (grid.gpkg is there)."""
-    if title is None:
-        title = f"{predictor} prediction on {int(grid.mask.sum())} cells of {grid.resolution:g} " \
-                f"{_crs_unit(info.crs)} ({geometry.crs_name(info.crs) or 'planar units'})"
+    title = map_title(predictor, grid, info.crs) if title is None else title
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
                "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,

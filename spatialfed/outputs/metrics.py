@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from spatialfed.model import transform
+
 
 def _check(observed, mean, sd=None):
     """Arrays of equal length, finite, sd > 0."""
@@ -49,6 +51,21 @@ def scores(observed, mean, sd) -> dict:
     y, m, s = _check(observed, mean, sd)
     return {"n": int(y.size), "rmse": rmse(y, m), "mae": mae(y, m), "crps": float(np.mean(crps_gaussian(y, m, s))),
             "coverage95": coverage(y, m, s, 0.95)}
+
+
+def prediction_scores(observed, pred: dict) -> dict:
+    """`scores` of a prediction {"mean", "sd", ...}: Gaussian, or, for a prediction back-transformed from the log
+    scale (model.transform.back: it has "mean_log", "sd_log"), of its lognormal predictive on the variable's own
+    scale: RMSE and MAE of the lognormal mean, the lognormal CRPS, coverage of the [q025, q975] quantile interval."""
+    if "mean_log" not in pred:
+        return scores(observed, pred["mean"], pred["sd"])
+    y, mu, s = _check(observed, pred["mean_log"], pred["sd_log"])
+    if np.any(y <= 0):
+        raise ValueError("observed values must be > 0 to score a log-transformed prediction")
+    mean = np.asarray(pred["mean"], dtype=float).ravel()
+    inside = (y >= np.asarray(pred["q025"]).ravel()) & (y <= np.asarray(pred["q975"]).ravel())
+    return {"n": int(y.size), "rmse": rmse(y, mean), "mae": mae(y, mean),
+            "crps": float(np.mean(transform.crps_lognormal(y, mu, s))), "coverage95": float(np.mean(inside))}
 
 
 def table(rows: dict) -> str:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import uuid
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,21 +44,25 @@ import numpy as np
 import pandas as pd
 
 from spatialfed.atomic import refuse_existing, write_text
-from spatialfed.data import geometry, points
-from spatialfed.data.store import StoreInfo, load_test, open_store
-from spatialfed.errors import DataError, WorkerTaskError, option
+from spatialfed.data.store import StoreInfo, open_store
+from spatialfed.errors import DataError, WorkerTaskError, option, warn
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
+from spatialfed.model import transform
 from spatialfed.model.predict import assign_owners, combine_prediction
 from spatialfed.model.vecchia_order import VECCHIA_K
 from spatialfed.outputs import exchange, metrics, nearest, seamless, tables
 from spatialfed.outputs.bars import counting, progress_bar  # noqa: F401 (progress_bar: the bar itself)
+from spatialfed.outputs.domains import default_domain, load_domain, outside_domain, resolve_domain  # noqa: F401
 from spatialfed.outputs.results import check_same_store, load_fit
+from spatialfed.outputs.targets import (INTERCEPT, Targets, design_matrix, heldout_targets,  # noqa: F401
+                                        observed_column, table_targets)
 from spatialfed.runtime.factory import RUNTIMES  # noqa: F401 (the choices of predict's --runtime)
 
+LOGNORMAL = ("median", "q025", "q975", "mean_log", "sd_log")  # the columns a log fit adds (transform.back)
+SCORED = ("mean", "sd", "q025", "q975", "mean_log", "sd_log")  # what metrics.prediction_scores reads
 PREDICTORS = ("seamless", "lowrank", "independent", "personal", "ols")
 METRICS_JSON = "metrics.json"   # the held-out scores, beside the prediction table
-INTERCEPT = "intercept"
 CHUNK = 2048   # prediction locations per round of worker tasks when predict_at is given no batch size
 #: entries of the server's largest per-batch matrix (batch × m): 4·2²⁰ float64 = 32 MB
 BATCH_BUDGET = 4 * 2**20
@@ -84,6 +87,7 @@ class FittedModel:
     store: str | None = None              # the store the fit was made on, and its fingerprint (fit.json)
     store_fingerprint: str | None = None
     vecchia_k: int = VECCHIA_K            # neighbours of the Vecchia residual (fit.json "vecchia_k")
+    transform: str = "none"               # "log": fitted on log values, predicted on their own scale (fit.json)
 
     @property
     def kernel(self) -> Matern:
@@ -106,7 +110,8 @@ def load_model(fit_dir) -> FittedModel:
     p = fit.params
     params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
     return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"),
-                       fit.extra.get("store"), fit.store_fingerprint, int(fit.extra.get("vecchia_k", VECCHIA_K)))
+                       fit.extra.get("store"), fit.store_fingerprint, int(fit.extra.get("vecchia_k", VECCHIA_K)),
+                       transform.check_transform(fit.extra.get("transform")))
 
 
 def check_store(model: FittedModel, info: StoreInfo) -> None:
@@ -221,7 +226,8 @@ def _check_targets(model: FittedModel, locs0, X0) -> tuple[np.ndarray, np.ndarra
 def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "seamless", worker: int | None = None,
                     batch: int = CHUNK):
     """Yield (start, part) for consecutive batches of `batch` locations: part = {"mean", "sd", "sd_latent",
-    "owner"} at locs0[start:start + batch]. Each batch is one round of site calls (owner distances, then the owners'
+    "owner"} at locs0[start:start + batch], back on the variable's own scale for a log fit (`transform.back`: with
+    median, q025, q975, mean_log, sd_log; sd_latent stays on the log scale). Each batch is one round of site calls (owner distances, then the owners'
     residual parts in row blocks of ≈ 32 MB), so the server's memory is O(batch · m) and a site's O(batch) beside
     its blocks; `ols` is one pooled moment call, then batches."""
     check_predictor(predictor, worker, workers.n_workers)
@@ -230,7 +236,7 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
     if predictor == "ols":
         mom = workers.call("moments", {j: () for j in range(workers.n_workers)})
         for i in range(0, len(locs0), batch):
-            yield i, ols_prediction(mom, X0[i:i + batch])
+            yield i, transform.back(ols_prediction(mom, X0[i:i + batch]), model.transform)
         return
     # the seamless band: one number per site, asked once (pp has no residual part and mpp's is uncorrelated between
     # distinct locations, a surface without seams: nothing to blend)
@@ -239,25 +245,27 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
         spacing = seamless.sampling_spacing(workers)
         band = (seamless.BAND * spacing, exchange.build(workers, model, spacing, boxes), boxes)
     for i in range(0, len(locs0), batch):
-        yield i, _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, band, boxes)
+        part = _predict_block(workers, model, locs0[i:i + batch], X0[i:i + batch], predictor, worker, band, boxes)
+        yield i, transform.back(part, model.transform)
 
 
 def predict_at(workers, model: FittedModel, locs0, X0, predictor: str = "seamless", worker: int | None = None,
                chunk: int | None = None, *, progress: bool = False) -> dict:
-    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation.
+    """{"mean", "sd", "sd_latent", "owner"} at locs0 (n₀×2) with covariates X0 (n₀×p); sd is of a new observation
+    (and the lognormal columns of a log fit: `predict_batches`).
 
     Locations go to the workers `chunk` at a time (`predict_batches`; default CHUNK) in `nearest.spatial_order`, so
     a batch needs the sites of one area; the results are the same for every batch size and order (to rounding).
     `progress` shows a tqdm bar with its ETA."""
     locs0, X0 = _check_targets(model, locs0, X0)
     order = nearest.spatial_order(locs0)
-    out = {key: np.empty(len(locs0)) for key in ("mean", "sd", "sd_latent")}
-    out["owner"] = np.empty(len(locs0), dtype=np.int64)
+    out = {}
     with counting(len(locs0), progress) as bar:
         for i, part in predict_batches(workers, model, locs0[order], X0[order], predictor, worker, chunk or CHUNK):
             k = len(part["mean"])
-            for key in out:
-                out[key][order[i:i + k]] = part[key]
+            for key in part:
+                out.setdefault(key, np.empty(len(locs0), dtype=np.asarray(part[key]).dtype))[order[i:i + k]] = \
+                    part[key]
             if bar is not None:
                 bar.update(k)
     return out
@@ -289,95 +297,20 @@ def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worke
 
 
 # --------------------------------------------------------------------------------------------------------------
-# prediction locations and their covariates
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Targets:
-    """Prediction locations (n₀×2, store CRS), their design matrix X (n₀×p), for the test group observed z, and for
-    locations given in other columns or another CRS their coordinates as given (`PointTable.given_columns`)."""
-
-    locs: np.ndarray
-    X: np.ndarray
-    observed: np.ndarray | None = None
-    given: pd.DataFrame | None = None
-
-    def rows(self, part: slice) -> "Targets":
-        """The targets of the rows `part` (one batch)."""
-        return Targets(self.locs[part], self.X[part], None if self.observed is None else self.observed[part],
-                       None if self.given is None else self.given.iloc[part].reset_index(drop=True))
-
-
-def design_matrix(frame: pd.DataFrame, names: list[str], source: str) -> np.ndarray:
-    """X for the fitted covariates `names` from frame's columns ('intercept' is 1 unless given); clear errors."""
-    missing = [c for c in names if c != INTERCEPT and c not in frame.columns]
-    if missing:
-        raise DataError(f"{source} lacks covariate column(s) {missing} used in the fit (covariates {names}); "
-                        "add them, with values at every prediction location")
-    cols = [np.ones(len(frame)) if c == INTERCEPT and c not in frame.columns
-            else pd.to_numeric(frame[c], errors="coerce").to_numpy(float) for c in names]
-    X = np.column_stack(cols) if cols else np.empty((len(frame), 0))
-    bad = np.flatnonzero(~np.all(np.isfinite(X), axis=1))
-    if bad.size:
-        raise DataError(f"{source}: {bad.size} prediction location(s) have missing or non-numeric covariates "
-                        f"(first rows {bad[:5].tolist()}); fill them in or drop those rows")
-    return X
-
-
-def table_targets(path, info: StoreInfo, *, x=None, y=None, crs=None) -> Targets:
-    """Targets from a locations file (`data.points`: coordinate columns `x`, `y` or detected, its CRS or `crs`,
-    reprojected to the store's) with the fitted covariates; the coordinates as given are kept when they differ
-    from the store's x, y (other column names or another CRS)."""
-    table = points.read_point_table(path, x=x, y=y, crs=crs)
-    locs = table.in_crs(info.crs)
-    moved = not np.array_equal(locs, table.xy) or (not table.from_geometry and table.names != ("x", "y"))
-    given = table.given_columns(taken=("x", "y")) if moved else None
-    return Targets(locs, design_matrix(table.columns, list(info.covariate_names), str(path)), given=given)
-
-
-def heldout_targets(info: StoreInfo) -> Targets:
-    """Targets at the store's held-out test group (with its observed z)."""
-    locs, z, X = load_test(info.path)
-    return Targets(locs, X, z)
-
-
-def default_domain(info: StoreInfo, workers) -> geometry.Domain:
-    """The data's own region (geometry.store_hull_domain): the union of the hulls the sites report of their
-    observation sites — not their bounding boxes, whose empty corners a map would extrapolate into."""
-    return geometry.store_hull_domain(
-        info, lambda: list(workers.call("hull", {j: () for j in range(workers.n_workers)}).values()))
-
-
-def load_domain(path, info: StoreInfo) -> geometry.Domain:
-    """The domain polygon(s) of a vector file, reprojected to the store's CRS when the file has another."""
-    domain = geometry.domain_from_file(path, crs=info.crs)
-    return geometry.Domain(domain.geometry, geometry.parse_crs(info.crs))
-
-
-def outside_domain(locs, domain: geometry.Domain) -> np.ndarray:
-    """Mask of locations outside the domain, with a warning naming how many (prediction there is extrapolation)."""
-    outside = ~domain.contains(locs)
-    if outside.any():
-        warnings.warn(f"{int(outside.sum())} of {len(outside)} prediction location(s) lie outside the domain "
-                      "(extrapolation; flagged in column outside_domain)", stacklevel=2)
-    return outside
-
-
-# --------------------------------------------------------------------------------------------------------------
 # the predict command's driver and its files
 # --------------------------------------------------------------------------------------------------------------
 
 
 def prediction_frame(targets: Targets, pred: dict, outside: np.ndarray) -> pd.DataFrame:
     """Columns [the coordinates as given,] x, y (store CRS), mean, sd (sd of a new observation), [observed],
-    sd_latent, owner, outside_domain."""
+    sd_latent, owner, outside_domain [, median, q025, q975, mean_log, sd_log of a log fit]."""
     frame = pd.DataFrame({"x": targets.locs[:, 0], "y": targets.locs[:, 1], "mean": pred["mean"], "sd": pred["sd"]})
     if targets.given is not None:
         frame = pd.concat([targets.given.reset_index(drop=True), frame], axis=1)
     if targets.observed is not None:
         frame["observed"] = targets.observed
-    return frame.assign(sd_latent=pred["sd_latent"], owner=pred["owner"], outside_domain=outside)
+    frame = frame.assign(sd_latent=pred["sd_latent"], owner=pred["owner"], outside_domain=outside)
+    return frame.assign(**{key: pred[key] for key in LOGNORMAL if key in pred})
 
 
 def default_predictor(model: FittedModel) -> str:
@@ -387,10 +320,13 @@ def default_predictor(model: FittedModel) -> str:
 
 def _prepare(fit_dir, store, locations, predictor, worker, columns):
     """(model, store info, targets, predictor) of a predict run, every check done before a site starts; `columns`:
-    {"x", "y", "crs"} of the locations file."""
+    {"x", "y", "crs", "observed"} of the locations file."""
     model = load_model(fit_dir)
     info = open_store(store)
     check_store(model, info)
+    if locations is None and columns.get("observed") is not None:
+        raise DataError(f"{option('observed=', '--observed')} names a column of the locations file; give "
+                        f"{option('locations=', '--locations FILE')} (the store's test group is scored without it)")
     if locations is None and not info.has_test:
         raise DataError(f"store {info.path} has no test group; give prediction locations with "
                         f"{option('locations=', '--locations FILE.csv')}")
@@ -402,15 +338,16 @@ def _prepare(fit_dir, store, locations, predictor, worker, columns):
 
 def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None, worker=None,
             runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-            progress: bool = False) -> tuple[pd.DataFrame, dict | None]:
+            progress: bool = False, observed=None) -> tuple[pd.DataFrame, dict | None]:
     """Predict at a locations file (coordinate columns `x`, `y` or detected; in its own CRS or `crs`, else the
-    store's), or at the store's test group; returns the table and held-out scores (or None). The whole table is in
-    memory: for 10⁵–10⁶ locations use `predict_to_file`, which streams it to disk."""
+    store's), or at the store's test group; returns the table and held-out scores (or None: a locations file is
+    scored against its column `observed` when given). The whole table is in memory: for 10⁵–10⁶ locations use
+    `predict_to_file`, which streams it to disk."""
     model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
-                                               {"x": x, "y": y, "crs": crs})
+                                               {"x": x, "y": y, "crs": crs, "observed": observed})
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
-        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        dom = resolve_domain(domain, info, workers)
         outside = outside_domain(targets.locs, dom)
         pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker,
                           batch_size(len(model.knots), batch), progress=progress)
@@ -418,16 +355,16 @@ def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=
     frame.attrs["crs"] = info.crs  # the store's: where x, y are (write_prediction georeferences .gpkg/.parquet)
     scores = None
     if targets.observed is not None:
-        scores = {"predictor": predictor, **metrics.scores(targets.observed, pred["mean"], pred["sd"])}
+        scores = {"predictor": predictor, **metrics.prediction_scores(targets.observed, pred)}
     return frame, scores
 
 
 def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None,
                     worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-                    progress: bool = True, overwrite: bool = False) -> dict:
+                    progress: bool = True, overwrite: bool = False, observed=None) -> dict:
     """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
     `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
-    the store's test group also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
+    the store's test group, or a locations file's `observed` column, also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
     An existing `out`, or metrics.json when the test group is scored, is refused unless `overwrite`
     (`atomic.refuse_existing`), before any site starts.
 
@@ -436,16 +373,16 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
     tables.check_writer(out)  # an output format we cannot write is refused before any site starts
     refuse_existing(out, overwrite)
     model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
-                                               {"x": x, "y": y, "crs": crs})
+                                               {"x": x, "y": y, "crs": crs, "observed": observed})
     refuse_metrics(out, targets.observed is not None, overwrite)
     n = len(targets.locs)
     size = batch_size(len(model.knots), batch)
     scoring = targets.observed is not None
-    mean, sd = (np.empty(n), np.empty(n)) if scoring else (None, None)
+    scored = {}  # the predictive's columns the scores need, kept when scoring
     n_outside = 0
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                       n_dask_workers=n_dask_workers) as workers:
-        dom = default_domain(info, workers) if domain is None else load_domain(domain, info)
+        dom = resolve_domain(domain, info, workers)
         with tables.stream_table(out, crs=info.crs) as stream:
             with counting(n, progress) as bar:
                 for i, part in predict_batches(workers, model, targets.locs, targets.X, predictor, worker, size):
@@ -453,14 +390,15 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                     outside = ~dom.contains(targets.locs[rows])
                     n_outside += int(outside.sum())
                     stream.append(prediction_frame(targets.rows(rows), part, outside))
-                    if scoring:
-                        mean[rows], sd[rows] = part["mean"], part["sd"]
+                    for key in SCORED if scoring else ():
+                        if key in part:
+                            scored.setdefault(key, np.empty(n))[rows] = part[key]
                     if bar is not None:
                         bar.update(len(part["mean"]))
     if n_outside:
-        warnings.warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
-                      "column outside_domain)", stacklevel=2)
-    scores = {"predictor": predictor, **metrics.scores(targets.observed, mean, sd)} if scoring else None
+        warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
+             "column outside_domain)", once=False)
+    scores = {"predictor": predictor, **metrics.prediction_scores(targets.observed, scored)} if scoring else None
     out = Path(out)
     mpath = None if scores is None else write_text(out.with_name(METRICS_JSON), json.dumps(scores, indent=1) + "\n")
     return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}

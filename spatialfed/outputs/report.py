@@ -51,6 +51,14 @@ def site_times(arrivals: list[dict], n_workers: int) -> list[dict]:
     return rows
 
 
+def data_name(extra: dict) -> str:
+    """What the report calls the data: the store's path, or, for a fit on in-memory data (whose temporary store
+    is gone once the estimator is), the copy saved beside the report (``api.loading``: extra "data")."""
+    if extra.get("data"):
+        return f"in-memory data (a DataFrame or arrays), saved as {extra['data']} beside this report"
+    return str(extra.get("store"))
+
+
 def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
     """The facts of the summary from a ``FitResult`` (and the monitor's arrivals), as plain values."""
     extra = dict(result.extra or {})
@@ -64,7 +72,8 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
     factor = Matern(float(result.nu)).effective_range_factor()
     stop = extra.get("stop_reason")
     return {
-        "store": None if store is None else str(store), "n_sites": int(result.n_workers), "n_obs": int(result.n_obs),
+        "store": None if store is None else data_name(extra), "in_memory": bool(extra.get("data")),
+        "n_sites": int(result.n_workers), "n_obs": int(result.n_obs),
         "crs": facts.get("crs"), "unit": facts.get("unit"), "sizes": facts.get("sizes"),
         "method": result.method, "mode": result.mode, "preset": preset or extra.get("preset"),
         "residual": result.residual, "m": 0 if result.knots is None else int(np.asarray(result.knots).shape[0]),
@@ -106,6 +115,17 @@ def _g(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def distance(value, unit: str | None) -> str:
+    """A distance with its unit: kilometres for metres from 10 km up (8,063 km, not 8.063e+06 m); "(planar units)"
+    without a CRS."""
+    if value is None or not math.isfinite(float(value)):
+        return "—"
+    short = UNIT_SHORT.get(unit, unit) if unit else None
+    if short == "m" and abs(value) >= 10_000:
+        return f"{value / 1000:,.4g} km" if abs(value) < 1e7 else f"{value / 1000:,.0f} km"
+    return f"{value:.4g} {short}" if short else f"{value:.4g} (planar units)"
+
+
 def _site_table(f: dict) -> str:
     sizes = f.get("sizes") or []
     rows = f["sites"]
@@ -132,8 +152,6 @@ def summary_html(facts: dict) -> str:
     """The summary section (HTML, every value escaped) that opens report.html; unknown values (None) are left out
     or shown as '—'."""
     e = html.escape
-    unit = UNIT_SHORT.get(facts["unit"], facts["unit"]) if facts.get("unit") else None
-    dist = f" {unit}" if unit else " (planar units)"
     if facts["converged"] is None:
         conv = "convergence unknown (the report was written without the fit's result)"
     elif facts["converged"]:
@@ -155,17 +173,18 @@ def summary_html(facts: dict) -> str:
     if facts["n_obs"] is not None:
         data += f", N = {facts['n_obs']:,} observations"
     if facts["store"] is not None:
-        data = f"store {e(facts['store'])}: {data}; CRS {e(facts['crs'] or 'none (planar coordinates)')}"
+        where = facts["store"] if facts.get("in_memory") else f"store {facts['store']}"
+        data = f"{e(where)}: {data}; CRS {e(facts['crs'] or 'none (planar coordinates)')}"
     practical = ""
     if facts["practical_range"] is not None:
         practical = (f", practical range (correlation 0.05) β·{facts['range_factor']:.3f} = "
-                     f"{_g(facts['practical_range'])}{e(dist)}")
+                     f"{e(distance(facts['practical_range'], facts.get('unit')))}")
     items = [
         ("Data", data),
         ("Settings", e(", ".join(settings)) or "—"),
         ("Estimates", f"γ: {gamma}<br>nugget variance 1/δ = {_g(facts['nugget'])}, partial sill σ² = "
                       f"{_g(facts['partial_sill'])} (squared units of the response); range β = "
-                      f"{_g(facts['range'])}{e(dist)}{practical}"),
+                      f"{e(distance(facts['range'], facts.get('unit')))}{practical}"),
         ("Convergence", f"{e(conv)} after {facts['iterations']} iterations; final log-likelihood "
                         f"ℓ = {_g(facts['loglik'], 8)}"
                         + (f"; continued without sites {facts['dropped']}" if facts["dropped"] else "")),

@@ -27,7 +27,7 @@ import numpy as np
 
 from spatialfed.atomic import staged_entries
 from spatialfed.data.store import zarr_writes_settled
-from spatialfed.errors import OutputError, StoreError, option
+from spatialfed.errors import OutputError, StoreError, option, warn
 
 FIT_JSON = "fit.json"
 MODEL_ZARR = "model.zarr"
@@ -293,10 +293,9 @@ def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: 
         recorded_fingerprint = recorded_fingerprint.store_fingerprint
     store = open_store(store)
     if recorded_fingerprint is None:
-        import warnings
-
-        warnings.warn(f"{what} records no store fingerprint (written by an older spatialfed): cannot check that "
-                      f"{store.path} is the store it was made on", UserWarning, stacklevel=2)
+        
+        warn(f"{what} records no store fingerprint (written by an older spatialfed): cannot check that "
+             f"{store.path} is the store it was made on")
         return
     if str(recorded_fingerprint) == store.fingerprint:
         return

@@ -1,6 +1,6 @@
 """Point tables in and out, GIS conventions kept: inputs reprojected to the store's CRS, output format by extension.
 
-- `read_points(path, store_crs, x=, y=, crs=)`: prediction locations or covariate points from a CSV, a GeoPackage /
+- `read_points(path, store_crs, x=, y=, crs=, arrived=)`: prediction locations or covariate points from a CSV, a GeoPackage /
   GeoJSON / shapefile / FlatGeobuf or a GeoParquet, read by the shared reader `spatialfed.data.points` (coordinate
   columns named or detected in any case, or the point geometry; any input with a CRS, the file's or `crs`, is
   reprojected to the store's). Returns a DataFrame with columns x, y (store CRS) and the file's other columns.
@@ -29,11 +29,12 @@ from spatialfed.errors import DataError
 WRITERS = (".csv", ".gpkg", ".parquet")
 
 
-def read_points(path, store_crs, *, x=None, y=None, crs=None) -> pd.DataFrame:
+def read_points(path, store_crs, *, x=None, y=None, crs=None, arrived=None) -> pd.DataFrame:
     """Points in the store's CRS: the file's other columns and x, y (`data.points`: coordinate columns named by
     `x`, `y` or detected in any case, or the point geometry; reprojected from the file's CRS or `crs` when either is
-    known, else taken in the store's CRS)."""
-    table = points.read_point_table(path, x=x, y=y, crs=crs)
+    known, else taken in the store's CRS, or in `arrived`, the CRS the store's points came in, when they look like
+    its lon/lat: `PointTable.arrived_in`)."""
+    table = points.read_point_table(path, x=x, y=y, crs=crs).arrived_in(arrived)
     xy = table.in_crs(store_crs)
     return table.columns.assign(x=xy[:, 0], y=xy[:, 1])
 

@@ -62,7 +62,7 @@ def test_ingest_meuse_csv(tmp_path, capsys):
     attrs = check_plain_zarr(out, 4, 3)
     assert attrs["crs"] == "EPSG:28992" and attrs["covariate_names"] == ["intercept", "dist", "om"]
     err = capsys.readouterr().err
-    assert "dropped 2 rows with missing values (om: 2)" in err and "held out 15 rows" in err
+    assert "spatialfed ingest: warning: dropped 2 rows with missing values (om: 2)" in err and "held out 15 rows" in err
 
 
 def test_ingest_errors_exit_1_without_store(tmp_path, capsys):

@@ -206,13 +206,20 @@ def test_hull_needs_two_points_or_a_buffer():
         G.hull_domain(l_shaped_points(), ratio=0.0)
 
 
-def test_store_hull_domain_is_the_unit_square_for_simulations_else_the_union_of_hulls():
+def test_store_hull_domain_is_the_unit_square_for_simulations_else_the_hull_of_the_sites_hulls():
     pts = l_shaped_points()
     sim = type("Info", (), {"crs": None, "truth": {"beta": 0.1}})()
     assert G.store_hull_domain(sim, lambda: 1 / 0).geometry.equals(shapely.box(0, 0, 1, 1))  # hulls never asked
     real = type("Info", (), {"crs": "EPSG:28992", "truth": None})()
-    dom = G.store_hull_domain(real, lambda: [G.points_hull(pts[pts[:, 1] <= 500]), G.points_hull(pts[pts[:, 1] > 500])])
-    assert dom.crs.to_epsg() == 28992 and dom.contains(pts).all() and not dom.contains([[800.0, 800.0]]).any()
+    pts = pts[np.abs(pts[:, 0] - 500) > 80]  # a gap wider than the sites' spacing (the hulls' buffer) at x = 500
+    halves = [G.points_hull(pts[pts[:, 0] < 500]), G.points_hull(pts[pts[:, 0] > 500])]
+    dom = G.store_hull_domain(real, lambda: halves)
+    assert dom.crs.to_epsg() == 28992 and dom.contains(pts).all()
+    assert not shapely.union_all(halves).contains(shapely.Point(500.0, 250.0))  # the union's slit ...
+    assert dom.contains([[500.0, 250.0], [700.0, 700.0]]).all()  # ... and the L's notch below its diagonal are in
+    assert not dom.contains([[900.0, 900.0]]).any()  # the notch beyond the diagonal is not
+    box = G.store_hull_domain(real, lambda: halves, kind="bbox")
+    assert box.geometry.equals(shapely.box(*dom.geometry.bounds))
 
 
 def test_geodataframe_points_without_crs_that_look_like_lonlat_are_refused(tmp_path):

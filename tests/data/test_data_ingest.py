@@ -158,6 +158,7 @@ def test_unreadable_or_missing_table(tmp_path, out):
     (tmp_path / "bad.gpkg").write_text("not a geopackage")
     with pytest.raises(DataError, match="cannot read"):
         ingest(tmp_path / "bad.gpkg", out, value="ozone")
-    with pytest.raises(DataError, match="name its coordinate columns with x= and y="):
-        ingest_frame(table(), out, value="ozone")
+    with pytest.raises(DataError, match=r"no coordinate columns found by name .*name them with x= and y=; its "
+                                        r"columns: east, north, ozone"):
+        ingest_frame(table().rename(columns={"lon": "east", "lat": "north"}), out, value="ozone")
     assert_no_store(out)
