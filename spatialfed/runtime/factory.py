@@ -84,8 +84,10 @@ def knot_count(knots) -> int:
 
 @contextmanager
 def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler=None, jobqueue=None,
-                 n_dask_workers=None, n_sites=None, security=None, timeout: float = 5.0, **options):
-    """Yield a Runtime for `runtime` (a name or a Runtime object, yielded as is); `options` go to its constructor."""
+                 n_dask_workers=None, n_sites=None, security=None, timeout: float = 5.0, insecure: bool = False,
+                 **options):
+    """Yield a Runtime for `runtime` (a name or a Runtime object, yielded as is); `options` go to its constructor.
+    `insecure` allows a plain-TCP scheduler off this machine (cluster.check_transport)."""
     if isinstance(runtime, Runtime):
         yield runtime
         return
@@ -110,7 +112,8 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
                          f"got {n_dask_workers!r}")
     if client is None:
         n = n_dask_workers or min(n_sites or default_n_workers(), default_n_workers())  # no idle processes
-        handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security)
+        handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security,
+                              insecure=insecure)
         client = handle.client
     try:
         yield DaskRuntime(client, slowdowns, **options)
