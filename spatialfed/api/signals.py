@@ -28,7 +28,7 @@ class Terminated(KeyboardInterrupt):
     """The process was asked to stop by SIGTERM or SIGHUP (``signum``)."""
 
     def __init__(self, signum: int):
-        super().__init__()
+        super().__init__(f"stopped by {name(signum)}")
         self.signum = int(signum)
 
 

@@ -62,7 +62,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:  # its message, if any, says how to continue (fit: the resume command)
         signum = signals.received()
         how = "interrupted" if signum is None else f"stopped by {signals.name(signum)}"
-        print(f"spatialfed {args.command}: {how}{'; ' + _one_line(exc) if str(exc) else ''}", file=sys.stderr)
+        detail = "" if isinstance(exc, signals.Terminated) else _one_line(exc) if str(exc) else ""  # says `how`
+        print(f"spatialfed {args.command}: {how}{'; ' + detail if detail else ''}", file=sys.stderr)
         return 130 if signum is None else signals.exit_status(signum)
     except (SpatialFedError, ValueError, OSError) as exc:
         print(f"spatialfed {args.command}: error: {_one_line(exc)}", file=sys.stderr)
