@@ -8,8 +8,9 @@ Integrity (beyond SPEC §5): every group records `n_rows` and `sha256` (of its t
 `checksum`) when written, and the root records `fingerprint` (sha256 over the root attributes and every group's
 row count and checksum). Reading a group checks its shape, row count and checksum, so a deleted or corrupted chunk
 (which Zarr would read as its fill value, zeros) is refused with the partition named; `open_store` checks the
-fingerprint against the groups' records. Stores written before this carry no checksums: they load with one
-warning, and their fingerprint is derived from the metadata ("legacy-sha256:...").
+fingerprint against the groups' records. Stores written before this carry no checksums and no fingerprint: they
+load with one warning, and their fingerprint is derived from the metadata ("legacy-sha256:..."); a store whose root
+records a fingerprint needs every group's records (stripping them all is refused, not taken for an old store).
 """
 
 from __future__ import annotations
@@ -378,6 +379,9 @@ def open_store(path) -> Store:
     if missing and len(missing) < len(records):
         raise StoreError(f"{path}: partitions {missing} have no integrity records while the others do (mixed from "
                          f"another store?); {fix()}")
+    if missing and isinstance(raw.get("fingerprint"), str):  # only a store with no fingerprint at all is old
+        raise StoreError(f"{path}: every partition's integrity records (n_rows, sha256) are missing, but the root "
+                         "records a fingerprint: they were removed after the store was written; " + fix())
     if missing:
         _warn_legacy(path)
     elif raw.get("fingerprint") != computed:
