@@ -553,6 +553,12 @@ CLI_CASES = [
      r"checkpoint_every must be a positive integer", None),
     ("fit-dask-workers-0", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--dask-workers", "0"],
      r"--dask-workers must be a positive integer, got 0", None),
+    ("fit-dask-workers-1000", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--dask-workers", "1000"],
+     r"--dask-workers 1000 is more than the store's \d+ sites: each Dask worker process serves at least one site; "
+     r"give at most \d+", None),
+    ("fit-plain-tcp-off-this-machine", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--scheduler",
+                                        "tcp://0.0.0.0:1"],
+     r"the scheduler tcp://0.0.0.0:1 is plain TCP on 0.0.0.0, not this machine.*--insecure", None),
     ("fit-scheduler-and-jobqueue", ["fit", "{S}", "--out", "{T}/out", "--scheduler", "tcp://127.0.0.1:1",
                                     "--jobqueue", "slurm"], r"give either --scheduler or --jobqueue", None),
     ("fit-simulated-with-scheduler", ["fit", "{S}", "--out", "{T}/out", *FIT, "--scheduler", "tcp://127.0.0.1:1"],

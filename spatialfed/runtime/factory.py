@@ -110,6 +110,8 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
                                        or n_dask_workers < 1):  # 0 would silently mean "the default"
         raise ValueError(f"{option('n_dask_workers', '--dask-workers')} must be a positive integer, "
                          f"got {n_dask_workers!r}")
+    if client is None and not scheduler and not jobqueue and n_dask_workers is not None:
+        check_worker_count(int(n_dask_workers), n_sites, default_n_workers())
     if client is None:
         n = n_dask_workers or min(n_sites or default_n_workers(), default_n_workers())  # no idle processes
         handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security,
@@ -120,3 +122,20 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
     finally:
         if handle is not None:
             handle.close()
+
+
+#: at most this many embedded worker processes per usable core (each holds its partitions and a Python process)
+PROCESSES_PER_CORE = 4
+
+
+def check_worker_count(n: int, n_sites: int | None, cores: int) -> None:
+    """Refuse more embedded Dask worker processes than sites (each serves at least one; the others would idle) or
+    than PROCESSES_PER_CORE × the usable cores (starting them alone takes minutes), in one line."""
+    flag = option("n_dask_workers", "--dask-workers")
+    if n_sites is not None and n > n_sites:
+        raise ValueError(f"{flag} {n} is more than the store's {n_sites} sites: each Dask worker process serves at "
+                         f"least one site; give at most {n_sites}")
+    if n > PROCESSES_PER_CORE * cores:
+        raise ValueError(f"{flag} {n} is more than {PROCESSES_PER_CORE} processes per core on this machine's "
+                         f"{cores} usable cores; give at most {PROCESSES_PER_CORE * cores}, or run the sites on a "
+                         f"cluster ({option('scheduler=, jobqueue=', '--scheduler, --jobqueue')})")

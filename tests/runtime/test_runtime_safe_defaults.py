@@ -102,3 +102,16 @@ def test_workers_drop_only_the_heartbeat_traceback_of_a_shutdown():
         installed = handle.client.run(
             lambda: [type(f).__name__ for f in logging.getLogger("distributed.worker").filters])
     assert list(installed.values()) == [["ShutdownHeartbeatFilter"]], installed
+
+
+@pytest.mark.parametrize(("n", "sites", "cores", "message"), [
+    (1000, 4, 2, r"1000 is more than the store's 4 sites: each Dask worker process serves at least one site; give at "
+                 r"most 4"),
+    (12, 40, 2, r"12 is more than 4 processes per core on this machine's 2 usable cores; give at most 8"),
+])
+def test_embedded_worker_processes_are_bounded_by_sites_and_cores(n, sites, cores, message):
+    from spatialfed.runtime.factory import check_worker_count
+
+    with pytest.raises(ValueError, match=message):
+        check_worker_count(n, sites, cores)
+    check_worker_count(min(sites, 4 * cores), sites, cores)  # the bounds themselves are allowed
