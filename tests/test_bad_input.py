@@ -642,8 +642,8 @@ CLI_CASES = [
     ("resume-not-a-checkpoint", ["fit", "--resume", "{T}/ck", "--quiet"],
      r"checkpoint\.pkl is not a spatialfed checkpoint", "text_ck"),
     ("resume-other-store", ["fit", "{O}", "--resume", "{T}/ck", "--quiet"],
-     r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store",
-     "ckdir"),
+     r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store .*; pass .*s\.zarr as STORE\.zarr "
+     r"\(or leave STORE\.zarr out", "ckdir"),
     ("resume-model-option", ["fit", "--resume", "{T}/ck", "--quiet", "--nu", "1.5"], r"cannot change \['nu'\]",
      "ckdir"),
     ("resume-store-missing", ["fit", "{T}/gone.zarr", "--resume", "{T}/ck", "--quiet"],
@@ -1035,7 +1035,7 @@ API_CASES = [
     ("api-save-under-file", _save_under_file, r"file\.txt is a file, not a directory"),
     ("api-save-over-file", _save_over_file, r"out: it exists and is a file, not a directory"),
     ("api-resume-other-store", _resume_other_store,
-     r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store"),
+     r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store .*; pass store='.*s\.zarr'"),
     ("api-resume-missing", _resume_missing, r"no checkpoint at .*nope"),
     ("api-load-missing", _load("{T}/nope"), r"cannot load .*nope: there is no fit directory; give a directory "
                                              r"written by FederatedGP\.save\(DIR\)"),

@@ -42,7 +42,8 @@ def resume(cls, checkpoint_path, store, overrides: dict):
     store = store if store is not None else meta["store"]
     from spatialfed.outputs.results import check_same_store
 
-    check_same_store(meta.get("store_fingerprint"), store, recorded_store=meta.get("store"), what="the checkpoint")
+    check_same_store(meta.get("store_fingerprint"), store, recorded_store=meta.get("store"), what="the checkpoint",
+                     cli_store="{} as STORE.zarr (or leave STORE.zarr out: the checkpoint's store is the default)")
     return gp.fit(store, resume=snap)
 
 

@@ -278,12 +278,13 @@ def _f(text: str) -> float:
     return float(text) if text else float("nan")
 
 
-def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: str = "the fit") -> None:
+def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: str = "the fit",
+                     cli_store: str = "--store {}") -> None:
     """Refuse to use `store` with a fit (or checkpoint) made on another store: StoreError naming both.
 
     `recorded_fingerprint` is the fit's `store_fingerprint` (a FitResult is accepted: its fingerprint and
     `extra["store"]` are used); `store` a Store or a store path (opened here); `recorded_store` the path the fit
-    was made on, when known, for the message. A fit without a recorded fingerprint (written before fingerprints)
+    was made on, when known, for the message (`cli_store`: how the command line passes it). A fit without a recorded fingerprint (written before fingerprints)
     cannot be checked: a warning says so and the call returns.
     """
     from spatialfed.data.store import open_store
@@ -306,7 +307,7 @@ def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: 
     hint = ""
     if str(recorded_fingerprint).startswith("legacy-") != store.fingerprint.startswith("legacy-"):
         hint = " (one of them was written before stores recorded checksums: if the data are the same, fit again)"
-    use = f"pass {option(f'store={str(recorded_store)!r}', f'--store {recorded_store}')}" if recorded_store else \
+    use = f"pass {option(f'store={str(recorded_store)!r}', cli_store.format(recorded_store))}" if recorded_store else \
         "pass the store the fit was made on"
     raise StoreError(f"{what} was made on {made_on}, but {store.path} is a different store (fingerprint "
                      f"{short(store.fingerprint)}){hint}; {use}, or fit again on {store.path}")
