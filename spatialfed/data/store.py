@@ -260,8 +260,23 @@ def _open_root(path) -> zarr.Group:
                          "`spatialfed ingest`")
     try:
         return zarr.open_group(path, mode="r", use_consolidated=False)
+    except ValueError as exc:  # its zarr.json is not JSON (truncated, edited)
+        raise _bad_metadata(path, exc) from None
     except Exception as exc:  # zarr raises several types for unreadable metadata
         raise StoreError(f"cannot open {path} as a Zarr group: {exc}") from None
+
+
+def _bad_metadata(path: Path, exc: Exception) -> StoreError:
+    """The StoreError naming the store's first metadata file (zarr.json) that is not valid JSON."""
+    import json
+
+    for meta in sorted(path.rglob("zarr.json")):
+        try:
+            json.loads(meta.read_bytes())
+        except (OSError, ValueError) as bad:
+            return StoreError(f"{meta} is not valid JSON ({bad}): the store's metadata is truncated or damaged; "
+                              f"{fix()}")
+    return StoreError(f"cannot read the metadata of {path} ({exc}); {fix()}")
 
 
 def _test_option() -> str:
@@ -367,6 +382,8 @@ def open_store(path) -> Store:
         groups = sorted(root["workers"].group_keys(), key=lambda g: (len(g), g))
     except KeyError:
         raise StoreError(f"{path}: group 'workers' is missing") from None
+    except ValueError as exc:  # a child's zarr.json that is not JSON (truncated, edited)
+        raise _bad_metadata(path, exc) from None
     expected = [str(j) for j in range(attrs["n_workers"])]
     if set(groups) != set(expected):
         raise StoreError(f"{path}: workers/ holds groups {groups}, expected exactly 0..{attrs['n_workers'] - 1}")

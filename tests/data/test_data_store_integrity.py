@@ -379,3 +379,15 @@ def test_the_worker_groups_found_are_listed_in_numeric_order(tmp_path):
     groups = ", ".join(f"'{j}'" for j in range(11))
     with pytest.raises(StoreError, match=re.escape(f"workers/ holds groups [{groups}], expected exactly 0..11")):
         open_store(path)
+
+
+@pytest.mark.parametrize("where", [("workers", "1"), ()])
+def test_a_truncated_metadata_file_is_named(tmp_path, where):
+    """A group's or the root's zarr.json cut short is named, not reported as a bare JSON parser message."""
+    path = tmp_path / "s.zarr"
+    write(path)
+    meta = path.joinpath(*where, "zarr.json")
+    meta.write_bytes(meta.read_bytes()[:40])  # cut inside a string
+    with pytest.raises(StoreError, match=rf"{re.escape(str(meta))} is not valid JSON \(.*\): the store's metadata "
+                                         r"is truncated or damaged; re-ingest"):
+        open_store(path)
