@@ -7,13 +7,14 @@ from pathlib import Path
 
 from spatialfed.errors import DataError, option
 
-#: where to connect and what to start: a resume takes these from its own call only, never from the checkpoint (a
-#: file is data: a forged scheduler address or job-script line in it must not be contacted or submitted)
-CONNECTION_SETTINGS = ("scheduler", "client", "n_dask_workers", "jobqueue", "scheduler_timeout", "live", "tls",
-                       "insecure")
-#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
-RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", *CONNECTION_SETTINGS, "progress", "checkpoint",
-                    "checkpoint_every")
+#: where to connect, what to submit and how securely: a resume takes these from its own call only, never from the
+#: checkpoint (a file is data: a forged scheduler address or job-script line in it must not be contacted or
+#: submitted, a forged tls=False must not turn encryption off)
+CONNECTION_SETTINGS = ("scheduler", "client", "jobqueue", "tls", "insecure")
+#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state; the
+#: embedded cluster's size n_dask_workers is bounded by the sites and cores, runtime.factory.check_worker_count)
+RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", *CONNECTION_SETTINGS, "n_dask_workers", "scheduler_timeout",
+                    "live", "progress", "checkpoint", "checkpoint_every")
 
 
 def resume(cls, checkpoint_path, store, overrides: dict):
