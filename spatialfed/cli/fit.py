@@ -227,7 +227,13 @@ def fit_into(out, checkpoint, settings: dict, args) -> None:
             raise type(exc)(f"{exc.reason}; the checkpoint {exc.checkpoint} (iteration {exc.iteration}) keeps the "
                             f"fit: continue it with `{resume_command(out)}`{elsewhere(settings)}") from None
         raise
-    report(gp, out)
+    try:
+        report(gp, out)
+    except OutputError as exc:  # e.g. a full disk: the previous results stand, the new fit is in its checkpoint
+        if not Path(settings["checkpoint"]).exists():
+            raise
+        raise OutputError(f"{exc}; the new fit is kept in {settings['checkpoint']}: once the cause is fixed, "
+                          f"`{resume_command(out)}` writes its results (or delete that file)") from None
     if implicit:
         Path(settings["checkpoint"]).unlink(missing_ok=True)  # fit.json holds the result now
 
