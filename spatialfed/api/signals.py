@@ -45,12 +45,13 @@ def _stop(signum, frame) -> None:
     raise Terminated(signum)
 
 
-def stop_as_interrupt() -> None:
+def stop_as_interrupt(tracker: bool = True) -> None:
     """Handle SIGTERM and SIGHUP as described in the module docstring (idempotent; nothing outside the main
-    thread)."""
+    thread); with `tracker`, also start the resource tracker a fit's processes use (`_tracker_ignores_sighup`)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _tracker_ignores_sighup()
+    if tracker:
+        _tracker_ignores_sighup()
     for signum in SIGNALS:
         if signal.getsignal(signum) in (signal.SIG_DFL, None):
             signal.signal(signum, _stop)

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         return 2
     from spatialfed.api import signals
 
-    signals.stop_as_interrupt()  # SIGTERM, SIGHUP (a batch system's walltime, a closed terminal) stop as Ctrl-C
+    signals.stop_as_interrupt(tracker=False)  # SIGTERM, SIGHUP (walltime, a closed terminal) stop as Ctrl-C
     try:
         with command_line(), warnings.catch_warnings():  # advice names flags; a warning is one line
             warnings.showwarning = _warning_line(args.command)

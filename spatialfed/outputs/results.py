@@ -323,8 +323,8 @@ def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: 
 
     `recorded_fingerprint` is the fit's `store_fingerprint` (a FitResult is accepted: its fingerprint and
     `extra["store"]` are used); `store` a Store or a store path (opened here); `recorded_store` the path the fit
-    was made on, when known, for the message (`cli_store`: how the command line passes it). A fit without a recorded fingerprint (written before fingerprints)
-    cannot be checked: a warning says so and the call returns.
+    was made on, when known, for the message (`cli_store`: how the command line passes it). A fit without a
+    recorded fingerprint (written before fingerprints) cannot be checked: a warning says so and the call returns.
     """
     from spatialfed.data.store import open_store
 
