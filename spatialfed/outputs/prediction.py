@@ -457,12 +457,14 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                         mean[rows], sd[rows] = part["mean"], part["sd"]
                     if bar is not None:
                         bar.update(len(part["mean"]))
+            scores = {"predictor": predictor, **metrics.scores(targets.observed, mean, sd)} if scoring else None
+            # metrics.json before the table is renamed into place: if it cannot be written (a full disk), neither is
+            mpath = None if scores is None else write_text(Path(out).with_name(METRICS_JSON),
+                                                           json.dumps(scores, indent=1) + "\n")
     if n_outside:
         warnings.warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
                       "column outside_domain)", stacklevel=2)
-    scores = {"predictor": predictor, **metrics.scores(targets.observed, mean, sd)} if scoring else None
     out = Path(out)
-    mpath = None if scores is None else write_text(out.with_name(METRICS_JSON), json.dumps(scores, indent=1) + "\n")
     return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}
 
 
