@@ -125,3 +125,26 @@ def test_a_jobqueue_scheduler_listening_off_this_machine_without_tls_is_refused(
 ])
 def test_which_addresses_are_plain_and_off_this_machine(address, host):
     assert off_machine_plain(address) == host
+
+
+def test_a_fit_directory_never_says_where_prediction_connects(store, tmp_path, listener):
+    """model.zarr records the estimator's settings for FederatedGP.load; a scheduler written there (by hand) is not
+    one: the loaded fit predicts in this process and the address is never contacted."""
+    import json
+
+    import numpy as np
+
+    from spatialfed.api import FederatedGP
+
+    gp = FederatedGP(knots=9, max_iter=3, runtime="simulated", progress=False).fit(store)
+    fit = gp.save(tmp_path / "fit")
+    meta_path = fit / "model.zarr" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["attributes"]["settings"]["estimator"].update(scheduler=f"tcp://127.0.0.1:{listener.port}",
+                                                        jobqueue={"kind": "slurm", "job_script_prologue": ["id"]})
+    meta_path.write_text(json.dumps(meta))
+    back = FederatedGP.load(fit)
+    assert back.scheduler is None and back.jobqueue is None
+    X, coords = np.zeros((3, 5)), np.random.default_rng(1).uniform(size=(3, 2))
+    np.testing.assert_allclose(back.predict(X, coords=coords), gp.predict(X, coords=coords), rtol=0, atol=1e-12)
+    assert listener.connections == 0
