@@ -418,7 +418,7 @@ def check_transport(scheduler, jobqueue, security, insecure: bool) -> None:
         return
     flag = option("insecure=True", "--insecure")
     tls = option(f"{TLS_DIR} with scheduler='tls://HOST:PORT'", "--tls-dir DIR with --scheduler tls://HOST:PORT")
-    host = off_machine_plain(scheduler) if scheduler else None
+    host = off_machine_plain(scheduler) if scheduler and str(scheduler).strip() else None  # blank: connect's error
     if host is not None:
         refuse_plain_remote(f"the scheduler {scheduler}", host, f"start it with TLS and connect with {tls}", flag)
     if jobqueue and not security:
