@@ -27,8 +27,9 @@ class OutputLockedError(OutputError):
 
 
 def lock_path(out) -> Path:
-    """The lock file of output directory `out`: `.NAME.lock` beside it."""
-    out = Path(out).absolute()
+    """The lock file of output directory `out`: `.NAME.lock` beside it (symlinks resolved: one lock per directory
+    however it is named)."""
+    out = Path(out).resolve()
     return out.parent / f".{out.name}.lock"
 
 
