@@ -417,7 +417,7 @@ def check_transport(scheduler, jobqueue, security, insecure: bool) -> None:
     if insecure:
         return
     flag = option("insecure=True", "--insecure")
-    tls = option(f"{TLS_DIR} with scheduler='tls://HOST:PORT'", "--tls-dir DIR with --scheduler tls://HOST:PORT")
+    tls = option(f"scheduler='tls://HOST:PORT', {TLS_DIR}", "--scheduler tls://HOST:PORT --tls-dir DIR")
     host = off_machine_plain(scheduler) if scheduler and str(scheduler).strip() else None  # blank: connect's error
     if host is not None:
         refuse_plain_remote(f"the scheduler {scheduler}", host, f"start it with TLS and connect with {tls}", flag)
