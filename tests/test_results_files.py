@@ -137,3 +137,40 @@ def test_out_naming_a_file_is_one_line(tmp_path):
     with pytest.raises(OutputError, match="is a file, not a directory"):
         write_results(tmp_path / "f" / "sub", make_result())
     assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda d: d.update(nu=2.5), "nu"),
+    (lambda d: d.update(knots=[[x + 0.05, y] for x, y in d["knots"]]), "knots"),
+    (lambda d: d.update(n_workers=7), "n_workers"),
+    (lambda d: d["params"].update(delta=d["params"]["delta"] * 1000), "params"),
+    (lambda d: d["params"].update(gamma=d["params"]["gamma"][:-1]), "params, params.gamma"),
+])
+def test_a_hand_edited_fit_json_is_refused(tmp_path, edit, named):
+    """fit.json and model.zarr are written from one result: a fit.json edited afterwards no longer matches."""
+    write_results(tmp_path / "fit", make_result())
+    assert load_fit(tmp_path / "fit").nu == 0.5  # unedited: read as written
+    path = tmp_path / "fit" / "fit.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=rf"fit\.json does not match .*model\.zarr in {named}: the fit directory "
+                                         r"was edited after the fit wrote it; run the fit again"):
+        load_fit(tmp_path / "fit")
+
+
+def test_an_edited_fit_json_stops_predict_with_one_line(tmp_path, capsys):
+    from spatialfed.cli import main
+    from spatialfed.data.simulate import simulate_store
+
+    store, fit = tmp_path / "s.zarr", tmp_path / "fit"
+    simulate_store(store, 3, 40, test_size=20, seed=3)
+    assert main(["fit", str(store), "--out", str(fit), "--knots", "9", "--quiet"]) == 0
+    doc = json.loads((fit / "fit.json").read_text())
+    doc["params"]["delta"] *= 1000  # the edit that dropped coverage from 0.97 to 0.37
+    (fit / "fit.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["predict", str(fit), "--store", str(store), "--out", str(tmp_path / "pred.csv")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not match" in err and "params" in err, err
+    assert not (tmp_path / "pred.csv").exists()

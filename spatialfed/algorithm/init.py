@@ -48,6 +48,10 @@ def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
     if N <= p + 3:
         raise ValueError(f"the fit estimates {p + 3} parameters (γ: {p}, δ, σ², β) from only N={N} observations; it "
                          "needs more observations than parameters: add data or drop covariates")
+    if not (np.isfinite(ztz) and np.all(np.isfinite(Xtz)) and np.all(np.isfinite(XtX))):
+        raise ValueError("the sites' moments Σzᵀz, ΣXᵀz, ΣXᵀX overflow float64: some value of z or of a covariate "
+                         "is near the float64 limit (e.g. 1e308, a missing-value code?); check the data and remove "
+                         "or rescale those values")
     try:
         gamma = np.linalg.solve(XtX, Xtz)
     except np.linalg.LinAlgError:

@@ -37,7 +37,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
 from spatialfed.algorithm.profile import U_NAMES
-from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings
+from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings, signals
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.units import variogram_params
@@ -108,6 +108,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self-signed certificate (embedded LocalCluster, dask-jobqueue), or a directory holding ca.pem/cert.pem/key.pem
         (a scheduler you started with those files: give ``scheduler="tls://host:port"``). Not with ``client=``
         (create that client with ``security=`` yourself).
+    insecure : allow a plain-TCP ``scheduler`` (or jobqueue scheduler) off this machine, refused by default: any
+        worker that joins it can run code in this process (docs/hpc.md).
     checkpoint : path of a checkpoint file (docs/recovery.md) written atomically during a Dask fit: every
         ``checkpoint_every`` aggregations (default 10 when only ``checkpoint`` is given), when the fit is interrupted
         (KeyboardInterrupt, a failed task or lost cluster), and once at the end. ``FederatedGP.resume(path)`` continues.
@@ -164,7 +166,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                  max_iter=50, tol=1e-5, runtime="auto", profile="balanced", slowdown=None, scheduler=None, seed=0,
                  *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
-                 tls=None, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
+                 tls=None, insecure=False, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
                  privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None,
                  covariates=None, transform=None):
         self.method = method
@@ -192,6 +194,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.preset = preset
         self.live = live
         self.tls = tls
+        self.insecure = insecure
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.on_worker_error = on_worker_error
@@ -293,6 +296,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         from spatialfed.runtime import site
         from spatialfed.runtime.driver import Checkpointer, drive
 
+        signals.stop_as_interrupt()  # SIGTERM, SIGHUP stop the fit as Ctrl-C does: checkpoint kept, temp store removed
         tic = time.perf_counter()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
         self.transform_ = settings.store_transform(self, info)
@@ -378,7 +382,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         given = self.runtime if isinstance(self.runtime, Runtime) else getattr(self, "runtime_used_", self.runtime)
         return open_runtime(given, slowdowns=self._slowdowns(n_sites), client=self.client,
                             scheduler=self.scheduler, jobqueue=self.jobqueue, n_dask_workers=self.n_dask_workers,
-                            n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout)
+                            n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout,
+                            insecure=self.insecure)
 
     def _security(self):
         """The Security object for `tls` (None: plain TCP; api.settings.security)."""

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from spatialfed.api import covariates as covariates_module
+from spatialfed.api import signals
 from spatialfed.data import geometry, points
 from spatialfed.errors import DataError, warn
 
@@ -49,9 +50,11 @@ class Points:
 
 
 class TemporaryStore:
-    """A store directory removed when this object is garbage-collected, at interpreter exit, or on ``cleanup()``."""
+    """A store directory (private: mkdtemp's 0700) removed when this object is garbage-collected, at interpreter exit
+    (also after a SIGTERM or SIGHUP: api.signals), or on ``cleanup()``."""
 
     def __init__(self):
+        signals.stop_as_interrupt()  # a SIGTERM/SIGHUP runs the exit handlers (Python's default skips them)
         self.dir = Path(tempfile.mkdtemp(prefix="spatialfed-"))
         self.path = self.dir / "data.zarr"
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.dir), ignore_errors=True)

@@ -111,7 +111,10 @@ def _settings(cls, fit, extra) -> dict:
                  "vecchia_k": extra.get("vecchia_k")}
     if isinstance(saved.get("knots"), list):  # an (m, 2) array of knots
         saved["knots"] = np.asarray(saved["knots"], dtype=float)
-    return {k: v for k, v in saved.items() if k in cls._get_param_names()}
+    from spatialfed.api.resuming import CONNECTION_SETTINGS
+
+    # a fit directory is data: where to connect (scheduler, jobqueue, tls) comes from the caller, never the files
+    return {k: v for k, v in saved.items() if k in cls._get_param_names() and k not in CONNECTION_SETTINGS}
 
 
 def _store_path(d: Path, fit, extra, store) -> str:

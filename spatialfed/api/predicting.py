@@ -71,7 +71,7 @@ def predict(gp, locs, X0) -> dict:
                                  n_dask_workers=gp.n_dask_workers)
     cluster = embedded_cluster(runtime, client=gp.client, scheduler=gp.scheduler, jobqueue=gp.jobqueue)
     with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
-                                           n_dask_workers=gp.n_dask_workers) as workers:
+                                           n_dask_workers=gp.n_dask_workers, insecure=gp.insecure) as workers:
         outside_domain(locs, default_domain(info, workers), "the study area is the convex hull of the sites' hulls")
         return predict_at(workers, model, locs, X0, default_predictor(model),
                           batch_size(len(model.knots)))

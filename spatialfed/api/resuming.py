@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from spatialfed.errors import DataError
+from spatialfed.errors import DataError, option
 
-#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state)
-RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "scheduler", "client", "n_dask_workers", "jobqueue",
-                    "progress", "scheduler_timeout", "live", "tls", "checkpoint", "checkpoint_every")
+#: where to connect, what to submit and how securely: a resume takes these from its own call only, never from the
+#: checkpoint (a file is data: a forged scheduler address or job-script line in it must not be contacted or
+#: submitted, a forged tls=False must not turn encryption off)
+CONNECTION_SETTINGS = ("scheduler", "client", "jobqueue", "tls", "insecure")
+#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state; the
+#: embedded cluster's size n_dask_workers is bounded by the sites and cores, runtime.factory.check_worker_count)
+RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", *CONNECTION_SETTINGS, "n_dask_workers", "scheduler_timeout",
+                    "live", "progress", "checkpoint", "checkpoint_every")
 
 
 def resume(cls, checkpoint_path, store, overrides: dict):
@@ -25,17 +31,32 @@ def resume(cls, checkpoint_path, store, overrides: dict):
     if bad:
         raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
                          f"{', '.join(RESUME_OVERRIDES)}")
-    settings = {k: v for k, v in params.items() if k in cls._get_param_names()}
+    settings = {k: v for k, v in params.items() if k in cls._get_param_names() and k not in CONNECTION_SETTINGS}
     settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
-    if overrides.get("client") is not None and "tls" not in overrides:
-        settings["tls"] = None  # a given client carries its own security
+    shown = {k: params[k] for k in ("scheduler", "jobqueue") if params.get(k)}
+    if shown:
+        settings["runtime"] = "dask" if settings.get("runtime", "auto") == "auto" else settings["runtime"]
+        if not any(overrides.get(k) for k in ("scheduler", "client", "jobqueue")):
+            warnings.warn(not_reconnecting(checkpoint_path, shown), UserWarning, stacklevel=3)
     settings.update(overrides)
     gp = cls(**settings)
     store = store if store is not None else meta["store"]
     from spatialfed.outputs.results import check_same_store
 
-    check_same_store(meta.get("store_fingerprint"), store, recorded_store=meta.get("store"), what="the checkpoint")
+    check_same_store(meta.get("store_fingerprint"), store, recorded_store=meta.get("store"), what="the checkpoint",
+                     cli_store="{} as STORE.zarr (or leave STORE.zarr out: the checkpoint's store is the default)")
     return gp.fit(store, resume=snap)
+
+
+def not_reconnecting(checkpoint_path, shown: dict) -> str:
+    """The line saying which cluster the checkpointed fit ran on and that this resume does not go there."""
+    where = (f"the scheduler {shown['scheduler']}" if "scheduler" in shown
+             else f"{shown['jobqueue'].get('kind', 'batch')} jobs" if isinstance(shown["jobqueue"], dict)
+             else "batch jobs")
+    again = option("scheduler=ADDRESS or jobqueue={...}", "--scheduler ADDRESS or --jobqueue KIND")
+    return (f"{checkpoint_path} was written by a fit on {where}; a checkpoint restores the fit, never where to "
+            f"connect or what to submit: this resume runs on an embedded Dask cluster (give {again} to continue "
+            "on that cluster)")
 
 
 def meta(gp, store_path) -> dict:

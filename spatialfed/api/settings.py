@@ -60,6 +60,10 @@ def check_settings(gp) -> None:
         if gp.client is not None:
             raise ValueError("tls=... cannot be applied to an existing client=; create it with "
                              "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
+    if runtime != "simulated" and gp.client is None:  # before the progress display starts: one line, nothing else
+        from spatialfed.runtime.cluster import check_transport
+
+        check_transport(gp.scheduler, gp.jobqueue, gp.tls not in (None, False), bool(gp.insecure))
     if gp.checkpoint_every is not None:
         K = gp.checkpoint_every
         if isinstance(K, bool) or not float(K).is_integer() or K < 1:

@@ -39,7 +39,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Entry point of the `spatialfed` console script; returns the exit status (0 ok, 1 error, 2 usage, 130 Ctrl-C).
+    """Entry point of the `spatialfed` console script; returns the exit status (0 ok, 1 error, 2 usage, 130 Ctrl-C,
+    143 SIGTERM, 129 SIGHUP: api.signals).
 
     Errors a user can cause (SpatialFedError, ValueError, OSError) and Ctrl-C print one line on stderr, never a
     traceback; anything else is a bug and keeps its traceback."""
@@ -51,13 +52,19 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from spatialfed.api import signals
+
+    signals.stop_as_interrupt(tracker=False)  # SIGTERM, SIGHUP (walltime, a closed terminal) stop as Ctrl-C
     try:
         with command_line(), warnings.catch_warnings():  # advice names flags; a warning is one line
             warnings.showwarning = _warning_line(args.command)
             args.handler(args)
     except KeyboardInterrupt as exc:  # its message, if any, says how to continue (fit: the resume command)
-        print(f"spatialfed {args.command}: interrupted{'; ' + _one_line(exc) if str(exc) else ''}", file=sys.stderr)
-        return 130
+        signum = signals.received()
+        how = "interrupted" if signum is None else f"stopped by {signals.name(signum)}"
+        detail = "" if isinstance(exc, signals.Terminated) else _one_line(exc) if str(exc) else ""  # says `how`
+        print(f"spatialfed {args.command}: {how}{'; ' + detail if detail else ''}", file=sys.stderr)
+        return 130 if signum is None else signals.exit_status(signum)
     except (SpatialFedError, ValueError, OSError) as exc:
         print(f"spatialfed {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1

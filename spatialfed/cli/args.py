@@ -80,11 +80,14 @@ def add_dask(p, runtimes: tuple, runtime_help: str) -> None:
     p.add_argument("--dask-workers", type=int, default=None, metavar="N",
                    help="worker processes of the embedded LocalCluster (default: min(J, number of cores)); "
                         "use J to give every federated worker its own process")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="allow a plain-TCP --scheduler (or --scheduler-host) off this machine, refused by default: "
+                        "any worker that joins it can run code in this process (docs/hpc.md)")
 
 
 def dask_settings(args) -> dict:
-    """runtime, scheduler and n_dask_workers as given (add_dask)."""
-    return given(args, ("runtime", "scheduler", "dask_workers"), {"dask_workers": "n_dask_workers"})
+    """runtime, scheduler, n_dask_workers and insecure as given (add_dask)."""
+    return given(args, ("runtime", "scheduler", "dask_workers", "insecure"), {"dask_workers": "n_dask_workers"})
 
 
 def add_tls(p) -> None:

@@ -183,8 +183,6 @@ def knot_points(args):
 def run(args) -> None:
     """Handler of `spatialfed fit`: FederatedGP(**given options).fit(STORE), or FederatedGP.resume(checkpoint,
     **given options); then save DIR and print one summary line."""
-    from spatialfed.api import FederatedGP
-
     exclusive(args, "scheduler", "jobqueue")
     if args.resume:
         checkpoint, out = resume_paths(args.resume, args.out)
@@ -193,6 +191,17 @@ def run(args) -> None:
     else:
         checkpoint, out = None, args.out
     settings = estimator_settings(args)
+    from spatialfed.outputs.lock import output_lock
+
+    check_out_path(out)
+    with output_lock(out):  # one writer per DIR for the whole run; a second run is refused at once
+        fit_into(out, checkpoint, settings, args)
+
+
+def fit_into(out, checkpoint, settings: dict, args) -> None:
+    """The fit of `run` into `out`, which this process holds the lock of."""
+    from spatialfed.api import FederatedGP
+
     check_out(out, overwrite=args.overwrite or bool(args.resume))
     settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)  # always: a lost cluster or Ctrl-C can be resumed
     implicit = not args.resume and args.checkpoint_every is None  # nobody asked to keep it after the fit
@@ -218,7 +227,13 @@ def run(args) -> None:
             raise type(exc)(f"{exc.reason}; the checkpoint {exc.checkpoint} (iteration {exc.iteration}) keeps the "
                             f"fit: continue it with `{resume_command(out)}`{elsewhere(settings)}") from None
         raise
-    report(gp, out)
+    try:
+        report(gp, out)
+    except OutputError as exc:  # e.g. a full disk: the previous results stand, the new fit is in its checkpoint
+        if not Path(settings["checkpoint"]).exists():
+            raise
+        raise OutputError(f"{exc}; the new fit is kept in {settings['checkpoint']}: once the cause is fixed, "
+                          f"`{resume_command(out)}` writes its results (or delete that file)") from None
     if implicit:
         Path(settings["checkpoint"]).unlink(missing_ok=True)  # fit.json holds the result now
 
@@ -229,15 +244,21 @@ def check_out(out, overwrite: bool = False) -> None:
     from spatialfed.atomic import refuse_existing
 
     out = Path(out)
+    check_out_path(out)
+    resumable = (out / CHECKPOINT_NAME).is_file()
+    refuse_existing(out, overwrite, alternative=f", or continue the fit it keeps with `{resume_command(out)}`"
+                    if resumable else "")
+
+
+def check_out_path(out) -> None:
+    """Refuse an --out that is a file or lies under one."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"cannot write results to {out}: it exists and is a file, not a directory; choose another "
                           "--out")
     above = next((parent for parent in out.parents if parent.exists()), None)
     if above is not None and not above.is_dir():
         raise OutputError(f"cannot write results to {out}: {above} is a file, not a directory; choose another --out")
-    resumable = (out / CHECKPOINT_NAME).is_file()
-    refuse_existing(out, overwrite, alternative=f", or continue the fit it keeps with `{resume_command(out)}`"
-                    if resumable else "")
 
 
 def resume_command(out) -> str:
@@ -248,12 +269,12 @@ def resume_command(out) -> str:
 
 
 def elsewhere(settings) -> str:
-    """How to resume on another cluster when the fit ran on a scheduler of its own (the checkpoint records it)."""
+    """How to resume on the same cluster when the fit ran on a scheduler of its own (given again: api.resuming)."""
     if settings.get("scheduler"):
-        return (f" (it reconnects to {settings['scheduler']}; add --scheduler ADDRESS to continue on another "
-                "cluster)")
+        return (f" (add --scheduler {settings['scheduler']} to continue on the same cluster: a checkpoint never "
+                "says where to connect)")
     if settings.get("jobqueue"):
-        return " (it submits new batch jobs with the same settings)"
+        return " (add the same --jobqueue options to submit new batch jobs: a checkpoint never says what to submit)"
     return ""
 
 

@@ -88,6 +88,21 @@ def looks_geographic(x, y, names=(None, None)) -> bool:
     return not unit_square
 
 
+def outside_area_of_use(x, y, crs) -> bool:
+    """Whether the points' bounding box misses the area of use of the projected `crs` altogether (its lon/lat
+    bounds, projected): coordinates labelled with the wrong CRS, e.g. degrees called EPSG:28992. False when the CRS
+    records no area of use."""
+    from pyproj import Transformer
+
+    area = getattr(crs, "area_of_use", None)
+    if area is None or not getattr(crs, "is_projected", False):
+        return False
+    to_crs = Transformer.from_crs("EPSG:4326", crs, always_xy=True)
+    xmin, ymin, xmax, ymax = to_crs.transform_bounds(area.west, area.south, area.east, area.north)
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    return bool(x.max() < xmin or x.min() > xmax or y.max() < ymin or y.min() > ymax)
+
+
 def utm_zone(lon) -> np.ndarray:
     """UTM zone numbers 1…60 of longitudes (6° bands from −180°; the Norway/Svalbard exceptions are ignored)."""
     lon = (np.asarray(lon, dtype=float) + 180.0) % 360.0

@@ -20,6 +20,7 @@ import pandas as pd
 
 from spatialfed.atomic import refuse_existing
 from spatialfed.data import partition as partitions
+from spatialfed.data.crs import outside_area_of_use
 from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_string, looks_geographic, parse_crs, \
     project
 from spatialfed.data.points import coordinate_columns
@@ -205,6 +206,11 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
         raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude but no CRS was "
                         f"given; pass {option(LONLAT[0], '--crs EPSG:4326')} (they are then projected to metres), or "
                         f"{option(LONLAT[1], '--crs planar')} if they are planar units")
+    if source_crs is not None and looks_geographic(xy[:, 0], xy[:, 1], (x, y)) and \
+            outside_area_of_use(xy[:, 0], xy[:, 1], source_crs):
+        raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude and lie outside "
+                        f"the area of use of {crs_name(source_crs)}, a projected CRS: they are not in its units; pass "
+                        f"{option(LONLAT[0], '--crs EPSG:4326')} if they are degrees, or the CRS they are in")
     target = parse_crs(target_crs)
     if target is not None and target.is_geographic:  # project() keeps a geographic target equal to the source
         flag = option("target_crs=", "--target-crs")

@@ -8,8 +8,9 @@ Integrity (beyond SPEC §5): every group records `n_rows` and `sha256` (of its t
 `checksum`) when written, and the root records `fingerprint` (sha256 over the root attributes and every group's
 row count and checksum). Reading a group checks its shape, row count and checksum, so a deleted or corrupted chunk
 (which Zarr would read as its fill value, zeros) is refused with the partition named; `open_store` checks the
-fingerprint against the groups' records. Stores written before this carry no checksums: they load with one
-warning, and their fingerprint is derived from the metadata ("legacy-sha256:...").
+fingerprint against the groups' records. Stores written before this carry no checksums and no fingerprint: they
+load with one warning, and their fingerprint is derived from the metadata ("legacy-sha256:..."); a store whose root
+records a fingerprint needs every group's records (stripping them all is refused, not taken for an old store).
 """
 
 from __future__ import annotations
@@ -258,8 +259,23 @@ def _open_root(path) -> zarr.Group:
                          "`spatialfed ingest`")
     try:
         return zarr.open_group(path, mode="r", use_consolidated=False)
+    except ValueError as exc:  # its zarr.json is not JSON (truncated, edited)
+        raise _bad_metadata(path, exc) from None
     except Exception as exc:  # zarr raises several types for unreadable metadata
         raise StoreError(f"cannot open {path} as a Zarr group: {exc}") from None
+
+
+def _bad_metadata(path: Path, exc: Exception) -> StoreError:
+    """The StoreError naming the store's first metadata file (zarr.json) that is not valid JSON."""
+    import json
+
+    for meta in sorted(path.rglob("zarr.json")):
+        try:
+            json.loads(meta.read_bytes())
+        except (OSError, ValueError) as bad:
+            return StoreError(f"{meta} is not valid JSON ({bad}): the store's metadata is truncated or damaged; "
+                              f"{fix()}")
+    return StoreError(f"cannot read the metadata of {path} ({exc}); {fix()}")
 
 
 def _test_option() -> str:
@@ -364,6 +380,8 @@ def open_store(path) -> Store:
         groups = sorted(root["workers"].group_keys(), key=lambda g: (len(g), g))
     except KeyError:
         raise StoreError(f"{path}: group 'workers' is missing") from None
+    except ValueError as exc:  # a child's zarr.json that is not JSON (truncated, edited)
+        raise _bad_metadata(path, exc) from None
     expected = [str(j) for j in range(attrs["n_workers"])]
     if set(groups) != set(expected):
         raise StoreError(f"{path}: workers/ holds groups {groups}, expected exactly 0..{attrs['n_workers'] - 1}")
@@ -376,6 +394,9 @@ def open_store(path) -> Store:
     if missing and len(missing) < len(records):
         raise StoreError(f"{path}: partitions {missing} have no integrity records while the others do (mixed from "
                          f"another store?); {fix()}")
+    if missing and isinstance(raw.get("fingerprint"), str):  # only a store with no fingerprint at all is old
+        raise StoreError(f"{path}: every partition's integrity records (n_rows, sha256) are missing, but the root "
+                         "records a fingerprint: they were removed after the store was written; " + fix())
     if missing:
         _warn_legacy(path)
     elif raw.get("fingerprint") != computed:

@@ -120,7 +120,11 @@ def profile_hessian(hess, d2_du_dmu, d2_du_dSigma, Sigma) -> np.ndarray:
 
 def modified_hessian(H, floor: float = 1e-8) -> np.ndarray:
     """mod(H) of Eq. (10): eigenvalues replaced by their absolute values, raised to floor·max|λ|."""
-    H = check_finite(H, "Hessian")
+    H = np.asarray(H, dtype=float)
+    if not np.all(np.isfinite(H)):  # not missing data: an overflow upstream
+        raise ValueError(f"the log-likelihood's Hessian has {int(np.size(H) - np.isfinite(H).sum())} non-finite "
+                         "entries (an overflow: data values near the float64 limit, or privacy noise far above the "
+                         "data's scale); check the data for absurd values, or lower the privacy noise multiplier")
     lam, Q = np.linalg.eigh(0.5 * (H + H.T))
     lam = np.abs(lam)
     lam = np.maximum(lam, floor * max(float(lam.max()), 1e-300))

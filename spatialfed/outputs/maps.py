@@ -261,8 +261,8 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, x=None, y=None, crs=None,
              units="", title=None, overlay=None, overlay_label="", sites=True, show_owners=False, predictor=None,
-             worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-             progress: bool = False, overwrite: bool = False) -> dict:
+             worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, insecure=False,
+             batch=None, progress: bool = False, overwrite: bool = False) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
     `x`, `y`, `crs`: the coordinate columns and CRS of the `covariates` table (default: detected, its own CRS or
     the store's). `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin
@@ -284,7 +284,7 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
     overlays = None if overlay is None else read_overlay(overlay, info)
     with staged(out, directory=True) as tmp:  # the whole set or nothing (a full disk, Ctrl-C); replaces an old one
         with open_workers(info, model, runtime, client=client, scheduler=scheduler,
-                          n_dask_workers=n_dask_workers) as workers:
+                          n_dask_workers=n_dask_workers, insecure=insecure) as workers:
             dom = resolve_domain(domain, info, workers)
             grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
             X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs})

@@ -138,7 +138,7 @@ def prediction_runtime(runtime, info: StoreInfo, model: FittedModel, *, client=N
 
 @contextmanager
 def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, client=None, scheduler=None,
-                 n_dask_workers=None):
+                 n_dask_workers=None, insecure: bool = False):
     """The store's sites with their partitions loaded, as a started `Runtime` (`call(name, {j: args})` runs
     runtime.site.SITE_CALLS where partition j lives): Dask (an embedded cluster unless told otherwise) or, with
     runtime="simulated", this process (small data, tests); "auto" chooses (`prediction_runtime`)."""
@@ -151,7 +151,7 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
     specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
                             model.residual, model.vecchia_k)
     with open_runtime(runtime, client=client, scheduler=scheduler, n_dask_workers=n_dask_workers,
-                      n_sites=info.n_workers) as workers:
+                      n_sites=info.n_workers, insecure=insecure) as workers:
         try:
             for event in workers.start(specs):
                 if event.error is not None:
@@ -337,7 +337,7 @@ def _prepare(fit_dir, store, locations, predictor, worker, columns):
 
 
 def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None, worker=None,
-            runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
+            runtime="auto", client=None, scheduler=None, n_dask_workers=None, insecure=False, batch=None,
             progress: bool = False, observed=None) -> tuple[pd.DataFrame, dict | None]:
     """Predict at a locations file (coordinate columns `x`, `y` or detected; in its own CRS or `crs`, else the
     store's), or at the store's test group; returns the table and held-out scores (or None: a locations file is
@@ -346,7 +346,7 @@ def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=
     model, info, targets, predictor = _prepare(fit_dir, store, locations, predictor, worker,
                                                {"x": x, "y": y, "crs": crs, "observed": observed})
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
-                      n_dask_workers=n_dask_workers) as workers:
+                      n_dask_workers=n_dask_workers, insecure=insecure) as workers:
         dom = resolve_domain(domain, info, workers)
         outside = outside_domain(targets.locs, dom)
         pred = predict_at(workers, model, targets.locs, targets.X, predictor, worker,
@@ -360,8 +360,8 @@ def predict(fit_dir, store, *, locations=None, x=None, y=None, crs=None, domain=
 
 
 def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=None, domain=None, predictor=None,
-                    worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, batch=None,
-                    progress: bool = True, overwrite: bool = False, observed=None) -> dict:
+                    worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, insecure=False,
+                    batch=None, progress: bool = True, overwrite: bool = False, observed=None) -> dict:
     """Predict batch by batch and stream each finished batch to `out` (.csv, .gpkg or .parquet: the columns of
     `prediction_frame`), staged beside it and renamed into place at the end (`tables.stream_table`, atomic); with
     the store's test group, or a locations file's `observed` column, also metrics.json beside it. A tqdm bar shows the locations done, the rate and the ETA.
@@ -381,7 +381,7 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
     scored = {}  # the predictive's columns the scores need, kept when scoring
     n_outside = 0
     with open_workers(info, model, runtime, client=client, scheduler=scheduler,
-                      n_dask_workers=n_dask_workers) as workers:
+                      n_dask_workers=n_dask_workers, insecure=insecure) as workers:
         dom = resolve_domain(domain, info, workers)
         with tables.stream_table(out, crs=info.crs) as stream:
             with counting(n, progress) as bar:
@@ -395,12 +395,14 @@ def predict_to_file(fit_dir, store, out, *, locations=None, x=None, y=None, crs=
                             scored.setdefault(key, np.empty(n))[rows] = part[key]
                     if bar is not None:
                         bar.update(len(part["mean"]))
+            scores = {"predictor": predictor, **metrics.prediction_scores(targets.observed, scored)} if scoring else None
+            # metrics.json before the table is renamed into place: if it cannot be written (a full disk), neither is
+            mpath = None if scores is None else write_text(Path(out).with_name(METRICS_JSON),
+                                                           json.dumps(scores, indent=1) + "\n")
     if n_outside:
         warn(f"{n_outside} of {n} prediction location(s) lie outside the domain (extrapolation; flagged in "
              "column outside_domain)", once=False)
-    scores = {"predictor": predictor, **metrics.prediction_scores(targets.observed, scored)} if scoring else None
     out = Path(out)
-    mpath = None if scores is None else write_text(out.with_name(METRICS_JSON), json.dumps(scores, indent=1) + "\n")
     return {"out": out, "metrics": mpath, "n": n, "batch": size, "outside": n_outside, "scores": scores}
 
 

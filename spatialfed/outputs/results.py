@@ -248,6 +248,7 @@ def load_fit(out_dir) -> FitResult:
         if "Sigma" in g:
             Sigma = np.asarray(g["Sigma"][:])
         extra = dict(g.attrs.get("settings", {}) or {})
+        _check_consistent(fj, doc, g)
     return FitResult(
         method=doc["method"], mode=doc["mode"], residual=doc["residual"], nu=doc["nu"],
         n_workers=doc["n_workers"], n_obs=doc["n_obs"], params=doc["params"],
@@ -256,6 +257,44 @@ def load_fit(out_dir) -> FitResult:
         trace=doc["trace"], mu=mu, Sigma=Sigma, extra=extra, dropped_workers=doc.get("dropped_workers", []),
         privacy=doc.get("privacy"), store_fingerprint=doc.get("store_fingerprint"),
     )
+
+
+#: fit.json entries model.zarr records too, as attributes (the arrays knots and gamma are compared as well)
+CROSS_CHECKED = ("method", "mode", "residual", "nu", "n_workers", "n_obs", "params", "loglik", "iterations",
+                 "converged")
+
+
+def _check_consistent(fit_json: Path, doc: dict, group) -> None:
+    """Refuse a fit.json that no longer matches its model.zarr (edited by hand after the fit: a changed ν, knots,
+    J or parameter would predict with exit 0 and silently wrong numbers); both are written from one FitResult, so
+    every value is equal bit for bit."""
+    attrs = dict(group.attrs)
+    if attrs.get("spatialfed_result") != 1:
+        return  # not a model.zarr this module wrote
+    differ = [k for k in CROSS_CHECKED if k in attrs and not _same_value(doc.get(k), attrs[k])]
+    for name, value in (("knots", doc.get("knots")), ("params.gamma", (doc.get("params") or {}).get("gamma"))):
+        stored = group[name.split(".")[-1]][:] if name.split(".")[-1] in group else None
+        if stored is not None and not _same_array(value, stored):
+            differ.append(name)
+    if differ:
+        raise ValueError(f"{fit_json} does not match {fit_json.parent / MODEL_ZARR} in {', '.join(differ)}: the fit "
+                         "directory was edited after the fit wrote it; run the fit again (or restore the directory)")
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list) or isinstance(b, list):
+        return _same_array(a, b)
+    return a == b or (a is None and b is None)
+
+
+def _same_array(a, b) -> bool:
+    try:
+        return bool(np.array_equal(np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel(),
+                                   equal_nan=True))
+    except (TypeError, ValueError):
+        return False
 
 
 def load_trace_csv(out_dir) -> list[dict]:
@@ -278,13 +317,14 @@ def _f(text: str) -> float:
     return float(text) if text else float("nan")
 
 
-def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: str = "the fit") -> None:
+def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: str = "the fit",
+                     cli_store: str = "--store {}") -> None:
     """Refuse to use `store` with a fit (or checkpoint) made on another store: StoreError naming both.
 
     `recorded_fingerprint` is the fit's `store_fingerprint` (a FitResult is accepted: its fingerprint and
     `extra["store"]` are used); `store` a Store or a store path (opened here); `recorded_store` the path the fit
-    was made on, when known, for the message. A fit without a recorded fingerprint (written before fingerprints)
-    cannot be checked: a warning says so and the call returns.
+    was made on, when known, for the message (`cli_store`: how the command line passes it). A fit without a
+    recorded fingerprint (written before fingerprints) cannot be checked: a warning says so and the call returns.
     """
     from spatialfed.data.store import open_store
 
@@ -305,7 +345,7 @@ def check_same_store(recorded_fingerprint, store, *, recorded_store=None, what: 
     hint = ""
     if str(recorded_fingerprint).startswith("legacy-") != store.fingerprint.startswith("legacy-"):
         hint = " (one of them was written before stores recorded checksums: if the data are the same, fit again)"
-    use = f"pass {option(f'store={str(recorded_store)!r}', f'--store {recorded_store}')}" if recorded_store else \
+    use = f"pass {option(f'store={str(recorded_store)!r}', cli_store.format(recorded_store))}" if recorded_store else \
         "pass the store the fit was made on"
     raise StoreError(f"{what} was made on {made_on}, but {store.path} is a different store (fingerprint "
                      f"{short(store.fingerprint)}){hint}; {use}, or fit again on {store.path}")

@@ -393,17 +393,40 @@ def import_dask_jobqueue():
 
 
 def make_cluster(scheduler: str | None = None, *, n_workers: int | None = None, jobqueue: dict | None = None,
-                 timeout: float = 5.0, security=None) -> ClusterHandle:
+                 timeout: float = 5.0, security=None, insecure: bool = False) -> ClusterHandle:
     """One entry point: ``scheduler`` address > ``jobqueue`` settings (dict with ``kind``) > embedded LocalCluster.
 
     ``security`` (e.g. ``security.tls_security()``) is passed to whichever factory runs; None gives the embedded
-    cluster its per-run TLS certificate (`local_cluster`) and leaves the others plain TCP, False is plain TCP."""
+    cluster its per-run TLS certificate (`local_cluster`) and leaves the others plain TCP, False is plain TCP.
+    A plain-TCP scheduler off this machine (to connect to, or for jobqueue to listen on) is refused before any
+    connection unless `insecure` (`check_transport`)."""
+    check_transport(scheduler, jobqueue, security, insecure)
     if scheduler:
         return connect(scheduler, timeout=timeout, security=security or None)
     if jobqueue:
         jq = dict(jobqueue)
         return jobqueue_cluster(jq.pop("kind"), security=security or None, **jq)
     return local_cluster(n_workers, security=security)  # None: TLS with a per-run certificate; False: plain TCP
+
+
+def check_transport(scheduler, jobqueue, security, insecure: bool) -> None:
+    """Refuse, before any connection, a scheduler that is plain TCP off this machine: one given by address (not
+    tls://), or a jobqueue scheduler listening on another host or interface without TLS; `insecure` allows it."""
+    from spatialfed.runtime.security import off_machine_plain, refuse_plain_remote
+
+    if insecure:
+        return
+    flag = option("insecure=True", "--insecure")
+    tls = option(f"scheduler='tls://HOST:PORT', {TLS_DIR}", "--scheduler tls://HOST:PORT --tls-dir DIR")
+    host = off_machine_plain(scheduler) if scheduler and str(scheduler).strip() else None  # blank: connect's error
+    if host is not None:
+        refuse_plain_remote(f"the scheduler {scheduler}", host, f"start it with TLS and connect with {tls}", flag)
+    if jobqueue and not security:
+        where = jobqueue.get("interface") or off_machine_plain(str(jobqueue.get("host", LOOPBACK[0])))
+        if where is not None:
+            refuse_plain_remote(f"the batch jobs' scheduler on {where}", where,
+                                f"give {option('tls=True', '--tls')} (dask-jobqueue hands the jobs the certificate)",
+                                flag)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -84,8 +84,10 @@ def knot_count(knots) -> int:
 
 @contextmanager
 def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler=None, jobqueue=None,
-                 n_dask_workers=None, n_sites=None, security=None, timeout: float = 5.0, **options):
-    """Yield a Runtime for `runtime` (a name or a Runtime object, yielded as is); `options` go to its constructor."""
+                 n_dask_workers=None, n_sites=None, security=None, timeout: float = 5.0, insecure: bool = False,
+                 **options):
+    """Yield a Runtime for `runtime` (a name or a Runtime object, yielded as is); `options` go to its constructor.
+    `insecure` allows a plain-TCP scheduler off this machine (cluster.check_transport)."""
     if isinstance(runtime, Runtime):
         yield runtime
         return
@@ -108,12 +110,32 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
                                        or n_dask_workers < 1):  # 0 would silently mean "the default"
         raise ValueError(f"{option('n_dask_workers', '--dask-workers')} must be a positive integer, "
                          f"got {n_dask_workers!r}")
+    if client is None and not scheduler and not jobqueue and n_dask_workers is not None:
+        check_worker_count(int(n_dask_workers), n_sites, default_n_workers())
     if client is None:
         n = n_dask_workers or min(n_sites or default_n_workers(), default_n_workers())  # no idle processes
-        handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security)
+        handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security,
+                              insecure=insecure)
         client = handle.client
     try:
         yield DaskRuntime(client, slowdowns, **options)
     finally:
         if handle is not None:
             handle.close()
+
+
+#: at most this many embedded worker processes per usable core (each holds its partitions and a Python process)
+PROCESSES_PER_CORE = 4
+
+
+def check_worker_count(n: int, n_sites: int | None, cores: int) -> None:
+    """Refuse more embedded Dask worker processes than sites (each serves at least one; the others would idle) or
+    than PROCESSES_PER_CORE × the usable cores (starting them alone takes minutes), in one line."""
+    flag = option("n_dask_workers", "--dask-workers")
+    if n_sites is not None and n > n_sites:
+        raise ValueError(f"{flag} {n} is more than the store's {n_sites} sites: each Dask worker process serves at "
+                         f"least one site; give at most {n_sites}")
+    if n > PROCESSES_PER_CORE * cores:
+        raise ValueError(f"{flag} {n} is more than {PROCESSES_PER_CORE} processes per core on this machine's "
+                         f"{cores} usable cores; give at most {PROCESSES_PER_CORE * cores}, or run the sites on a "
+                         f"cluster ({option('scheduler=, jobqueue=', '--scheduler, --jobqueue')})")

@@ -132,3 +132,39 @@ def _check_pem(ca_file: str, cert_file: str, key_file: str) -> None:
         except (ssl.SSLError, ValueError) as exc:
             raise TLSConfigError(f"TLS {what} is not a valid PEM file ({exc}); replace it (write_tls_files in "
                                  "spatialfed.runtime.security makes a self-signed set)") from None
+
+
+#: address schemes whose connections are encrypted and authenticated
+SECURE_SCHEMES = ("tls", "wss")
+
+
+class InsecureSchedulerError(SpatialFedError, ValueError):
+    """A plain-TCP scheduler off this machine, refused unless the user says insecure."""
+
+
+def off_machine_plain(address: str) -> str | None:
+    """The host of `address` when it is plain TCP (no tls:// or wss://) and not a loopback address (127.0.0.0/8,
+    ::1, localhost); None otherwise. A name other than localhost counts as off the machine (it is not resolved)."""
+    import ipaddress
+
+    scheme, sep, rest = str(address).partition("://")
+    if not sep:
+        scheme, rest = "tcp", str(address)
+    if scheme.lower() in SECURE_SCHEMES or scheme.lower() == "inproc":
+        return None
+    host = rest[1:rest.index("]")] if rest.startswith("[") and "]" in rest else rest.rsplit(":", 1)[0]
+    host = host or "0.0.0.0"  # tcp://:8786 listens everywhere
+    if host.lower() == "localhost":
+        return None
+    try:
+        return None if ipaddress.ip_address(host).is_loopback else host
+    except ValueError:
+        return host
+
+
+def refuse_plain_remote(where: str, host: str, how: str, insecure_flag: str) -> None:
+    """Raise the one line refusing plain TCP to/on `host` (`where`: what connects or listens)."""
+    raise InsecureSchedulerError(
+        f"{where} is plain TCP on {host}, not this machine: anyone who can reach it, or any worker that joins, can "
+        f"run code in this process (Dask's results are pickles); {how}, or give {insecure_flag} to use it "
+        "unencrypted (docs/hpc.md)")

@@ -127,3 +127,12 @@ def test_subsampled_start_is_statistically_equivalent(seed):
     delta_ref, sigma2_ref, beta_ref, _ = all_pairs_phi0(parts, knots, kernel)
     deviation = np.log([1.0 / tau2, sigma2, beta]) - np.log([delta_ref, sigma2_ref, beta_ref])
     assert np.all(np.abs(deviation) <= 0.35), deviation
+
+
+def test_moments_that_overflow_name_the_values_not_an_exact_fit():
+    """One value of 1e308 makes Σzᵀz infinite: the message names the overflow, not "the covariates explain z"."""
+    moments = [{"XtX": np.eye(1) * 40, "Xtz": np.array([1e308 + 3.0]), "ztz": np.inf, "n": 40},
+               {"XtX": np.eye(1) * 40, "Xtz": np.array([2.0]), "ztz": 41.0, "n": 40}]
+    with pytest.raises(ValueError, match=r"moments .* overflow float64: some value of z or of a covariate is near the "
+                                         r"float64 limit"):
+        init.pooled_ols(moments)

@@ -142,3 +142,22 @@ def test_pilot_clip_refuses_an_existing_clip_file(store, tmp_path, capsys):
     assert clip.read_text() == "{}\n"
     assert main(["pilot-clip", str(store), "--out", str(clip), "--knots", "9", "--max-iter", "2", "--overwrite"]) == 0
     assert len(json.loads(clip.read_text())) > 0
+
+
+def test_fit_overwrite_on_a_full_disk_keeps_the_old_results_and_names_the_new_fits_checkpoint(store, tmp_path,
+                                                                                              monkeypatch, capsys):
+    from support import full_disk_beside_slow_parent_writes
+
+    out = tmp_path / "fit"
+    assert main(["fit", str(store), "--out", str(out), "--knots", "9", *FIT]) == 0
+    before = (out / "fit.json").read_text()
+    with monkeypatch.context() as m:
+        full_disk_beside_slow_parent_writes(m, "zarr.json", delay=0.0)  # model.zarr cannot be written
+        capsys.readouterr()
+        assert main(["fit", str(store), "--out", str(out), "--knots", "16", "--overwrite", *FIT]) == 1
+    err = capsys.readouterr().err.strip()
+    ckpt = out / "checkpoint.pkl"
+    assert len(err.splitlines()) == 1 and f"the new fit is kept in {ckpt}" in err and "--resume" in err, err
+    assert (out / "fit.json").read_text() == before and ckpt.exists()
+    assert main(["fit", "--resume", str(out), "--quiet"]) == 0  # space freed: the resume writes the new fit
+    assert _knots(out) == 16

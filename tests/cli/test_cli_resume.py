@@ -24,7 +24,8 @@ SETTINGS = ["--mode", "async", "--preset", "paper", "--knots", "9", "--tol", "1e
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One running Dask cluster for every fit of this module (`--scheduler`; the resumes keep the checkpoint's)."""
+    """One running Dask cluster for the interrupted fit of this module (`--scheduler`; the resumes start an embedded
+    cluster: a checkpoint never says where to connect)."""
     from spatialfed.runtime.cluster import local_cluster
 
     with local_cluster(2, security=False) as handle:  # plain TCP: the CLI joins it with --scheduler

@@ -54,6 +54,18 @@ def test_planar_coordinates_need_crs_planar_when_they_look_like_lonlat(out):
     assert set(map(tuple, locs)) == set(map(tuple, frame[["lon", "lat"]].to_numpy()))
 
 
+def test_degrees_labelled_with_a_projected_crs_are_refused(out):
+    """Lon/lat called EPSG:28992 (metres) fitted a range of 11 m: points outside the CRS's area of use are refused."""
+    frame = table()
+    frame["lon"], frame["lat"] = frame["lon"] + 95, frame["lat"] + 12  # in the Netherlands, as degrees
+    with pytest.raises(DataError, match=r"look like longitude/latitude and lie outside the area of use of EPSG:28992, "
+                                        r"a projected CRS: they are not in its units; pass crs='EPSG:4326'"):
+        ingest_frame(frame, out, x="lon", y="lat", value="ozone", n_workers=2, crs="EPSG:28992")
+    assert_no_store(out)
+    rd = frame.assign(lon=155_000 + 1e4 * (frame["lon"] - 5), lat=463_000 + 1e4 * (frame["lat"] - 50))  # metres
+    assert ingest_frame(rd, out, x="lon", y="lat", value="ozone", n_workers=2, crs="EPSG:28992")[0].crs == "EPSG:28992"
+
+
 def test_missing_values_are_reported_and_dropped(out):
     frame = table()
     frame.loc[[1, 5], "ozone"] = np.nan

@@ -276,6 +276,20 @@ def test_fingerprint_and_checksums_of_a_fixed_store_do_not_change_between_versio
 
 # --- edges the mutation run of open_store's helpers (27 Nov) found unguarded (docs/contributing.md) ---------------
 
+def test_checksums_stripped_from_every_group_under_a_fingerprinted_root_are_refused(tmp_path):
+    """Only a store with no fingerprint at all is old: removing every group's records (to change the values
+    unchecked) while the root keeps its fingerprint is refused, not loaded with the legacy warning."""
+    path = tmp_path / "s.zarr"
+    write(path)
+    for where in ("workers/0", "workers/1", "workers/2", "test"):
+        edit_attrs(path / where / "zarr.json", n_rows=None, sha256=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no legacy warning either
+        with pytest.raises(StoreError, match=r"integrity records \(n_rows, sha256\) are missing, but the root "
+                                             r"records a fingerprint"):
+            open_store(path)
+
+
 def test_a_partition_with_one_integrity_record_of_two_is_malformed_not_legacy(tmp_path):
     """A legacy store has neither record; a partition with only one of them was damaged or mixed in."""
     for gone in ("n_rows", "sha256"):
@@ -364,4 +378,16 @@ def test_the_worker_groups_found_are_listed_in_numeric_order(tmp_path):
     edit_attrs(path / "zarr.json", n_workers=12)
     groups = ", ".join(f"'{j}'" for j in range(11))
     with pytest.raises(StoreError, match=re.escape(f"workers/ holds groups [{groups}], expected exactly 0..11")):
+        open_store(path)
+
+
+@pytest.mark.parametrize("where", [("workers", "1"), ()])
+def test_a_truncated_metadata_file_is_named(tmp_path, where):
+    """A group's or the root's zarr.json cut short is named, not reported as a bare JSON parser message."""
+    path = tmp_path / "s.zarr"
+    write(path)
+    meta = path.joinpath(*where, "zarr.json")
+    meta.write_bytes(meta.read_bytes()[:40])  # cut inside a string
+    with pytest.raises(StoreError, match=rf"{re.escape(str(meta))} is not valid JSON \(.*\): the store's metadata "
+                                         r"is truncated or damaged; re-ingest"):
         open_store(path)

@@ -122,7 +122,6 @@ def test_bad_server_inputs():
 def test_bad_server_inputs_are_named():
     nan2 = np.array([np.nan, 1.0])
     cases = [
-        ("Hessian", lambda: blocks.modified_hessian(np.diag(nan2))),
         ("gradient", lambda: blocks.newton_step(np.zeros(2), nan2, np.eye(2))),
         ("aggregated XᵀR⁻¹X", lambda: blocks.update_gamma(np.diag(nan2), np.ones(2))),
         ("aggregated XᵀR⁻¹r", lambda: blocks.update_gamma(np.eye(2), nan2)),
@@ -177,3 +176,14 @@ def test_newton_step_defaults_and_the_floor_it_passes_on():
     H, g = np.diag([1.0, 1e-10]), np.array([0.0, 1e-10])
     np.testing.assert_allclose(blocks.newton_step(np.zeros(2), g, H), [0.0, -1e-2], rtol=1e-9)  # floor 1e-8
     np.testing.assert_allclose(blocks.newton_step(np.zeros(2), 100 * g, H, floor=1e-4), [0.0, -1e-4], rtol=1e-9)
+
+
+def test_a_non_finite_hessian_names_an_overflow_not_missing_data():
+    """The Hessian is computed, not read: a non-finite entry is an overflow (absurd values, huge privacy noise)."""
+    from spatialfed.model.blocks import modified_hessian
+
+    H = np.eye(3)
+    H[0, 1] = np.inf
+    with pytest.raises(ValueError, match=r"^the log-likelihood's Hessian has 1 non-finite entries \(an overflow: "
+                                         r".*lower the privacy noise"):
+        modified_hessian(H)

@@ -460,3 +460,24 @@ def test_progress_bar_counts_locations_on_the_stream_given_refreshing_slower_in_
     assert pr.progress_bar(3, enabled=False) is None
     with pr.counting(3, enabled=False) as none:
         assert none is None
+
+
+def test_predict_to_file_whose_metrics_cannot_be_written_leaves_neither_file(fitted, tmp_path, monkeypatch):
+    """metrics.json is written before the table is renamed into place: a full disk there leaves no pred.csv
+    without its metrics.json (the disk is full for metrics.json alone: EFBIG on its staged file)."""
+    import errno
+
+    from spatialfed import atomic
+
+    _, store, fit = fitted
+    real = atomic.write_text
+
+    def full(path, text, **kw):
+        if Path(path).name == "metrics.json":
+            raise atomic.output_error(Path(path), OSError(errno.ENOSPC, "No space left on device"))
+        return real(path, text, **kw)
+
+    monkeypatch.setattr(pr, "write_text", full)
+    with pytest.raises(OutputError, match=r"metrics\.json.*no space left on the device"):
+        pr.predict_to_file(fit, store, tmp_path / "pred.csv", runtime="simulated", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -101,4 +101,38 @@ def test_workers_drop_only_the_heartbeat_traceback_of_a_shutdown():
     with local_cluster(1, security=False) as handle:
         installed = handle.client.run(
             lambda: [type(f).__name__ for f in logging.getLogger("distributed.worker").filters])
-    assert list(installed.values()) == [["ShutdownHeartbeatFilter"]], installed
+    assert list(installed.values()) == [["ShutdownHeartbeatFilter", "OwnErrorFilter"]], installed
+
+
+def test_workers_drop_the_compute_failed_record_of_spatialfeds_own_errors_only():
+    """A damaged partition on Dask printed the worker's ~20-line "Compute Failed" record (the task's arguments and
+    a traceback) beside the fit's one line naming the same cause; a failure that is not a SpatialFedError (a bug)
+    keeps it."""
+    import logging
+
+    from spatialfed.runtime.worker_logs import OwnErrorFilter
+
+    def compute_failed(exception_text):  # distributed.worker's record: (key, state, task, exception, traceback)
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
+                                 "Compute Failed\nKey:       %s\nState:     %s\nTask:  %s\nException: %r\n"
+                                 "Traceback: %r\n", ("load-w1-5aa7e8", "executing", "<Task ...>", exception_text,
+                                                      "  File ..."), None)
+
+    keep = OwnErrorFilter().filter
+    assert not keep(compute_failed("StoreError('/s.zarr: cannot read partition workers/1')"))
+    assert not keep(compute_failed("WorkerTaskError('x')"))
+    assert keep(compute_failed("ZeroDivisionError('division by zero')"))
+    assert keep(logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, "StoreError(x)", None, None))
+
+
+@pytest.mark.parametrize(("n", "sites", "cores", "message"), [
+    (1000, 4, 2, r"1000 is more than the store's 4 sites: each Dask worker process serves at least one site; give at "
+                 r"most 4"),
+    (12, 40, 2, r"12 is more than 4 processes per core on this machine's 2 usable cores; give at most 8"),
+])
+def test_embedded_worker_processes_are_bounded_by_sites_and_cores(n, sites, cores, message):
+    from spatialfed.runtime.factory import check_worker_count
+
+    with pytest.raises(ValueError, match=message):
+        check_worker_count(n, sites, cores)
+    check_worker_count(min(sites, 4 * cores), sites, cores)  # the bounds themselves are allowed
