@@ -1,7 +1,7 @@
 """The dense residual of the `full` structure and the diagonal ones of `mpp`/`pp` (Remark 3), unit variance: W = σ²W̃.
 
 The `full` residual's n_j × n_j work is done in column blocks of the lower triangle (distances and correlations are
-recomputed from the locations when needed, never stored), in place where LAPACK allows (issue 14). Functions take
+recomputed from the locations when needed, never stored), in place where LAPACK allows. Functions take
 the worker's LocalModel `lm` (its locations, kernel and residual name) and a KnotBasis `kb`.
 """
 

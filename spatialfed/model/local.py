@@ -5,7 +5,7 @@ B = ρ_js ρ_K⁻¹ (model/basis.py); the residual part of R_j is W = σ² W̃(�
 `full` and diagonal for `mpp`/`pp` (model/dense.py). The block scheme's theta step is model/theta.py, the
 statistics of SPEC §2b model/stats.py, the kriging pieces model/kriging.py; this class holds the data and the caches.
 
-Memory (issue 14): between requests a worker keeps only its data, the knots and, for the latest (δ, θ), the whitened
+Memory: between requests a worker keeps only its data, the knots and, for the latest (δ, θ), the whitened
 L⁻¹[B, X, z] with log det R (O(n_j(m + p)) numbers); no n_j × n_j matrix and no knot basis outlive a request,
 except one factorisation kept for prediction (`residual_kriging`). A theta step of the full residual holds at most
 three n_j × n_j arrays at once (R⁻¹, σ²∂W̃/∂log β and their product), an R_j factorisation one. The price: the theta

@@ -1,4 +1,4 @@
-"""Federated prediction from a fitted low-rank model (issue 5): the server's low-rank part plus the owners' residuals.
+"""Federated prediction from a fitted low-rank model: the server's low-rank part plus the owners' residuals.
 
 y(s₀) = x₀ᵀγ + b₀ᵀη + w̃(s₀) with η | z ~ N(μ, Σ) (the optimum of Eq. 5 is the exact posterior of η). Worker j
 holds the only data correlated with w̃(s₀) for the points it owns, so

@@ -1,4 +1,4 @@
-"""Prediction maps (issue 5): a grid over the domain, GeoTIFF and NetCDF rasters of mean and sd, a GeoPackage, a PNG.
+"""Prediction maps: a grid over the domain, GeoTIFF and NetCDF rasters of mean and sd, a GeoPackage, a PNG.
 
 `make_map` predicts at the centres of the square cells of `geometry.prediction_grid` inside the domain (federated, as
 in `prediction.predict_at`) and writes into the output directory:

@@ -77,7 +77,7 @@ def table(rows: dict) -> str:
 
 
 def seam_ratio(values, owner) -> float:
-    """Seam statistic of a map (issue 30): the mean |Δ value| of adjacent cells (4-neighbours) owned by different
+    """Seam statistic of a map: the mean |Δ value| of adjacent cells (4-neighbours) owned by different
     sites over that of adjacent cells owned by the same site. `values` and `owner` are rasters of one shape; cells
     with a non-finite value or owner, or a negative owner, are not cells of the map. 1 means the boundaries between
     the owners' regions are invisible in the values; NaN if either kind of pair is missing or the within-site

@@ -1,4 +1,4 @@
-"""Federated prediction from a fit directory (issue 5): the low-rank part on the server, the residual part by the owner.
+"""Federated prediction from a fit directory: the low-rank part on the server, the residual part by the owner.
 
 For prediction locations s₀ (with covariates x₀) and a fitted low-rank model (SPEC §1; maths in
 `spatialfed.model.predict`):
@@ -24,7 +24,7 @@ Predictors (`PREDICTORS`):
 Runtimes: `dask` runs every worker's part in a task on the Dask worker that loads and keeps partition j (the fit's
 partition executor, `runtime.site`); `simulated` loads the partitions in this process (small data, tests).
 
-**Scale (issue 14).** Locations are predicted in batches (`predict_batches`): every site call sees one batch, so a
+**Scale.** Locations are predicted in batches (`predict_batches`): every site call sees one batch, so a
 worker builds at most batch × n_j cross-covariances and the server batch × m matrices — never an n₀ × n₀ or
 n₀ × n_j one. `batch_size` picks the batch from the largest site (about 4·10⁶ entries per matrix, 32 MB). The
 predict command streams each finished batch to a staged temporary file (`tables.stream_table`, renamed into place

@@ -1,4 +1,4 @@
-"""Seamless federated prediction (issue 30): the sites' residual predictions blended by a partition of unity.
+"""Seamless federated prediction: the sites' residual predictions blended by a partition of unity.
 
 The owner predictor (`prediction._predict_block`, predictor `lowrank`) kriges the residual w̃(s₀) from the one site
 holding the nearest observation; residuals of different sites are independent in the model, so the mapped surface

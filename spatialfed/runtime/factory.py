@@ -8,7 +8,7 @@ cluster (`jobqueue`), or an embedded LocalCluster on 127.0.0.1 with min(sites, u
 started it closes on exit. "simulated" runs every site in this process on a virtual clock (for experiments and small
 data, not for private data).
 
-"auto" (the estimator's and the commands' default, issue 14) picks one of the two for the job (`choose_runtime`):
+"auto" (the estimator's and the commands' default) picks one of the two for the job (`choose_runtime`):
 the in-process runtime when the job is small — total observations × knots ≤ AUTO_THRESHOLD (knots count as 100 for
 the no-knot methods) — and nothing asks for Dask (a client, scheduler, batch system, TLS, the live page,
 dropping failed workers, a Dask worker count, emulated heterogeneity or delays); Dask otherwise. Checkpoints work on
