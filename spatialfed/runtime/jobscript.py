@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS
+from spatialfed.runtime.walltime import with_lifetime
 
 PLACEHOLDER_ADDRESS = "tcp://<insert-scheduler-address-here>:8786"
 
@@ -116,7 +117,7 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
                     **job_kwargs) -> dict:
     """Keyword arguments of the dask-jobqueue cluster / job class for `kind`, spatialfed's conventions
     (those of ``cluster.jobqueue_cluster``): BLAS single-threaded and glibc's malloc settings in the prologue,
-    account → ``-A`` / SGE ``-P``."""
+    account → ``-A`` / SGE ``-P``, workers retiring before the walltime (runtime.walltime)."""
     kind = check_kind(kind)
     cores, processes = int(cores), int(processes)
     if cores < 1 or processes < 1 or processes > cores:
@@ -132,7 +133,7 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
         kw["account" if kind in ("slurm", "pbs") else "project"] = str(account)
     if interface is not None:
         kw["interface"] = interface
-    return kw
+    return with_lifetime(kw, walltime)
 
 
 def job_class(kind: str):

@@ -1,0 +1,64 @@
+"""The batch-job path on a real SLURM (the local one of .ci/slurm-up; `slurm` fixture, conftest.py).
+
+dask-jobqueue's SLURMCluster submits the Dask workers with sbatch; they connect back to the scheduler on 127.0.0.1.
+Workers retire before their walltime and the adaptive cluster submits their replacements (runtime.walltime).
+"""
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from spatialfed.runtime.walltime import lifetime
+
+
+def job_settings(tmp_path, **extra):
+    return {"kind": "slurm", "jobs": 1, "cores": 1, "memory": "1GB", "walltime": "00:05:00",
+            "shared_temp_directory": str(tmp_path), "wait_for_workers": 120, **extra}
+
+
+def test_a_tls_fit_runs_in_slurm_batch_jobs_and_cancels_them(slurm, store, tmp_path):
+    """A TLS fit whose Dask worker is a batch job: the estimate of the in-process fit, the submitted script starts
+    the worker with TLS (certificate files in the given shared_temp_directory) and a lifetime short of the walltime,
+    and no job is left when the fit returns."""
+    from spatialfed.api import FederatedGP
+
+    before = slurm.last_job_id()
+    gp = FederatedGP(mode="sync", knots=9, max_iter=3, tls=True, progress=False, runtime="dask",
+                     jobqueue=job_settings(tmp_path)).fit(store)
+    ref = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, runtime="simulated").fit(store)
+    assert gp.scheduler_address_.startswith("tls://127.0.0.1:")
+    assert gp.loglik_ == pytest.approx(ref.loglik_, rel=1e-10)
+    np.testing.assert_allclose(gp.gamma_, ref.gamma_, rtol=1e-8)
+    ran = slurm.jobs(after=before, name="dask-worker")
+    assert ran and all(j.state in ("CANCELLED", "COMPLETED") for j in ran), ran  # closed with the fit
+    script = subprocess.run(["scontrol", "write", "batch_script", str(ran[0].id), "-"], capture_output=True,
+                            text=True, check=True).stdout
+    seconds, stagger = lifetime("00:05:00")
+    assert f"--lifetime {seconds:g}s --lifetime-stagger {stagger:g}s" in script
+    assert "tls://127.0.0.1:" in script and f"--tls-key {tmp_path}/" in script  # its shared_temp_directory
+
+
+@pytest.mark.slow
+def test_a_worker_retires_before_its_walltime_and_a_new_job_replaces_it(slurm, tmp_path):
+    """walltime 20 s: the worker leaves at 10 ± 5 s on its own (its job COMPLETED, not TIMEOUT) and the cluster
+    submits a job whose worker joins in its place."""
+    import time
+
+    import dask
+
+    from spatialfed.runtime.cluster import jobqueue_cluster
+
+    before = slurm.last_job_id()
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}):  # replace at once (default 15 s)
+        with jobqueue_cluster("slurm", **{k: v for k, v in job_settings(tmp_path, walltime="00:00:20").items()
+                                          if k != "kind"}) as handle:
+            first = set(handle.worker_addresses())
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not (set(handle.worker_addresses()) - first):
+                time.sleep(0.5)
+            joined = set(handle.worker_addresses()) - first
+            assert first and joined, "no replacement worker joined within 90 s"
+            ran = slurm.jobs(after=before, name="dask-worker")
+            assert ran[0].state == "COMPLETED", ran  # it retired: SLURM did not have to end it
+            assert slurm.generations(ran) >= 2, ran
