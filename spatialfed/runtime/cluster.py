@@ -361,6 +361,7 @@ def jobqueue_cluster(
         kw["interface"] = interface
     else:
         kw["scheduler_options"] = {"host": host, "dashboard_address": f"{host}:0"}
+        kw = on_loopback(kw, host)
     if security is not None:
         kw["security"] = security
         kw.setdefault("protocol", "tls://")
@@ -377,6 +378,14 @@ def jobqueue_cluster(
         cluster.close()
         raise
     return ClusterHandle(client=client, cluster=cluster, owns_cluster=True, worker_wait_s=float(queue_wait))
+
+
+def on_loopback(job_kwargs: dict, host: str | None) -> dict:
+    """`job_kwargs` with ``--host HOST`` for the workers when the scheduler's `host` is a loopback address: such
+    jobs run on this machine, and their workers then listen on loopback too, not on every interface."""
+    if host not in LOOPBACK:
+        return job_kwargs
+    return {**job_kwargs, "worker_extra_args": [*(job_kwargs.get("worker_extra_args") or []), "--host", host]}
 
 
 def import_dask_jobqueue():

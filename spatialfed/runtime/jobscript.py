@@ -20,8 +20,9 @@ section per batch system (``slurm: {queue: short}``) that overrides the flat key
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS
+from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS, on_loopback
 from spatialfed.runtime.walltime import with_lifetime
 
 PLACEHOLDER_ADDRESS = "tcp://<insert-scheduler-address-here>:8786"
@@ -157,6 +158,8 @@ def job_script(kind: str, *, config=None, scheduler_address: str | None = None, 
     for key in SUBMISSION_KEYS:
         settings.pop(key, None)
     kw = jobqueue_kwargs(kind, **settings)
+    if scheduler_address and "interface" not in kw:  # as jobqueue_cluster: workers of a loopback scheduler
+        kw = on_loopback(kw, urlsplit(scheduler_address).hostname)
     cls = job_class(kind)
     try:
         placeholder = PLACEHOLDER_ADDRESS

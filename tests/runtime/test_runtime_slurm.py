@@ -29,7 +29,8 @@ def test_a_tls_fit_runs_in_slurm_batch_jobs_and_cancels_them(slurm, store, tmp_p
     ref = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, runtime="simulated").fit(store)
     assert gp.scheduler_address_.startswith("tls://127.0.0.1:")
     assert gp.loglik_ == pytest.approx(ref.loglik_, rel=1e-10)
-    np.testing.assert_allclose(gp.gamma_, ref.gamma_, rtol=1e-8)
+    np.testing.assert_allclose(gp.params_["gamma"], ref.params_["gamma"], rtol=1e-8)
+    assert all(a.startswith("tls://127.0.0.1:") for a in gp.assignment_)  # the workers listen on loopback only
     ran = slurm.jobs(after=before, name="dask-worker")
     assert ran and all(j.state in ("CANCELLED", "COMPLETED") for j in ran), ran  # closed with the fit
     script = subprocess.run(["scontrol", "write", "batch_script", str(ran[0].id), "-"], capture_output=True,
@@ -62,3 +63,23 @@ def test_a_worker_retires_before_its_walltime_and_a_new_job_replaces_it(slurm, t
             ran = slurm.jobs(after=before, name="dask-worker")
             assert ran[0].state == "COMPLETED", ran  # it retired: SLURM did not have to end it
             assert slurm.generations(ran) >= 2, ran
+
+
+@pytest.mark.slow
+def test_a_fit_of_several_walltimes_finishes_by_itself_on_the_uninterrupted_estimate(slurm, tmp_path):
+    """20 s jobs (workers retire at 10 ± 5 s) under a synchronous fit of about a minute: the cluster replaces the
+    jobs, the sites move to the new workers, and the fit ends where the uninterrupted in-process fit does."""
+    from spatialfed.api import FederatedGP
+    from spatialfed.data.simulate import simulate_store
+
+    store = tmp_path / "s.zarr"
+    simulate_store(store, 4, 900, test_size=0, seed=1)
+    settings = dict(mode="sync", tol=1e-8, progress=False)
+    before = slurm.last_job_id()
+    gp = FederatedGP(**settings, slowdown=[10] * 4, runtime="dask",
+                     jobqueue={**job_settings(tmp_path, walltime="00:00:20"), "jobs": 2}).fit(store)
+    ref = FederatedGP(**settings, runtime="simulated").fit(store)
+    ran = slurm.jobs(after=before, name="dask-worker")
+    assert slurm.generations(ran) >= 2, ran
+    assert gp.converged_ and gp.n_iter_ == ref.n_iter_
+    assert abs(gp.loglik_ - ref.loglik_) <= 1e-9
