@@ -42,11 +42,12 @@ def test_a_tls_fit_runs_in_slurm_batch_jobs_and_cancels_them(slurm, store, tmp_p
 
 @pytest.mark.slow
 def test_a_worker_retires_before_its_walltime_and_a_new_job_replaces_it(slurm, tmp_path):
-    """walltime 20 s: the worker leaves at 10 ± 5 s on its own (its job COMPLETED, not TIMEOUT) and the cluster
-    submits a job whose worker joins in its place."""
+    """walltime 20 s: the worker leaves at 10 ± 5 s on its own (its job ends before the walltime, not TIMEOUT) and
+    the cluster submits a job whose worker joins in its place."""
     import time
 
     import dask
+    import distributed  # noqa: F401 - its defaults loaded first: the context below must restore, not drop, them
 
     from spatialfed.runtime.cluster import jobqueue_cluster
 
@@ -61,7 +62,8 @@ def test_a_worker_retires_before_its_walltime_and_a_new_job_replaces_it(slurm, t
             joined = set(handle.worker_addresses()) - first
             assert first and joined, "no replacement worker joined within 90 s"
             ran = slurm.jobs(after=before, name="dask-worker")
-            assert ran[0].state == "COMPLETED", ran  # it retired: SLURM did not have to end it
+            gone = ran[0]  # it retired and its job ended (or was cancelled) before SLURM had to end it
+            assert gone.state in ("COMPLETED", "CANCELLED") and (gone.end - gone.start).total_seconds() < 20, ran
             assert slurm.generations(ran) >= 2, ran
 
 
