@@ -727,6 +727,8 @@ CLI_CASES = [
      r"file\.txt/out: .*file\.txt is a file, not a directory", None),
     # other commands
     ("cluster-script-unknown-system", ["cluster-script", "lsf"], r"unknown batch system 'lsf'", None),
+    ("cluster-script-bad-walltime", ["cluster-script", "slurm", "--walltime", "2h"],
+     r"walltime must be \[D-\]HH:MM:SS, MM:SS or minutes, got '2h'", None),
     ("demo-out-exists", ["demo", "--out", "{T}/out"],
      r"out already exists; choose another path or pass --overwrite to replace it", "out_dir"),
     ("pilot-clip-out-exists", ["pilot-clip", "{S}", "--out", "{T}/out"],
