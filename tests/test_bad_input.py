@@ -553,6 +553,8 @@ CLI_CASES = [
      r"checkpoint_every must be a positive integer", None),
     ("fit-dask-workers-0", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--dask-workers", "0"],
      r"--dask-workers must be a positive integer, got 0", None),
+    ("fit-queue-wait-zero", ["fit", "{S}", "--out", "{T}/out", "--jobqueue", "slurm", "--queue-wait", "0"],
+     r"--queue-wait must be a positive number of seconds, got 0", None),
     ("fit-scheduler-and-jobqueue", ["fit", "{S}", "--out", "{T}/out", "--scheduler", "tcp://127.0.0.1:1",
                                     "--jobqueue", "slurm"], r"give either --scheduler or --jobqueue", None),
     ("fit-simulated-with-scheduler", ["fit", "{S}", "--out", "{T}/out", *FIT, "--scheduler", "tcp://127.0.0.1:1"],

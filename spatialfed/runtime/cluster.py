@@ -373,7 +373,13 @@ def jobqueue_cluster(
             keep_jobs(cluster, jobs)  # ... and are replaced
         client = Client(cluster, direct_to_workers=True, **({} if security is None else {"security": security}))
         if wait_for_workers:
-            client.wait_for_workers(1, timeout=wait_for_workers)
+            try:
+                client.wait_for_workers(1, timeout=wait_for_workers)
+            except TimeoutError:
+                raise TimeoutError(f"no batch job started a Dask worker within {wait_for_workers:g} s (`squeue` shows "
+                                   f"why the jobs wait); give the queue longer with "
+                                   f"{option('wait_for_workers=SECONDS', '--queue-wait SECONDS')} or ask for less "
+                                   f"(cores, memory, walltime)") from None
     except BaseException:
         cluster.close()
         raise

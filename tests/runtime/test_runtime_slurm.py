@@ -85,3 +85,33 @@ def test_a_fit_of_several_walltimes_finishes_by_itself_on_the_uninterrupted_esti
     assert slurm.generations(ran) >= 2, ran
     assert gp.converged_ and gp.n_iter_ == ref.n_iter_
     assert abs(gp.loglik_ - ref.loglik_) <= 1e-9
+
+
+@pytest.mark.slow
+def test_a_queue_that_gives_no_replacement_within_the_queue_wait_stops_the_fit_with_its_checkpoint(slurm, tmp_path):
+    """The first job starts; every later one sleeps in its prologue before starting a worker (a queue that gives
+    nothing more): once the first worker has retired, the fit waits --queue-wait seconds, then stops with one line
+    naming the checkpoint, and leaves no job behind."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import spatialfed
+    from spatialfed.data.simulate import simulate_store
+
+    simulate_store(tmp_path / "s.zarr", 4, 900, test_size=0, seed=1)
+    flag = tmp_path / "first"
+    (tmp_path / "once.yaml").write_text(
+        f'job_script_prologue: ["if [ -e {flag} ]; then sleep 3600; fi; touch {flag}"]\n')
+    before = slurm.last_job_id()
+    env = {**os.environ, "PYTHONPATH": str(Path(spatialfed.__file__).parents[1])}  # this checkout's spatialfed
+    done = subprocess.run([sys.executable, "-m", "spatialfed", "fit", "s.zarr", "--out", "f", "--mode",
+                           "sync", "--slowdown", "30,30,30,30", "--jobqueue", "slurm", "--walltime", "00:00:20",
+                           "--queue-wait", "20", "--jobqueue-config", "once.yaml", "--quiet"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "every Dask worker left the cluster" in last and "none joined within 20 s" in last, done.stderr
+    assert "spatialfed fit --resume f" in last and (tmp_path / "f" / "checkpoint.pkl").exists()
+    ran = slurm.jobs(after=before, name="dask-worker")
+    assert len(ran) >= 2 and not [j for j in ran if j.state in ("PENDING", "RUNNING")], ran
