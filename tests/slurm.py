@@ -2,7 +2,7 @@
 
 `why_not()` is None when SLURM takes jobs here; the `slurm` fixture (conftest.py) skips a test with that reason, or
 fails it when SPATIALFED_REQUIRE_SLURM=1 (.ci/run sets it: CI requires the batch-job path to be tested for real).
-Finished jobs stay in `squeue -t all` for an hour (MinJobAge in .ci/slurm-up's slurm.conf).
+The job history helpers (`jobs`, `generations`, `last_job_id`) are benchmarks/slurm_jobs.py's.
 """
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
-from datetime import datetime
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from slurm_jobs import Job, generations, jobs, last_job_id  # noqa: E402,F401 - the run's jobs, for the tests
 
 REQUIRED = os.environ.get("SPATIALFED_REQUIRE_SLURM") == "1"
 TAKING_JOBS = ("idle", "mix", "alloc", "completing")
@@ -30,46 +33,3 @@ def why_not() -> str | None:
         said = done.stdout.strip() or done.stderr.strip() or "no node"
         return f"SLURM has no node taking jobs (sinfo: {said}); start it with .ci/slurm-up"
     return None
-
-
-@dataclass(frozen=True)
-class Job:
-    id: int
-    name: str
-    state: str
-    start: datetime | None
-    end: datetime | None
-
-
-def _time(text: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:  # "N/A", "Unknown": not started / not ended
-        return None
-
-
-def last_job_id() -> int:
-    """The highest job id SLURM lists (0 when none): jobs of a run are those after it."""
-    return max((j.id for j in jobs()), default=0)
-
-
-def jobs(after: int = 0, name: str | None = None) -> list[Job]:
-    """Jobs with id > `after` (and this `name`), in id order, finished ones included."""
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%S|%e"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    found = []
-    for line in out.splitlines():
-        i, n, state, start, end = line.strip().split("|")
-        if int(i) > after and (name is None or n == name):
-            found.append(Job(int(i), n, state, _time(start), _time(end)))
-    return sorted(found, key=lambda j: j.id)
-
-
-def generations(found: list[Job]) -> int:
-    """How many generations of jobs ran one after another: a job that started after another ended is of the next
-    generation (1 + the largest generation of those that ended before it started); 0 without started jobs."""
-    gen: dict[int, int] = {}
-    for job in sorted((j for j in found if j.start is not None), key=lambda j: j.start):
-        before = [gen[o.id] for o in found if o.id in gen and o.end is not None and o.end <= job.start]
-        gen[job.id] = 1 + max(before, default=0)
-    return max(gen.values(), default=0)

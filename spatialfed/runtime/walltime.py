@@ -4,8 +4,9 @@ A batch job ends at its walltime, and its Dask worker with it. So that a fit may
 
 - each worker is started with ``--lifetime L --lifetime-stagger S`` (distributed's worker options,
   dask-jobqueue's advice for walltimes): it retires gracefully between L − S and L + S seconds after it started,
-  before the batch system kills it. L = W − margin and S = margin/2, margin = W/10 held to [10 s, 10 min] (and to W/2), so every
-  worker leaves between 1.5 and 0.5 margins before the walltime W, the workers of one generation spread over a margin;
+  before the batch system kills it. L = W − margin and S = margin/2, margin = W/10 held to [10 s, 10 min] and to at
+  most W/2, so every worker leaves between 1.5 and 0.5 margins before the walltime W, the workers of one generation
+  spread over a margin;
 - the cluster is adaptive with ``minimum_jobs = maximum_jobs = jobs``: a job whose worker retired (or that ended
   otherwise) is replaced by a new submission (`keep_jobs`);
 - the Dask runtime moves a departed worker's sites to the live workers (they reload their partitions from the store)

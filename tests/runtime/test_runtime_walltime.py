@@ -36,3 +36,24 @@ def test_the_lifetime_goes_to_the_worker_command_and_a_users_own_wins():
     own = {"worker_extra_args": ["--lifetime=20m"]}
     assert with_lifetime(own, "00:30:00") == own
     assert with_lifetime({"cores": 1}, None) == {"cores": 1}
+
+
+def test_generations_of_jobs_count_the_jobs_that_started_after_others_ended():
+    import sys
+    from datetime import datetime, timedelta
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from slurm_jobs import Job, generations
+
+    t0 = datetime(2026, 1, 1)
+
+    def job(i, start, end):
+        return Job(i, "dask-worker", "COMPLETED", t0 + timedelta(seconds=start),
+                   None if end is None else t0 + timedelta(seconds=end))
+
+    first = [job(1, 0, 60), job(2, 0, 58)]
+    assert generations(first) == 1
+    assert generations([*first, job(3, 59, 120), job(4, 61, None)]) == 2  # 3 follows job 2, 4 follows both
+    assert generations([*first, job(3, 59, 120), job(5, 121, None)]) == 3
+    assert generations([Job(6, "dask-worker", "PENDING", None, None)]) == 0
