@@ -14,7 +14,8 @@ from spatialfed.runtime.walltime import lifetime
 
 def job_settings(tmp_path, **extra):
     return {"kind": "slurm", "jobs": 1, "cores": 1, "memory": "1GB", "walltime": "00:05:00",
-            "shared_temp_directory": str(tmp_path), "wait_for_workers": 120, **extra}
+            "shared_temp_directory": str(tmp_path), "log_directory": str(tmp_path),  # not the checkout
+            "wait_for_workers": 120, **extra}
 
 
 def test_a_tls_fit_runs_in_slurm_batch_jobs_and_cancels_them(slurm, store, tmp_path):
