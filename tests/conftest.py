@@ -60,3 +60,16 @@ def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "sim.zarr"
     simulate_store(path, 3, 60, test_size=0, seed=4)
     return path
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The local SLURM (tests/slurm.py): skips without one, fails without one when SPATIALFED_REQUIRE_SLURM=1."""
+    import slurm as local_slurm
+
+    why = local_slurm.why_not()
+    if why is not None:
+        if local_slurm.REQUIRED:
+            pytest.fail(f"SLURM is required here (SPATIALFED_REQUIRE_SLURM=1) but {why}")
+        pytest.skip(why)
+    return local_slurm

@@ -562,6 +562,8 @@ CLI_CASES = [
     ("fit-plain-tcp-off-this-machine", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--scheduler",
                                         "tcp://0.0.0.0:1"],
      r"the scheduler tcp://0.0.0.0:1 is plain TCP on 0.0.0.0, not this machine.*--insecure", None),
+    ("fit-queue-wait-zero", ["fit", "{S}", "--out", "{T}/out", "--jobqueue", "slurm", "--queue-wait", "0"],
+     r"--queue-wait must be a positive number of seconds, got 0", None),
     ("fit-scheduler-and-jobqueue", ["fit", "{S}", "--out", "{T}/out", "--scheduler", "tcp://127.0.0.1:1",
                                     "--jobqueue", "slurm"], r"give either --scheduler or --jobqueue", None),
     ("fit-simulated-with-scheduler", ["fit", "{S}", "--out", "{T}/out", *FIT, "--scheduler", "tcp://127.0.0.1:1"],
@@ -736,6 +738,8 @@ CLI_CASES = [
      r"file\.txt/out: .*file\.txt is a file, not a directory", None),
     # other commands
     ("cluster-script-unknown-system", ["cluster-script", "lsf"], r"unknown batch system 'lsf'", None),
+    ("cluster-script-bad-walltime", ["cluster-script", "slurm", "--walltime", "2h"],
+     r"walltime must be \[D-\]HH:MM:SS, MM:SS or minutes, got '2h'", None),
     ("demo-out-exists", ["demo", "--out", "{T}/out"],
      r"out already exists; choose another path or pass --overwrite to replace it", "out_dir"),
     ("pilot-clip-out-exists", ["pilot-clip", "{S}", "--out", "{T}/out"],

@@ -18,6 +18,8 @@ Markers — an HTML comment on a line of its own right before the fence (several
 - ``<!-- docs-test: skip (REASON) -->``: not run, REASON required (needs a SLURM cluster, a remote address,
   ``pip install``); keep these few.
 - ``<!-- docs-test: slow -->``: a long block, run under ``pytest -m slow`` only.
+- ``<!-- docs-test: slurm -->``: submits batch jobs: runs against the local SLURM (.ci/slurm-up, tests/slurm.py);
+  skipped with the reason where none runs, a failure then when SPATIALFED_REQUIRE_SLURM=1 (as CI sets it).
 - ``<!-- docs-test: synopsis (REASON) -->``: an API synopsis (signatures with ``->``, alternatives with ``|``: not a
   program): only its import lines run, so every module and name it documents must exist.
 - ``<!-- docs-test: file NAME -->``: on a block of any language (e.g. yaml): its text is written to NAME in the
@@ -37,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+import slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -146,8 +150,8 @@ class Workspace:
         """Run block b here; None when it succeeded, else the failure (command, exit status, output tail)."""
         if "file" in b.markers:
             (self.dir / b.markers["file"]).write_text(b.text, encoding="utf-8")
-        if b.kind is None or "skip" in b.markers:
-            return None
+        if b.kind is None or "skip" in b.markers or ("slurm" in b.markers and slurm.why_not() is not None):
+            return None  # (a SLURM block's own test skips or fails with the reason)
         if b.kind == "python":
             script = self.dir / f"block_{b.line}.py"
             script.write_text(import_lines(b.text) if "synopsis" in b.markers else b.text, encoding="utf-8")
@@ -194,7 +198,8 @@ def test_blocks_are_found():
 
 @pytest.mark.parametrize("b", [pytest.param(b, id=b.id) for b in ALL if b.markers])
 def test_markers_are_known_and_give_their_reason(b):
-    assert set(b.markers) <= {"skip", "slow", "synopsis", "file"}, f"{b.id}: unknown docs-test marker {b.markers}"
+    assert set(b.markers) <= {"skip", "slow", "slurm", "synopsis", "file"}, \
+        f"{b.id}: unknown docs-test marker {b.markers}"
     for kind in ("skip", "synopsis"):
         if kind in b.markers:
             assert reason(b.markers[kind]), f"{b.id}: write the reason: <!-- docs-test: {kind} (why) -->"
@@ -203,13 +208,15 @@ def test_markers_are_known_and_give_their_reason(b):
     if "synopsis" in b.markers:
         assert b.kind == "python" and import_lines(b.text).strip(), f"{b.id}: a synopsis is Python with imports"
     if b.kind is None:
-        assert set(b.markers) <= {"file"}, f"{b.id}: only runnable blocks take skip/slow/synopsis markers"
+        assert set(b.markers) <= {"file"}, f"{b.id}: only runnable blocks take skip/slow/slurm/synopsis markers"
 
 
 @pytest.mark.parametrize("b", [_param(b) for b in RUNNABLE])
-def test_block_runs_as_written(b, workspaces):
+def test_block_runs_as_written(b, workspaces, request):
     if "skip" in b.markers:
         pytest.skip(reason(b.markers["skip"]))
+    if "slurm" in b.markers:
+        request.getfixturevalue("slurm")  # skips without SLURM, fails so when it is required
     ws = workspaces(b.doc)
     # earlier blocks write what later ones read; a synopsis only imports, so it is nobody's prerequisite
     earlier = [e for e in ALL if e.doc == b.doc and e.line < b.line and "synopsis" not in e.markers]

@@ -31,25 +31,6 @@ def test_tls_settings_are_checked(tmp_path):
         FederatedGP(tls=str(tmp_path / "none"))._security()
 
 
-def test_jobqueue_cluster_passes_security(monkeypatch):
-    import dask_jobqueue
-
-    from spatialfed.runtime import cluster
-
-    seen = {}
-
-    class Fake:
-        def __init__(self, **kw):
-            seen.update(kw)
-            raise RuntimeError("stop here")
-
-    monkeypatch.setattr(dask_jobqueue, "SLURMCluster", Fake)
-    sec = object()
-    with pytest.raises(RuntimeError, match="stop here"):
-        cluster.make_cluster(jobqueue={"kind": "slurm", "shared_temp_directory": "/shared/me"}, security=sec)
-    assert seen["security"] is sec and seen["protocol"] == "tls://" and seen["shared_temp_directory"] == "/shared/me"
-
-
 def test_cli_tls_flags():
     import argparse
 

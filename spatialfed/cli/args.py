@@ -123,6 +123,9 @@ def add_jobqueue(p) -> None:
     jq.add_argument("--walltime", default=None, help="walltime per job (default 01:00:00)")
     jq.add_argument("--queue", default=None, help="queue / partition")
     jq.add_argument("--account", default=None, help="account / project to charge")
+    jq.add_argument("--queue-wait", type=float, default=None, metavar="SECONDS",
+                    help="how long to wait for the queue to start a job: the first one, and a replacement once every "
+                         "worker has left (default 600)")
     jq.add_argument("--scheduler-host", default="127.0.0.1",
                     help="address the jobqueue scheduler binds to (default 127.0.0.1; use one the compute nodes "
                          "can reach on a real cluster)")
@@ -133,10 +136,15 @@ def jobqueue_settings(args) -> dict | None:
     if not args.jobqueue:
         return None
     from spatialfed.runtime.jobscript import resolve_options
+    from spatialfed.runtime.walltime import QUEUE_WAIT_S
 
     options = resolve_options(args.jobqueue, config=args.jobqueue_config,
                               **{name: getattr(args, name) for name in JOBQUEUE_OPTIONS})
-    return {"kind": args.jobqueue, **options, "host": args.scheduler_host, "wait_for_workers": 600}
+    wait = QUEUE_WAIT_S if args.queue_wait is None else args.queue_wait
+    if not wait > 0:  # also nan
+        raise ValueError(f"--queue-wait must be a positive number of seconds, got {args.queue_wait:g}")
+    return {"kind": args.jobqueue, **options, "host": args.scheduler_host, "wait_for_workers": wait,
+            "queue_wait": wait}
 
 
 def add_quiet(p) -> None:

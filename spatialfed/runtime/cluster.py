@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spatialfed.errors import SpatialFedError, option
+from spatialfed.runtime.walltime import QUEUE_WAIT_S, keep_jobs, with_lifetime
 
 #: worker environment: one BLAS/OpenMP thread per task, so J concurrent tasks do not oversubscribe the cores
 SINGLE_THREAD_ENV = {
@@ -106,6 +107,7 @@ class ClusterHandle:
     client: object
     cluster: object | None = None
     owns_cluster: bool = False
+    worker_wait_s: float | None = None  # how long the fit waits for a replacement once every worker left
 
     def __post_init__(self):
         # before any loss: the batched stream logs its closed comm the moment the scheduler dies, before the fit
@@ -323,6 +325,7 @@ def jobqueue_cluster(
     wait_for_workers: float | None = None,
     security=None,
     shared_temp_directory: str | None = None,
+    queue_wait: float = QUEUE_WAIT_S,
     **job_kwargs,
 ) -> ClusterHandle:
     """A dask-jobqueue cluster (``slurm`` | ``pbs`` | ``sge``) with ``jobs`` batch jobs of one worker process each.
@@ -332,6 +335,8 @@ def jobqueue_cluster(
     dask-jobqueue cluster class unchanged (e.g. ``job_extra_directives``, ``job_script_prologue``).
     ``security`` (TLS) and ``shared_temp_directory`` (where dask-jobqueue writes a temporary certificate's files
     for the jobs: on the shared filesystem, private to you) are passed to the cluster class and the client.
+    Workers retire before `walltime` and the cluster submits their replacements (runtime.walltime); a fit waits up to
+    `queue_wait` seconds for one once every worker has left.
     """
     kind = str(kind).lower()
     if kind not in JOBQUEUE_KINDS:
@@ -345,6 +350,7 @@ def jobqueue_cluster(
         job_script_prologue=[f"export {k}={v}" for k, v in JOB_ENV.items()],
     )
     kw.update(job_kwargs)  # e.g. processes, job_extra_directives from a YAML job configuration
+    kw = with_lifetime(kw, walltime)  # workers retire before the walltime ...
     if account is not None:
         kw["account" if kind in ("slurm", "pbs") else "project"] = account
     if security is None and (interface is not None or host not in LOOPBACK):
@@ -355,6 +361,7 @@ def jobqueue_cluster(
         kw["interface"] = interface
     else:
         kw["scheduler_options"] = {"host": host, "dashboard_address": f"{host}:0"}
+        kw = on_loopback(kw, host)
     if security is not None:
         kw["security"] = security
         kw.setdefault("protocol", "tls://")
@@ -363,14 +370,28 @@ def jobqueue_cluster(
     cluster = cls(**kw)
     try:
         if jobs:
-            cluster.scale(jobs=int(jobs))
+            keep_jobs(cluster, jobs)  # ... and are replaced
         client = Client(cluster, direct_to_workers=True, **({} if security is None else {"security": security}))
         if wait_for_workers:
-            client.wait_for_workers(1, timeout=wait_for_workers)
+            try:
+                client.wait_for_workers(1, timeout=wait_for_workers)
+            except TimeoutError:
+                raise TimeoutError(f"no batch job started a Dask worker within {wait_for_workers:g} s (`squeue` shows "
+                                   f"why the jobs wait); give the queue longer with "
+                                   f"{option('wait_for_workers=SECONDS', '--queue-wait SECONDS')} or ask for less "
+                                   f"(cores, memory, walltime)") from None
     except BaseException:
         cluster.close()
         raise
-    return ClusterHandle(client=client, cluster=cluster, owns_cluster=True)
+    return ClusterHandle(client=client, cluster=cluster, owns_cluster=True, worker_wait_s=float(queue_wait))
+
+
+def on_loopback(job_kwargs: dict, host: str | None) -> dict:
+    """`job_kwargs` with ``--host HOST`` for the workers when the scheduler's `host` is a loopback address: such
+    jobs run on this machine, and their workers then listen on loopback too, not on every interface."""
+    if host not in LOOPBACK:
+        return job_kwargs
+    return {**job_kwargs, "worker_extra_args": [*(job_kwargs.get("worker_extra_args") or []), "--host", host]}
 
 
 def import_dask_jobqueue():

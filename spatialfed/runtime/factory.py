@@ -117,6 +117,8 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
         handle = make_cluster(scheduler, n_workers=n, jobqueue=jobqueue, timeout=timeout, security=security,
                               insecure=insecure)
         client = handle.client
+        if handle.worker_wait_s is not None:  # a batch queue: replacements for retired workers take a while
+            options.setdefault("worker_wait_s", handle.worker_wait_s)
     try:
         yield DaskRuntime(client, slowdowns, **options)
     finally:

@@ -20,8 +20,10 @@ section per batch system (``slurm: {queue: short}``) that overrides the flat key
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS
+from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS, on_loopback
+from spatialfed.runtime.walltime import with_lifetime
 
 PLACEHOLDER_ADDRESS = "tcp://<insert-scheduler-address-here>:8786"
 
@@ -116,7 +118,7 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
                     **job_kwargs) -> dict:
     """Keyword arguments of the dask-jobqueue cluster / job class for `kind`, spatialfed's conventions
     (those of ``cluster.jobqueue_cluster``): BLAS single-threaded and glibc's malloc settings in the prologue,
-    account → ``-A`` / SGE ``-P``."""
+    account → ``-A`` / SGE ``-P``, workers retiring before the walltime (runtime.walltime)."""
     kind = check_kind(kind)
     cores, processes = int(cores), int(processes)
     if cores < 1 or processes < 1 or processes > cores:
@@ -132,7 +134,7 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
         kw["account" if kind in ("slurm", "pbs") else "project"] = str(account)
     if interface is not None:
         kw["interface"] = interface
-    return kw
+    return with_lifetime(kw, walltime)
 
 
 def job_class(kind: str):
@@ -156,6 +158,8 @@ def job_script(kind: str, *, config=None, scheduler_address: str | None = None, 
     for key in SUBMISSION_KEYS:
         settings.pop(key, None)
     kw = jobqueue_kwargs(kind, **settings)
+    if scheduler_address and "interface" not in kw:  # as jobqueue_cluster: workers of a loopback scheduler
+        kw = on_loopback(kw, urlsplit(scheduler_address).hostname)
     cls = job_class(kind)
     try:
         placeholder = PLACEHOLDER_ADDRESS
