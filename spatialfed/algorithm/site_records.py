@@ -38,6 +38,8 @@ class SiteRecords:
         self.stats: dict[int, dict] = {}
         self.epoch: dict[int, dict] = {}
         self.rounds: dict[str, dict] = {}
+        self.keys: dict[int, str] = {}  # site -> the u key of its latest statistics, and of its epoch answer:
+        self.epoch_keys: dict[int, str] = {}  # the sums `rounds` keeps (computed once per answer, not per site)
         self.earlier: dict[int, list[dict]] = {}
         self.secant: dict[int, dict] = {}
 
@@ -46,10 +48,11 @@ class SiteRecords:
         `live`: the u of tasks in flight."""
         previous = self.stats.get(j)
         self.stats[j] = {**xi, "t": int(t)}
+        self.keys[j] = stale.u_key(xi["u"])
         if epoch:
-            self.epoch[j] = self.stats[j]
+            self.epoch[j], self.epoch_keys[j] = self.stats[j], self.keys[j]
         self._keep_earlier(j, previous)
-        stale.remember(self.rounds, self.stats, j, list(live) + self._epoch_points())
+        stale.remember(self.rounds, self.stats, j, live, [*self.keys.values(), *self.epoch_keys.values()])
 
     def _keep_earlier(self, j: int, previous: dict | None) -> None:
         """Site j's two answers before its latest (its secant model is computed again when next asked for)."""
@@ -120,16 +123,12 @@ class SiteRecords:
         """A model is used this far from its u_j (taylor_radius; rounding allowed at a full step's end)."""
         return du <= self.policy.taylor_radius * (1 + 1e-9)
 
-    def _epoch_points(self) -> list:
-        """The u of every site's epoch answer: their sums in `rounds` are kept for the control variates."""
-        return [st["u"] for st in self.epoch.values()]
-
     def drop(self, j: int) -> None:
         """Forget site j (a lost worker); the sums at one u are rebuilt without it."""
-        for records in (self.stats, self.epoch, self.earlier, self.secant):
+        for records in (self.stats, self.epoch, self.earlier, self.secant, self.keys, self.epoch_keys):
             records.pop(j, None)
         for key, entry in list(self.rounds.items()):
             if j in entry["sites"]:
                 del self.rounds[key]
         for k in self.stats:
-            stale.remember(self.rounds, self.stats, k, self._epoch_points())
+            stale.remember(self.rounds, self.stats, k, [], [*self.keys.values(), *self.epoch_keys.values()])

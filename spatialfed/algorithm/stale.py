@@ -29,9 +29,10 @@ def u_key(u) -> str:
     return np.asarray(u, dtype=float).tobytes().hex()
 
 
-def remember(rounds: dict, stats: Mapping[int, dict], j: int, live: Iterable) -> None:
+def remember(rounds: dict, stats: Mapping[int, dict], j: int, live: Iterable, keys: Iterable[str] | None = None) -> None:
     """Add site j's latest statistics to the sum of the answers at its u; forget the sums at points that neither
-    a site's latest statistics nor the points in `live` (the u of tasks in flight) refer to."""
+    a site's latest statistics nor the points in `live` (the u of tasks in flight) refer to. `keys`: the u keys of
+    the statistics records, when the caller keeps them (else computed here: O(J) key computations per answer)."""
     st = stats[j]
     key = u_key(st["u"])
     entry = rounds.get(key)
@@ -40,7 +41,7 @@ def remember(rounds: dict, stats: Mapping[int, dict], j: int, live: Iterable) ->
     elif j not in entry["sites"]:
         entry["sum"] = sum_statistics([entry["sum"], st])
         entry["sites"].append(j)
-    keep = {u_key(v["u"]) for v in stats.values()} | {u_key(u) for u in live}
+    keep = (set(keys) if keys is not None else {u_key(v["u"]) for v in stats.values()}) | {u_key(u) for u in live}
     for stale in [k for k in rounds if k not in keep]:
         del rounds[stale]
 

@@ -95,6 +95,7 @@ class StatsServer(FederatedServer):
         self._step_costs: list[float] = []  # clock seconds of the last few calls that took a surrogate step (spent)
         self._dearest_call = 0.0  # clock seconds of the dearest call of the loop so far (spent)
         self._stepped = False  # the call in progress took a surrogate step
+        self._paced: dict[str, tuple] = {}  # what pacing predicted, with the state it read (_pace: O(J) once per change)
 
     @property
     def rounds(self) -> float:
@@ -121,6 +122,19 @@ class StatsServer(FederatedServer):
         cost = float(np.median(self._step_costs)) if self._step_costs else self._dearest_call
         if cost <= 0.0:
             return True
+        first = self._pace("first", now, lambda: self._first_due(now))
+        return first is None or now + cost <= first
+
+    def _pace(self, name: str, now: float, predict):
+        """A pacing prediction, computed again only once a task was sent or arrived, or the clock moved: the driver
+        asks every idle site in turn, and each prediction reads every owed site (O(J) each, O(J²) per answer)."""
+        key = (self.pacing.version, float(now), len(self._owed), id(self._epoch))
+        if self._paced.get(name, (None,))[0] != key:
+            self._paced[name] = (key, predict())
+        return self._paced[name][1]
+
+    def _first_due(self, now: float) -> float | None:
+        """When the first answer the epoch still owes is due (None: no round trip known)."""
         due = []
         for k in self._owed:  # in flight with the epoch's task: r after it left; busy elsewhere: 2r; idle: now + r
             r = self.pacing.round_trip(k, self.active, end=0)
@@ -128,7 +142,7 @@ class StatsServer(FederatedServer):
                 task = self._in_flight.get(k)
                 sent = self.pacing.sent_at.get(k, now) if task is not None else now
                 due.append(sent + (r if task is None or task is self._epoch else 2 * r))
-        return not due or now + cost <= min(due)
+        return min(due) if due else None
 
     def next_task(self, j: int, free: bool = True) -> Augmented | None:
         """Site j's next request: the φ₀ passes' from ℙ_j; in the loop the epoch's point until it answered there,
@@ -159,13 +173,16 @@ class StatsServer(FederatedServer):
             return None
         if not self._step_due() and self.records.answered_at(j, self._explore.params.u):
             return None  # nothing new to ask (no step due): not worth the pacing's O(J) look
-        busy = {k: k in self._in_flight and self._in_flight[k] is not self._epoch for k in self._owed}
-        due = self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
+        due = self._pace("due", self._last_now, self._epoch_due)
         if not self.pacing.may_work(j, self._last_now, due, self.active):
             return None
         if self._step_due() and self._idle_for_step(self._last_now):  # deferred while the processors were crowded
             self._surrogate_step(self._last_now)
         return None if self.records.answered_at(j, self._explore.params.u) else self._explore
+
+    def _epoch_due(self) -> float | None:
+        busy = {k: k in self._in_flight and self._in_flight[k] is not self._epoch for k in self._owed}
+        return self.pacing.epoch_due(self._owed, self.active, busy, self._last_now)
 
     def _receive(self, qs, now: float) -> None:
         for q in qs:
@@ -182,7 +199,7 @@ class StatsServer(FederatedServer):
             if j in self._obsolete or self.phase == Phase.DONE:
                 self._obsolete.discard(j)
                 continue
-            live = [task.params.u for task in self._in_flight.values()]
+            live = list({id(task.params): task.params.u for task in self._in_flight.values()}.values())
             at_epoch = j in self._owed and np.array_equal(q.xi["u"], self._epoch.params.u)
             self.records.answered(j, q.xi, q.t, live + ([self._epoch.params.u] if self._epoch else []), at_epoch)
             if at_epoch:

@@ -51,3 +51,24 @@ def test_a_site_takes_extra_work_only_if_it_can_answer_the_next_epoch_in_time(no
     pacing = timed({0: 1.0, 1: 4.0})
     assert pacing.may_work(0, now, 10.0, [0, 1]) is allowed
     assert pacing.may_work(0, now, None, [0, 1])  # nothing predicted: nothing held back
+
+
+def test_the_asynchronous_server_reads_each_round_trip_a_bounded_number_of_times_per_answer(monkeypatch):
+    """The driver asks every idle site for a task after each answer, and each ask reads pacing's predictions: they
+    are kept until a task is sent or arrives (StatsServer._pace, Pacing.slowest), so a J-site fit reads O(J) round
+    trips per answer, not O(J²) (at J = 200 the repeated reads were 0.4 of the server's CPU)."""
+    from support import simulate
+
+    from spatialfed.algorithm.config import FitConfig
+    from spatialfed.algorithm.stats_server import StatsServer
+    from spatialfed.runtime.virtual import run_virtual
+
+    models, knots, kernel = simulate(J=24, n=30, side=3, residual="pp", seed=5)
+    reads = []
+    original = Pacing.round_trip
+    monkeypatch.setattr(Pacing, "round_trip", lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=100, tol=1e-8))
+    done = run_virtual(models, knots, kernel, server=server, slowdowns=[1.0 + 0.5 * j for j in range(24)])
+    assert done.converged
+    per_answer = len(reads) / sum(done.answers) / len(models)  # 0.87 J per answer; 2.7 J when every ask recomputes
+    assert per_answer <= 1.5, per_answer
