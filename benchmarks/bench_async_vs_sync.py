@@ -223,7 +223,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
     from spatialfed.data.store import open_store
     from spatialfed.model.matern import Matern
     from spatialfed.runtime import site
-    from spatialfed.runtime.cluster import limit_blas_threads
+    from spatialfed.runtime.blas import limit_blas_threads
     from spatialfed.runtime.driver import drive
     from spatialfed.runtime.interface import Event
     from spatialfed.runtime.virtual import VirtualRuntime, message_bytes

@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from spatialfed.data.simulate import simulate_store
-    from spatialfed.runtime.cluster import limit_blas_threads, local_cluster
+    from spatialfed.runtime.blas import limit_blas_threads
+    from spatialfed.runtime.cluster import local_cluster
 
     J = args.workers
     handle = local_cluster(args.dask_workers) if args.runtime == "dask" else None

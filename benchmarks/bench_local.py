@@ -19,7 +19,7 @@ import numpy as np
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
-from spatialfed.runtime.cluster import limit_blas_threads
+from spatialfed.runtime.blas import limit_blas_threads
 
 
 def best_time(fn, repeats: int) -> float:

@@ -47,7 +47,7 @@ def per_site(n: int, m: int, residual: str, seed: int) -> list[dict]:
     from spatialfed.model.matern import Matern
     from spatialfed.model.params import Params
     from spatialfed.model.stats import site_statistics
-    from spatialfed.runtime.cluster import limit_blas_threads
+    from spatialfed.runtime.blas import limit_blas_threads
 
     rng = np.random.default_rng(seed)
     locs = rng.uniform(size=(n, 2))

@@ -188,7 +188,7 @@ def say(message: str) -> None:
 
 def _call(task: dict) -> list[dict]:
     """Run one task in a worker process (one BLAS thread; the task names its function)."""
-    from spatialfed.runtime.cluster import limit_blas_threads
+    from spatialfed.runtime.blas import limit_blas_threads
 
     fn = TASKS[task["fn"]]
     with limit_blas_threads(1):

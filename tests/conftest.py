@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from spatialfed.model.matern import Matern
-from spatialfed.runtime.cluster import limit_blas_threads
+from spatialfed.runtime.blas import limit_blas_threads
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -17,7 +17,7 @@ from scipy.spatial.distance import cdist
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
-from spatialfed.runtime.cluster import limit_blas_threads
+from spatialfed.runtime.blas import limit_blas_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

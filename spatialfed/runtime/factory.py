@@ -96,7 +96,7 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
     if runtime_name(runtime) == "simulated":
         if scheduler or client is not None or jobqueue:
             raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
-        from spatialfed.runtime.cluster import limit_blas_threads
+        from spatialfed.runtime.blas import limit_blas_threads
         from spatialfed.runtime.virtual import VirtualRuntime
 
         with limit_blas_threads(1):  # J small problems in turn: threads only add overhead

@@ -24,7 +24,8 @@ from spatialfed.model.matern import Matern
 from spatialfed.model.reference import lowrank_covariance, lowrank_loglik
 from spatialfed.outputs.results import load_fit
 from spatialfed.runtime import site
-from spatialfed.runtime.cluster import limit_blas_threads, local_cluster, worker_addresses
+from spatialfed.runtime.blas import limit_blas_threads
+from spatialfed.runtime.cluster import local_cluster, worker_addresses
 from spatialfed.runtime.dask_runtime import run_dask
 from spatialfed.runtime.site import registry_keys
 
