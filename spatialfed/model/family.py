@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special
 from scipy.spatial.distance import cdist
 
 from spatialfed.model.matern import Matern, check_points
@@ -128,7 +129,15 @@ class MaternFamily:
         """(ρ, [∂ρ/∂κ_k], {(k, l): ∂²ρ/∂κ_k∂κ_l, k ≤ l}) at the pairs of a × b."""
         beta, nu, r, phi = self.split(kappa)
         d, geo = self._geometry(a, b, r, phi)
-        rho, r1, r2 = Matern(nu).correlation_derivatives(d, beta) if self.nu is not None else _nu_free(d, beta, nu)
+        if self.nu is not None:
+            rho, r1, r2 = Matern(nu).correlation_derivatives(d, beta)
+        elif a is b:  # symmetric: the costly Bessel stencils on the upper triangle only (ρ = 1, the rest 0 at d = 0)
+            n, iu = d.shape[0], np.triu_indices(d.shape[0], 1)
+            nu_parts, r1, r2 = _nu_free(d[iu], beta, nu)
+            rho = tuple(_filled(v, iu, n, 1.0 if i == 0 else 0.0) for i, v in enumerate(nu_parts))
+            r1, r2 = _filled(r1, iu, n, 0.0), _filled(r2, iu, n, 0.0)
+        else:
+            rho, r1, r2 = _nu_free(d, beta, nu)
         d1, d2 = [r1], {(0, 0): r2}
         i = 1
         if self.nu is None:
@@ -149,18 +158,42 @@ class MaternFamily:
         return rho, d1, d2
 
 
+def _filled(values, iu, n: int, diagonal: float) -> np.ndarray:
+    """The symmetric n×n array with `values` on the upper triangle `iu` (and below) and `diagonal` on the diagonal."""
+    out = np.full((n, n), diagonal)
+    out[iu] = values
+    out.T[iu] = values
+    return out
+
+
 def _nu_free(d, beta, nu):
-    """((ρ, ∂ρ̇/∂log ν, ∂ρ/∂log ν, ∂²ρ/∂log ν²), ρ̇, ρ̈) with ν free: the ν-derivatives by the stencils _D1, _D2."""
-    rho_k, rdot_k = [], []
-    for j in range(-3, 4):
+    """((ρ, ∂ρ̇/∂log ν, ∂ρ/∂log ν, ∂²ρ/∂log ν²), ρ̇, ρ̈) with ν free: ρ̇, ρ̈ analytic (Matern._bessel_derivatives) and
+    the ν-derivatives by the stencils _D1, _D2 of ρ and ρ̇ at ν e^{jh}, j = −3..3 (x = √(2ν) d/β moves with ν)."""
+    d = np.asarray(d, dtype=float)
+    rho, r1, r2 = Matern(nu)._bessel_derivatives(d * (np.sqrt(2.0 * nu) / beta))
+    rho_nu, rho_nunu, r1_nu = np.zeros_like(rho), _D2[3] * rho, np.zeros_like(rho)
+    for j in (-3, -2, -1, 1, 2, 3):
         nu_j = nu * float(np.exp(j * NU_STEP))
-        rho, rdot, rddot = Matern(nu_j)._bessel_derivatives(np.asarray(d, dtype=float) * (np.sqrt(2.0 * nu_j) / beta))
-        rho_k.append(rho)
-        rdot_k.append(rdot)
-        if j == 0:
-            r1, r2 = rdot, rddot
+        rho_j, r1_j = _correlation_and_rate(Matern(nu_j), d * (np.sqrt(2.0 * nu_j) / beta))
+        rho_nu += _D1[j + 3] * rho_j
+        rho_nunu += _D2[j + 3] * rho_j
+        r1_nu += _D1[j + 3] * r1_j
     h = NU_STEP
-    rho_nu = sum(w * f for w, f in zip(_D1, rho_k) if w) / h
-    rho_nunu = sum(w * f for w, f in zip(_D2, rho_k)) / h**2
-    r1_nu = sum(w * f for w, f in zip(_D1, rdot_k) if w) / h
-    return (rho_k[3], r1_nu, rho_nu, rho_nunu), r1, r2
+    return (rho, r1_nu / h, rho_nu / h, rho_nunu / h**2), r1, r2
+
+
+def _correlation_and_rate(kernel: Matern, x):
+    """(ρ, ρ̇) = (c x^ν K_ν(x), c x^{ν+1} K_{ν−1}(x)), c = 2^{1−ν}/Γ(ν), with the limits 1, 0 at x = 0 and 0, 0 where
+    x^ν K_ν underflows."""
+    nu = kernel.nu
+    const = 2.0 ** (1.0 - nu) / special.gamma(nu)
+    rho, rate = np.ones_like(x), np.zeros_like(x)
+    pos = x > 0
+    xp = x[pos]
+    xnu = const * xp**nu
+    rho[pos] = xnu * special.kv(nu, xp)
+    rate[pos] = xnu * xp * special.kv(nu - 1.0, xp)
+    for arr, near in ((rho, 1.0), (rate, 0.0)):
+        bad = ~np.isfinite(arr)
+        arr[bad] = np.where(x[bad] < 1.0, near, 0.0)
+    return rho, rate
