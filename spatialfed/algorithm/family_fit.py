@@ -23,6 +23,8 @@ from spatialfed.model.family_stats import family_statistics
 MAX_MOVE = 1.0
 #: how far from its own u a stale site's Taylor model is used (asynchronous steps wait for answers beyond it)
 REACH = 0.5
+#: relative change of ℓ below which an exact round neither lowers nor raises it (sums of n_j-term statistics)
+ROUNDOFF = 1e-13
 
 
 def family_bounds(family: MaternFamily, s2: float, diameter: float) -> tuple[np.ndarray, np.ndarray]:
@@ -71,7 +73,9 @@ class FamilyServer:
         return len(self.latest) == self.sites and all(np.array_equal(st["u"], self.u) for st in self.latest.values())
 
     def _settled(self, base: Profile) -> bool:
-        step = trust_region_step(base.u, base.grad, base.hess, self.radius, self.lower, self.upper)
+        """Whether the Newton step from base (at most MAX_MOVE long: never a step shortened by a small radius)
+        is below tol in every coordinate."""
+        step = trust_region_step(base.u, base.grad, base.hess, MAX_MOVE, self.lower, self.upper)
         return float(np.max(np.abs(step.p))) <= self.tol
 
     def receive(self, site: int, stats: dict, synchronous: bool) -> np.ndarray:
@@ -82,7 +86,12 @@ class FamilyServer:
         self.steps += 1
         base = self.profile(self.u)
         if self._exact():
-            if base is None or (self.best is not None and base.loglik < self.best[0].loglik):
+            lowered = self.best is not None and (base is None or base.loglik < self.best[0].loglik - ROUNDOFF * abs(
+                self.best[0].loglik))
+            if lowered and self._settled(self.best[0]):
+                self.done, self.u = self.best[0], self.best[0].u
+                return self.u
+            if base is None or lowered:
                 # the step lowered the exact ℓ: withdraw it and shrink the radius
                 base, self.latest = self.best[0], dict(self.best[1])
                 self.radius = 0.25 * float(np.linalg.norm(self.u - base.u))
