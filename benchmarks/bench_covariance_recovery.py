@@ -117,8 +117,9 @@ def main(argv=None):
     ap.add_argument("--study", nargs="+", default=["nu", "aniso", "sphere"], choices=["nu", "aniso", "sphere"])
     ap.add_argument("--processes", type=int, default=2)
     a = ap.parse_args(argv)
-    jobs = [(s, c, seed, a.n, a.sites) for s in a.study for c in ({"nu": (0.5, 1.5, 2.5)}.get(s, (None,)))
-            for seed in range(a.seeds)]
+    # seed by seed, so that a run cut short has as many seeds of every study
+    jobs = [(s, c, seed, a.n, a.sites) for seed in range(a.seeds) for s in a.study
+            for c in ({"nu": (0.5, 1.5, 2.5)}.get(s, (None,)))]
     rows = []
     with Pool(a.processes) as pool:
         for row in pool.imap(_job, jobs):

@@ -43,3 +43,23 @@ def test_federated_fit_reaches_the_centralized_optimum(name):
         assert fit.loglik == pytest.approx(exact, abs=1e-9)
         assert abs(fit.loglik - best) <= 1e-6, (sync, fit.loglik, best)
     np.testing.assert_allclose(fits[True].u, fits[False].u, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_dask_driver_reaches_the_same_optimum_sync_and_async():
+    """On a real (in-process) Dask cluster, answers arriving as they finish: the same optimum as in this process."""
+    from distributed import Client, LocalCluster
+
+    from spatialfed.runtime.family_driver import fit_dask
+
+    family = MaternFamily(0.5, True)
+    parts = simulate_parts(J=3, n=40, nu=1.5, beta=0.2, seed=3)
+    knots = grid_knots(3)
+    lower, upper = family_bounds(family, 1.0, 1.4)
+    u0 = family_start(family, 1.0, 1.4)
+    here = fit_serial(parts, knots, family, "full", u0, lower, upper).done
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,  # inproc: no network listener
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        for sync in (True, False):
+            done = fit_dask(client, parts, knots, family, "full", u0, lower, upper, synchronous=sync).done
+            assert abs(done.loglik - here.loglik) <= 1e-6
