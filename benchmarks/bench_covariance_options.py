@@ -99,7 +99,8 @@ def evaluate(name: str, d: dict) -> list[dict]:
                "held_out": held_out(parts, knots, family, f, locs[test], d["y"][test], d["X"][test]),
                "site_blocked_cv": site_blocked_cv(parts, knots, family, f)}
         if family.nu is None:
-            row["nu_95"] = [float(np.exp(v)) for v in f["interval"]["nu"]]
+            row["nu_hat"] = float(np.exp(f["u"][3]))
+            row["nu_95"] = None if f["interval"]["nu"] is None else [float(np.exp(v)) for v in f["interval"]["nu"]]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

@@ -40,7 +40,7 @@ def run_nu(nu, seed, n, J):
     locs = rng.uniform(size=(n, 2))
     z = simulate(locs, MaternFamily(float(nu)), [np.log(0.1)], 1.0, 0.1, rng)
     f = fit(_parts(locs, z, J), grid_knots(locs, 6), MaternFamily(None))
-    lo, hi = np.exp(f["interval"]["nu"])
+    lo, hi = np.exp(f["interval"]["nu"]) if f["interval"]["nu"] is not None else (np.nan, np.nan)  # on a bound
     nu_hat = float(np.exp(f["u"][3]))
     return {"study": "nu", "case": nu, "seed": seed, "nu_hat": nu_hat, "lo95": lo, "hi95": hi,
             "covered": bool(lo <= nu <= hi), "at_bound": f["at_bound"], "steps": f["steps"]}

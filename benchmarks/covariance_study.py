@@ -49,10 +49,12 @@ def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: 
     except np.linalg.LinAlgError:
         se = np.full(best.u.size, np.nan)
     names = ("log_delta", "log_sigma2") + family.names
-    out = {"u": best.u, "loglik": best.loglik, "gamma": best.gamma, "steps": server.steps,
-           "interval": {n: (float(best.u[i] - Z95 * se[i]), float(best.u[i] + Z95 * se[i])) for i, n in enumerate(names)},
-           "at_bound": [n for i, n in enumerate(names) if best.u[i] <= lower[i] + 1e-6 or best.u[i] >= upper[i] - 1e-6]}
-    return out
+    bound = [n for i, n in enumerate(names) if best.u[i] <= lower[i] + 1e-6 or best.u[i] >= upper[i] - 1e-6]
+    # no interval for a parameter on its bound: the observed information there does not describe it
+    interval = {n: None if n in bound else (float(best.u[i] - Z95 * se[i]), float(best.u[i] + Z95 * se[i]))
+                for i, n in enumerate(names)}
+    return {"u": best.u, "loglik": best.loglik, "gamma": best.gamma, "steps": server.steps, "interval": interval,
+            "at_bound": bound}
 
 
 def predict(parts, knots, family: MaternFamily, fitted: dict, locs0, X0, owners) -> tuple[np.ndarray, np.ndarray]:
