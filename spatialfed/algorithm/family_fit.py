@@ -86,6 +86,9 @@ class FamilyServer:
         self.steps += 1
         base = self.profile(self.u)
         if self._exact():
+            if base is None and self.best is None:
+                raise NotPositiveDefinite(f"the summed statistics are not positive definite at the start u = "
+                                          f"{np.round(self.u, 3).tolist()}: give another start (u0)")
             lowered = self.best is not None and (base is None or base.loglik < self.best[0].loglik - ROUNDOFF * abs(
                 self.best[0].loglik))
             if lowered and self._settled(self.best[0]):
