@@ -94,7 +94,7 @@ def evaluate(name: str, d: dict) -> list[dict]:
         knots = grid_knots(np.vstack([p[0] for p in parts]), d["side"])
         f = fit(parts, knots, family)
         row = {"data": name, "option": label, "n_train": int(sum(len(p[1]) for p in parts)), "sites": len(parts),
-               "loglik": f["loglik"], "steps": f["steps"], "at_bound": f["at_bound"],
+               "loglik": f["loglik"], "steps": f["steps"], "at_bound": f["at_bound"], "stalled": f["stalled"],
                "u": [round(float(v), 4) for v in f["u"]], "names": ["log_delta", "log_sigma2", *family.names],
                "held_out": held_out(parts, knots, family, f, locs[test], d["y"][test], d["X"][test]),
                "site_blocked_cv": site_blocked_cv(parts, knots, family, f)}

@@ -54,7 +54,7 @@ def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: 
     interval = {n: None if n in bound else (float(best.u[i] - Z95 * se[i]), float(best.u[i] + Z95 * se[i]))
                 for i, n in enumerate(names)}
     return {"u": best.u, "loglik": best.loglik, "gamma": best.gamma, "steps": server.steps, "interval": interval,
-            "at_bound": bound}
+            "at_bound": bound, "stalled": server.stalled}
 
 
 def predict(parts, knots, family: MaternFamily, fitted: dict, locs0, X0, owners) -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,8 @@ from spatialfed.model.family_stats import family_statistics
 MAX_MOVE = 1.0
 #: how far from its own u a stale site's Taylor model is used (asynchronous steps wait for answers beyond it)
 REACH = 0.5
+#: predicted gain of ℓ below which a Newton step is not worth a round (along a flat direction the step can be long)
+GAIN_TOL = 1e-10
 #: relative change of ℓ below which an exact round neither lowers nor raises it (sums of n_j-term statistics)
 ROUNDOFF = 1e-13
 
@@ -59,6 +61,7 @@ class FamilyServer:
     latest: dict = field(default_factory=dict)
     best: tuple | None = None  # (Profile, statistics by site) of the best exact round
     done: Profile | None = None
+    stalled: bool = False  # stopped because the trust radius fell below tol, not by the Newton-step rule
     steps: int = 0
 
     def profile(self, u, derivatives: bool = True) -> Profile | None:
@@ -74,9 +77,9 @@ class FamilyServer:
 
     def _settled(self, base: Profile) -> bool:
         """Whether the Newton step from base (at most MAX_MOVE long: never a step shortened by a small radius)
-        is below tol in every coordinate."""
+        is below tol in every coordinate, or its predicted gain below GAIN_TOL (a flat direction of ℓ)."""
         step = trust_region_step(base.u, base.grad, base.hess, MAX_MOVE, self.lower, self.upper)
-        return float(np.max(np.abs(step.p))) <= self.tol
+        return float(np.max(np.abs(step.p))) <= self.tol or step.predicted <= GAIN_TOL
 
     def receive(self, site: int, stats: dict, synchronous: bool) -> np.ndarray:
         """Record a site's statistics and return the u the server asks for next (`done` is set when it stops)."""
@@ -99,6 +102,9 @@ class FamilyServer:
                 base, self.latest = self.best[0], dict(self.best[1])
                 self.radius = 0.25 * float(np.linalg.norm(self.u - base.u))
                 self.u = base.u
+                if self.radius < self.tol:  # no ascent found within tol of the best point: stop there, flagged
+                    self.done, self.stalled = base, True
+                    return self.u
             else:
                 if self.best is not None:
                     gained = base.loglik - self.best[0].loglik
@@ -116,6 +122,8 @@ class FamilyServer:
             return self.u
         reached, _ = maximise(self.profile, base, max(room, 1e-6), self.lower, self.upper, steps=20,
                               floor=1e-10, tol=0.1 * self.tol)
+        if reached is base and self._exact():  # no ascent of ℓ's model from an exact point: stop there, flagged
+            self.done, self.stalled = base, True
         self.u = np.asarray(reached.u, dtype=float)
         return self.u
 
