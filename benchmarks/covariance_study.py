@@ -31,7 +31,8 @@ def sphere_knots(m: int) -> np.ndarray:
     return np.column_stack([lon, lat])
 
 
-def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: str = "full") -> dict:
+def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: str = "full",
+        loglik_tol: float = 1e-10) -> dict:
     """The fitted u, ℓ, γ̂, and each parameter's estimate with its 95 % interval (from −H⁻¹ of the profile ℓ)."""
     locs = np.vstack([p[0] for p in parts])
     z = np.concatenate([p[1] for p in parts])
@@ -41,7 +42,7 @@ def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: 
     s2 = float(np.var(z))
     lower, upper = family_bounds(family, s2, diameter)
     server = fit_serial(parts, knots, family, residual, family_start(family, s2, diameter), lower, upper,
-                        synchronous=synchronous)
+                        synchronous=synchronous, loglik_tol=loglik_tol)
     best = server.done
     try:
         cov = np.linalg.inv(-best.hess)

@@ -23,7 +23,8 @@ from spatialfed.model.family_stats import family_statistics
 MAX_MOVE = 1.0
 #: how far from its own u a stale site's Taylor model is used (asynchronous steps wait for answers beyond it)
 REACH = 0.5
-#: predicted gain of ℓ below which a Newton step is not worth a round (along a flat direction the step can be long)
+#: default predicted gain of ℓ below which a Newton step is not worth a round (along a flat direction the step can
+#: be long; towards a vanishing nugget ℓ creeps up by ever smaller gains)
 GAIN_TOL = 1e-10
 #: relative change of ℓ below which an exact round neither lowers nor raises it (sums of n_j-term statistics)
 ROUNDOFF = 1e-13
@@ -57,6 +58,7 @@ class FamilyServer:
     upper: np.ndarray
     sites: int
     tol: float = 1e-7
+    loglik_tol: float = GAIN_TOL
     radius: float = MAX_MOVE
     latest: dict = field(default_factory=dict)
     best: tuple | None = None  # (Profile, statistics by site) of the best exact round
@@ -77,9 +79,9 @@ class FamilyServer:
 
     def _settled(self, base: Profile) -> bool:
         """Whether the Newton step from base (at most MAX_MOVE long: never a step shortened by a small radius)
-        is below tol in every coordinate, or its predicted gain below GAIN_TOL (a flat direction of ℓ)."""
+        is below tol in every coordinate, or its predicted gain below loglik_tol (a flat direction of ℓ)."""
         step = trust_region_step(base.u, base.grad, base.hess, MAX_MOVE, self.lower, self.upper)
-        return float(np.max(np.abs(step.p))) <= self.tol or step.predicted <= GAIN_TOL
+        return float(np.max(np.abs(step.p))) <= self.tol or step.predicted <= self.loglik_tol
 
     def receive(self, site: int, stats: dict, synchronous: bool) -> np.ndarray:
         """Record a site's statistics and return the u the server asks for next (`done` is set when it stops)."""
@@ -129,11 +131,11 @@ class FamilyServer:
 
 
 def fit_serial(parts, knots, family: MaternFamily, residual: str, u0, lower, upper, synchronous: bool = True,
-               tol: float = 1e-7, max_answers: int = 5000) -> FamilyServer:
+               tol: float = 1e-7, max_answers: int = 5000, loglik_tol: float = GAIN_TOL) -> FamilyServer:
     """Run the server with the sites computed in this process: synchronous rounds, or (asynchronous) sites
     answering one at a time in turn, each at the u it was last sent. Returns the stopped server (`done`)."""
     server = FamilyServer(np.asarray(knots, dtype=float), family, np.asarray(u0, dtype=float), lower, upper,
-                          len(parts), tol=tol)
+                          len(parts), tol=tol, loglik_tol=loglik_tol)
     asked = {j: server.u for j in range(len(parts))}
     for answer in range(max_answers):
         j = answer % len(parts)
