@@ -20,14 +20,23 @@ from scipy import linalg
 
 from spatialfed.errors import SpatialFedError
 from spatialfed.model.blocks import LOG_2PI, KnotCovariance, modified_hessian
+from spatialfed.model.family import MaternFamily
+from spatialfed.model.family_stats import FamilyKnots
+from spatialfed.model.names import pairs
 from spatialfed.model.stats import PAIRS, SUMMED
 
 #: names of the entries of u
 U_NAMES = ("delta", "sigma2", "beta")
+
+
+def pair_table(q: int) -> np.ndarray:
+    """q×q table of positions in pairs(q)."""
+    pr = pairs(q)
+    return np.array([[pr.index((min(a, b), max(a, b))) for b in range(q)] for a in range(q)])
+
+
 #: 3×3 table of positions in PAIRS
-_PAIR = np.array([[PAIRS.index((min(a, b), max(a, b))) for b in range(3)] for a in range(3)])
-#: (a's, b's) of PAIRS
-_PAIR_AB = np.array(PAIRS).T
+_PAIR = pair_table(3)
 #: distinct triples (a ≤ b ≤ c) of the third derivatives "d3S" and "d3d" a third-order model carries (stale.secant)
 TRIPLES = tuple(itertools.combinations_with_replacement(range(3), 3))
 #: 3×3×3 table of positions in TRIPLES
@@ -81,7 +90,7 @@ def sum_statistics(stats: list[dict], scale: float = 1.0) -> dict:
 
 def exact_scaling(stats: dict) -> np.ndarray:
     """w = c/|c|², with which S(u_j + Δ) = e^{w·Δ}G(Δ) and G is constant along c (0 when "c" is absent or 0)."""
-    c = np.asarray(stats.get("c", np.zeros(3)), dtype=float)
+    c = np.asarray(stats.get("c", np.zeros(np.size(stats["u"]))), dtype=float)
     return c / float(c @ c) if np.any(c) else c
 
 
@@ -90,11 +99,13 @@ def scaled_frame(stats: dict, w: np.ndarray, packed: bool = False) -> tuple[np.n
     3×3×k×k, or with `packed` the second derivatives in PAIRS order, 6×k×k): S with its exact scaling e^{w·Δ} taken
     out."""
     S, dS, d2S = (np.asarray(stats[key], dtype=float) for key in ("S", "dS", "d2S"))
+    q = dS.shape[0]
     if np.any(w):
-        wa, wb = (np.reshape(w[i], (len(PAIRS),) + (1,) * S.ndim) for i in _PAIR_AB)
-        d2S = d2S - wa * dS[_PAIR_AB[1]] - wb * dS[_PAIR_AB[0]] + wa * wb * S
-        dS = dS - np.reshape(w, (3,) + (1,) * S.ndim) * S
-    return (S, dS, d2S) if packed else (S, dS, d2S[_PAIR])
+        ab = np.array(pairs(q)).T
+        wa, wb = (np.reshape(w[i], (len(ab[0]),) + (1,) * S.ndim) for i in ab)
+        d2S = d2S - wa * dS[ab[1]] - wb * dS[ab[0]] + wa * wb * S
+        dS = dS - np.reshape(w, (q,) + (1,) * S.ndim) * S
+    return (S, dS, d2S) if packed else (S, dS, d2S[pair_table(q)])
 
 
 def taylor_statistics(stats: dict, u) -> dict:
@@ -117,7 +128,7 @@ def taylor_statistics(stats: dict, u) -> dict:
         return out
     w = exact_scaling(stats)
     G, dG, d2G = scaled_frame(stats, w)
-    d2d = np.asarray(stats["d2d"])[_PAIR]
+    d2d = np.asarray(stats["d2d"])[pair_table(D.size)]
     d2GD = np.einsum("abij,b->aij", d2G, D)
     dG_new = dG + d2GD
     G_new = G + np.einsum("aij,a->ij", dG + 0.5 * d2GD, D)
@@ -138,7 +149,7 @@ def taylor_statistics(stats: dict, u) -> dict:
     out["S"] = scale * G_new
     out["dS"] = scale * (dG_new + w[:, None, None] * G_new)
     full = scale * (d2G + wdG + wdG.transpose(1, 0, 2, 3) + np.einsum("a,b,ij->abij", w, w, G_new))
-    out["d2S"] = np.stack([full[a, b] for a, b in PAIRS])
+    out["d2S"] = np.stack([full[a, b] for a, b in pairs(D.size)])
     return out
 
 
@@ -153,13 +164,14 @@ def profile_loglik(stats: dict, knots, kernel, derivatives: bool = True) -> Prof
     """ℓ_LR with γ profiled out (SPEC §1, with the −N/2 log 2π constant), Σ, μ, γ̂ and, if asked, the exact gradient
     and Hessian in u, from summed statistics at stats["u"] (sum_statistics / taylor_statistics)."""
     u = np.asarray(stats["u"], dtype=float)
-    _, sigma2, beta = np.exp(u)
+    q, pr = u.size, pairs(u.size)
     m, N = int(stats["m"]), int(round(float(stats["n"])))
     F = np.array(stats["S"], dtype=float)
     k = F.shape[0]
     logdetK = 0.0
     if m:
-        kc = KnotCovariance(knots, kernel, float(sigma2), float(beta))
+        kc = (FamilyKnots(knots, kernel, u) if isinstance(kernel, MaternFamily)
+              else KnotCovariance(knots, kernel, float(np.exp(u[1])), float(np.exp(u[2]))))
         Ki = kc.Kinv
         F[:m, :m] += Ki
         logdetK = kc.logdet
@@ -178,22 +190,22 @@ def profile_loglik(stats: dict, knots, kernel, derivatives: bool = True) -> Prof
     if derivatives:
         v = np.append(-x, 1.0)
         Fa = np.array(stats["dS"], dtype=float)
-        Fab = np.asarray(stats["d2S"], dtype=float)[_PAIR].copy()
+        Fab = np.asarray(stats["d2S"], dtype=float)[pair_table(q)].copy()
         g2 = np.array(stats["dd"], dtype=float).copy()
-        H2 = np.asarray(stats["d2d"], dtype=float)[_PAIR].copy()
+        H2 = np.asarray(stats["d2d"], dtype=float)[pair_table(q)].copy()
         if m:
             dKi, d2Ki, dlogdet, d2logdet = kc.inverse_derivatives()
-            for a in range(3):
+            for a in range(q):
                 Fa[a, :m, :m] += dKi[a]
-            for a, b in PAIRS:
+            for a, b in pr:
                 Fab[a, b, :m, :m] += d2Ki[a][b]
                 Fab[b, a, :m, :m] = Fab[a, b, :m, :m]
             g2 += dlogdet
             H2 += d2logdet
-            SMa = [Sigma @ Fa[a, :m, :m] for a in range(3)]
-            for a in range(3):
+            SMa = [Sigma @ Fa[a, :m, :m] for a in range(q)]
+            for a in range(q):
                 g2[a] += np.trace(SMa[a])
-            for a, b in PAIRS:
+            for a, b in pr:
                 H2[a, b] += np.sum(Sigma * Fab[a, b, :m, :m]) - np.sum(SMa[a] * SMa[b].T)
                 H2[b, a] = H2[a, b]
         Fv = np.einsum("aij,j->ai", Fa, v)
@@ -229,8 +241,9 @@ def projected_gradient(u, grad, lower, upper, atol: float = 1e-10) -> np.ndarray
 
 
 def at_bound(u, lower, upper) -> tuple[str, ...]:
-    """Names (U_NAMES) of the entries of u on a bound of the box [lower, upper]."""
-    return tuple(U_NAMES[i] for i in range(3) if u[i] <= lower[i] or u[i] >= upper[i])
+    """Names (U_NAMES, then u[i] beyond them) of the entries of u on a bound of the box [lower, upper]."""
+    names = U_NAMES + tuple(f"u[{i}]" for i in range(3, len(u)))
+    return tuple(names[i] for i in range(len(u)) if u[i] <= lower[i] or u[i] >= upper[i])
 
 
 @dataclass(frozen=True)
@@ -259,8 +272,8 @@ def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float =
     the box are fixed on the bound and the others re-solved)."""
     u, g = np.asarray(u, dtype=float), np.asarray(grad, dtype=float)
     B = modified_hessian(-np.asarray(hess, dtype=float), floor)
-    fixed = np.zeros(3, dtype=bool)
-    p = np.zeros(3)
+    fixed = np.zeros(u.size, dtype=bool)
+    p = np.zeros(u.size)
     for _ in range(4):
         fixed |= pushing_out(u, g, lower, upper)
         free = ~fixed

@@ -38,5 +38,12 @@ RESIDUALS = tuple(r.value for r in Residual)
 #: what a user may ask for: a structure, or "auto" (each site: `full` up to VECCHIA_AUTO_N points, `vecchia` above;
 #: model/local.py resolve_residual)
 RESIDUAL_CHOICES = RESIDUALS + ("auto",)
-#: (a, b) pairs with a ≤ b of u = (log δ, log σ², log β), in the order of every second-derivative array ("d2S", "d2d")
-PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
+
+
+def pairs(q: int) -> tuple[tuple[int, int], ...]:
+    """(a, b) pairs with a ≤ b of a q-vector u, in the order of every second-derivative array ("d2S", "d2d")."""
+    return tuple((a, b) for a in range(q) for b in range(a, q))
+
+
+#: pairs(3) of u = (log δ, log σ², log β), the fixed-ν isotropic model's coordinates
+PAIRS = pairs(3)

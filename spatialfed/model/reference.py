@@ -195,3 +195,16 @@ def lowrank_kriging(parts: list[Part], owners, locs0, X0, knots, kernel: Matern,
     mean = X0 @ np.asarray(gamma) + cross @ linalg.cho_solve(cf, z - X @ np.asarray(gamma), check_finite=False)
     var = prior - np.einsum("ij,ji->i", cross, linalg.cho_solve(cf, cross.T, check_finite=False))
     return mean, var
+
+
+def profile_lowrank_loglik(parts: list[Part], knots, kernel, residual: str, u) -> tuple[float, np.ndarray]:
+    """(max_γ ℓ_LR, γ̂) at u = (log δ, log σ², log β or a MaternFamily's κ) from the dense N×N covariance (GLS γ̂)."""
+    u = np.asarray(u, dtype=float)
+    delta, sigma2 = float(np.exp(u[0])), float(np.exp(u[1]))
+    theta = u[2:] if u.size > 3 or not isinstance(kernel, Matern) else float(np.exp(u[2]))
+    cf = _cho(lowrank_covariance(parts, knots, kernel, residual, delta, sigma2, theta), "the low-rank covariance")
+    z, X = np.concatenate([p[1] for p in parts]), np.vstack([p[2] for p in parts])
+    CiX = linalg.cho_solve(cf, X, check_finite=False)
+    gamma = linalg.solve(X.T @ CiX, CiX.T @ z, assume_a="pos")
+    e = z - X @ gamma
+    return -0.5 * (len(z) * LOG_2PI + _logdet(cf) + e @ linalg.cho_solve(cf, e, check_finite=False)), gamma
