@@ -2,13 +2,12 @@
 
 import pytest
 
+from spatialfed.runtime.blas import _openblas_handles, limit_blas_threads
 from spatialfed.runtime.cluster import (
     SINGLE_THREAD_ENV,
     SchedulerUnreachableError,
-    _openblas_handles,
     connect,
     jobqueue_cluster,
-    limit_blas_threads,
     make_cluster,
 )
 from spatialfed.runtime.dask_runtime import assign_partitions
