@@ -27,9 +27,7 @@ class Pacing:
         self.sent_at: dict[int, float] = {}  # site -> when its task in flight was handed out
         self.durations: dict[str, dict[int, float]] = {}  # kind of task -> site -> its last round trip
         self.spread: dict[int, tuple[float, float]] = {}  # site -> (shortest, longest) statistics round trip
-        self._slowest: float | None = None  # T, the slowest shortest round trip (may_work): kept until one arrives
-        self._slowness: dict[int, float | None] = {}  # site -> slowness in the start passes, once computed
-        self._median: tuple | None = None  # (the median statistics round trip,), once computed
+        self._memo: dict = {}  # what the round trips give (slowness, median, slowest): kept until a task arrives
         self.version = 0  # counts the changes (a task sent, arrived, a site dropped): a key for what depends on them
 
     def sent(self, j: int, now: float) -> None:
@@ -39,17 +37,14 @@ class Pacing:
     def arrived(self, j: int, step: str, now: float) -> None:
         if j in self.sent_at:
             r = float(now) - self.sent_at.pop(j)
-            self._slowest, self._median, self.version = None, None, self.version + 1
-            if step != STATS_STEP:
-                self._slowness.clear()
+            self._memo, self.version = {}, self.version + 1
             self.durations.setdefault(step, {})[j] = r
             if step == STATS_STEP:
                 lo, hi = self.spread.get(j, (r, r))
                 self.spread[j] = (min(lo, r), max(hi, r))
 
     def drop(self, j: int) -> None:
-        self._slowest, self._median, self.version = None, None, self.version + 1
-        self._slowness.clear()
+        self._memo, self.version = {}, self.version + 1
         self.sent_at.pop(j, None)
         self.spread.pop(j, None)
         for kind in self.durations.values():
@@ -58,13 +53,13 @@ class Pacing:
     def slowness(self, k: int, active: Iterable[int]) -> float | None:
         """How much slower than the median site k was in the initialisation, in the kind of task where that ratio
         is smallest (those tasks are tiny and a network delay can inflate any one); None before any. Kept until
-        another such task arrives (each is O(J))."""
-        if k not in self._slowness:
+        a task arrives (each is O(J))."""
+        if ("slowness", k) not in self._memo:
             active = list(active)
             ratios = [kind[k] / float(np.median([kind[j] for j in active if j in kind]))
                       for step, kind in self.durations.items() if step != STATS_STEP and kind.get(k, 0.0) > 0]
-            self._slowness[k] = min(ratios) if ratios else None
-        return self._slowness[k]
+            self._memo["slowness", k] = min(ratios) if ratios else None
+        return self._memo["slowness", k]
 
     def round_trip(self, k: int, active: Iterable[int], end: int | None = None) -> float | None:
         """Site k's expected statistics round trip: its last one (`end` 0 / 1: the shortest / longest it took).
@@ -79,11 +74,11 @@ class Pacing:
 
     def _median_stats(self, active) -> float | None:
         """The median statistics round trip of the sites that have one (None: none has), kept until one arrives."""
-        if self._median is None:
+        if "median" not in self._memo:
             stats = self.durations.get(STATS_STEP, {})
             known = [stats[j] for j in active if j in stats]
-            self._median = (float(np.median(known)),) if known else (None,)
-        return self._median[0]
+            self._memo["median"] = float(np.median(known)) if known else None
+        return self._memo["median"]
 
     def epoch_due(self, owed: Iterable[int], active: list[int], busy_elsewhere: Mapping[int, bool],
                   now: float) -> float | None:
@@ -111,7 +106,7 @@ class Pacing:
     def slowest(self, active: list[int]) -> float | None:
         """T: the largest of the sites' shortest expected round trips (None: none known); computed once between
         arrivals, not once per site asked (O(J) each)."""
-        if self._slowest is None:
+        if "slowest" not in self._memo:
             known = [t for t in (self.round_trip(k, active, end=0) for k in active) if t is not None]
-            self._slowest = max(known) if known else None
-        return self._slowest
+            self._memo["slowest"] = max(known) if known else None
+        return self._memo["slowest"]
