@@ -1,4 +1,4 @@
-"""How far can asynchrony go? The floor of issue 27's ratio, per store, from one answer of the slowest site.
+"""How far can asynchrony go? The floor of the asynchronous fit's ratio, per store, from one answer of the slowest site.
 
 An asynchronous statistics fit settles only when its estimate is within 1e-3 of the optimum u*, and the slowest
 site's statistics enter it through a model (second-order Taylor, profile.taylor_statistics) around the points it

@@ -45,11 +45,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import say  # noqa: E402
+
 M_KNOTS, NU, BETA, SIGMA2 = 100, 0.5, 0.1, 1.0
-
-
-def say(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 def run(name, store, out_dir, runtime, client, truth, **settings):

@@ -10,7 +10,7 @@ the in-process simulated runtime.
 
 One JSON row per fit on stdout: {J, n_per_site, residual, scheme, peak_rss_mb, fit_s, iterations, ...}.
 ``peak_rss_mb``: the largest sum of the resident set sizes of this process and its children (scheduler in this
-process, the Dask workers), sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS);
+process, the Dask workers), sampled every 0.1 s during the fit (benchmarks/harness.py's PeakRSS);
 ``base_rss_mb``: the same sum just before the fit (processes started, data not loaded). ``fit_s``: wall seconds of
 ``FederatedGP.fit``. Extra keys: converged, stop_reason, loglik, params, runtime, mode.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_large import DATA, LONLAT, PeakRSS, load, say  # noqa: E402
-from jsonrows import emitter  # noqa: E402
+from bench_large import DATA, LONLAT, load  # noqa: E402
+from harness import PeakRSS, emitter, say  # noqa: E402
 
 
 def per_site(n: int, m: int, residual: str, seed: int) -> list[dict]:
@@ -77,7 +77,7 @@ def per_site(n: int, m: int, residual: str, seed: int) -> list[dict]:
     return rows
 
 
-def make_store(args, work: Path) -> tuple[Path, int, list[int]]:
+def memory_store(args, work: Path) -> tuple[Path, int, list[int]]:
     """The store to fit: Heaton cells ingested into J area sites, or a simulated store; (path, N, sizes)."""
     store = work / "memory.zarr"
     tic = time.perf_counter()
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
         handle = local_cluster(args.dask_workers)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_memory-") as tmp:
-            store, _, sizes = make_store(args, Path(tmp))
+            store, _, sizes = memory_store(args, Path(tmp))
             for k, (residual, scheme) in enumerate((r, s) for r in residuals for s in schemes):
                 if handle is not None and k:  # every later fit starts from fresh worker processes
                     handle.client.restart(timeout=900)

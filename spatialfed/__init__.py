@@ -5,13 +5,15 @@
 
 import importlib
 
-__version__ = "0.1.0"
+from spatialfed.version import __version__
+
 __all__ = ["FederatedGP", "NotFittedError", "__version__"]
 
 
 def __getattr__(name):
     """``spatialfed.FederatedGP`` and ``spatialfed.NotFittedError`` from spatialfed.api, loaded lazily: importing
-    spatialfed (or its lower layers) does not import the estimator, scikit-learn or Dask."""
+    spatialfed (or its lower layers) does not import the estimator, scikit-learn or Dask. The package root is the
+    facade, the top layer of tests/test_layers.py: no module of the package imports it."""
     if name in ("FederatedGP", "NotFittedError"):
         return getattr(importlib.import_module("spatialfed.api"), name)
     raise AttributeError(f"module 'spatialfed' has no attribute {name!r}")

@@ -1,10 +1,14 @@
 """The package's layering (docs/interfaces.md): imports flow one way, and no set of modules imports itself in a loop.
 
-    base (errors, atomic) → model → data → algorithm → runtime → outputs → api → cli
+    base (errors, atomic, version) → model → data → algorithm → runtime → outputs → api → cli → the package root
+
+The package root (spatialfed/__init__.py) is the public facade: it loads the estimator on first use, so it sits on
+top and no module of the package imports it.
 
 A module may import from its own layer or a lower one, never a higher one; `model` and `algorithm` import no
-execution framework (Dask). Every import counts, including those inside functions: a lazy import that runs up the
-layers is still a dependency. Run it alone with ``python -m pytest tests/test_layers.py``.
+execution framework (Dask). Every import counts, including those inside functions and those by name
+(``importlib.import_module("spatialfed.x")``, ``__import__``, an f-string's literal prefix): a lazy import that runs up
+the layers is still a dependency. Run it alone with ``python -m pytest tests/test_layers.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "spatialfed"
 LAYERS = (
-    ("base", ("spatialfed", "spatialfed.errors", "spatialfed.atomic")),
+    ("base", ("spatialfed.errors", "spatialfed.atomic", "spatialfed.version")),
     ("model", ("spatialfed.model",)),
     ("data", ("spatialfed.data",)),
     ("algorithm", ("spatialfed.algorithm",)),
@@ -24,6 +28,7 @@ LAYERS = (
     ("outputs", ("spatialfed.outputs",)),
     ("api", ("spatialfed.api", "spatialfed.demo")),
     ("cli", ("spatialfed.cli", "spatialfed.__main__")),
+    ("facade", ("spatialfed",)),
 )
 #: third-party packages a layer must not import (the algorithm knows nothing of how it is run)
 FORBIDDEN = {"model": ("dask", "distributed", "bokeh"), "algorithm": ("dask", "distributed", "bokeh", "zarr")}
@@ -51,12 +56,37 @@ def layer_of(name: str) -> int:
     return index
 
 
+#: calls that import a module named by their first argument
+BY_NAME = ("import_module", "__import__")
+
+
+def imported_by_name(node: ast.Call, known: set[str]) -> str | None:
+    """The module a call such as ``importlib.import_module("spatialfed.api")`` imports: a string constant, or an
+    f-string's literal prefix resolved to the longest module it names (``f"spatialfed.api.{x}"`` → spatialfed.api)."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called not in BY_NAME or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        prefix = str(arg.values[0].value).rstrip(".")
+        while prefix and prefix not in known and "." in prefix:
+            prefix = prefix.rpartition(".")[0]
+        return prefix or None
+    return None
+
+
 def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
-    """(imported name, line) for every import in the file: project modules resolved, third-party by top package."""
+    """(imported name, line) for every import in the file, by statement or by name: project modules resolved,
+    third-party by top package."""
     out = []
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and (target := imported_by_name(node, known)):
+            out.append((target, node.lineno))
+        elif isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -150,6 +180,11 @@ def test_no_import_loops():
 @pytest.mark.parametrize("source, expected", [
     ("from spatialfed.api import FederatedGP\n", "spatialfed.api"),
     ("from spatialfed.runtime import virtual\n", "spatialfed.runtime.virtual"),
+    ("import importlib\ndef f():\n    return importlib.import_module('spatialfed.api')\n", "spatialfed.api"),
+    ("from importlib import import_module\ndef f(x):\n    return import_module(f'spatialfed.runtime.{x}')\n",
+     "spatialfed.runtime"),
+    ("def f():\n    return __import__('spatialfed.cli')\n", "spatialfed.cli"),
+    ("import spatialfed\n", "spatialfed"),
 ])
 def test_the_check_sees_an_upward_import(tmp_path, source, expected):
     """The checker itself: a model module importing the api or a runtime is caught."""
@@ -157,8 +192,8 @@ def test_the_check_sees_an_upward_import(tmp_path, source, expected):
     path.parent.mkdir(parents=True)
     path.write_text(source)
     known = set(modules())
-    deps = imports("spatialfed.model.bad", path, known)
-    assert [d for d, _ in deps] == [expected] and layer_of(expected) > layer_of("spatialfed.model.bad")
+    deps = [d for d, _ in imports("spatialfed.model.bad", path, known) if d.startswith("spatialfed")]
+    assert deps == [expected] and layer_of(expected) > layer_of("spatialfed.model.bad")
 
 
 def test_the_check_sees_a_loop():

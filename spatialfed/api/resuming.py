@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 from spatialfed.errors import DataError, option
+from spatialfed.version import __version__
 
 #: where to connect, what to submit and how securely: a resume takes these from its own call only, never from the
 #: checkpoint (a file is data: a forged scheduler address or job-script line in it must not be contacted or
@@ -61,13 +62,11 @@ def not_reconnecting(checkpoint_path, shown: dict) -> str:
 
 def meta(gp, store_path) -> dict:
     """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
-    import spatialfed
-
     from spatialfed.data.store import store_fingerprint
 
     params = {k: str(v) if isinstance(v, Path) else v for k, v in gp.get_params().items() if k != "client"}
     return {"store": str(Path(store_path).resolve()), "store_fingerprint": store_fingerprint(store_path),
-            "params": params, "version": spatialfed.__version__}
+            "params": params, "version": __version__}
 
 
 def restored_server(gp, resume, n_workers: int):

@@ -25,10 +25,10 @@ COMMANDS = (simulate, ingest, fit, predict, map_command, demo, cluster_script, p
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser with every command registered; with `only`, the other commands get their name and help
     but no options (enough for `--help` and for a usage error naming the choices)."""
-    import spatialfed
+    from spatialfed.version import __version__
 
     parser = argparse.ArgumentParser(prog="spatialfed", description="Federated low-rank spatial Gaussian processes.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {spatialfed.__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for command in COMMANDS:
         if only is None or command.NAME == only:
