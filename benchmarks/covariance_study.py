@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spatialfed.algorithm.family_fit import family_bounds, family_start, fit_serial
+from spatialfed.algorithm.family_fit import NU_INDEX, family_bounds, family_start, fit_serial, nu_interval
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.reference import lowrank_kriging
 from spatialfed.outputs.metrics import scores
@@ -32,8 +32,9 @@ def sphere_knots(m: int) -> np.ndarray:
 
 
 def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: str = "full",
-        loglik_tol: float = 1e-10) -> dict:
-    """The fitted u, ℓ, γ̂, and each parameter's estimate with its 95 % interval (from −H⁻¹ of the profile ℓ)."""
+        loglik_tol: float = 1e-10, profile_nu: bool = False) -> dict:
+    """The fitted u, ℓ, γ̂, and each parameter's estimate with its 95 % interval (from −H⁻¹ of the profile ℓ);
+    with profile_nu, log ν's profile-likelihood interval besides (`nu_profile`: an open side is None)."""
     locs = np.vstack([p[0] for p in parts])
     z = np.concatenate([p[1] for p in parts])
     diameter = float(np.linalg.norm(locs.max(0) - locs.min(0)))
@@ -54,8 +55,11 @@ def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: 
     # no interval for a parameter on its bound: the observed information there does not describe it
     interval = {n: None if n in bound else (float(best.u[i] - Z95 * se[i]), float(best.u[i] + Z95 * se[i]))
                 for i, n in enumerate(names)}
-    return {"u": best.u, "loglik": best.loglik, "gamma": best.gamma, "steps": server.steps, "interval": interval,
-            "at_bound": bound, "stalled": server.stalled}
+    out = {"u": best.u, "loglik": best.loglik, "gamma": best.gamma, "steps": server.steps, "interval": interval,
+           "at_bound": bound, "stalled": server.stalled}
+    if profile_nu and family.nu is None:
+        out["nu_profile"] = nu_interval(parts, knots, family, residual, best, lower, upper, float(se[NU_INDEX]))
+    return out
 
 
 def predict(parts, knots, family: MaternFamily, fitted: dict, locs0, X0, owners) -> tuple[np.ndarray, np.ndarray]:

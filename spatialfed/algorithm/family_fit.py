@@ -16,6 +16,7 @@ import numpy as np
 
 from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, default_bounds, distance, maximise, profile_loglik,
                                           sum_statistics, taylor_statistics, trust_region_step, updated_radius)
+from spatialfed.algorithm.family_interval import likelihood_ratio_interval
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.family_stats import family_statistics
 
@@ -131,9 +132,12 @@ class FamilyServer:
 
 
 def fit_serial(parts, knots, family: MaternFamily, residual: str, u0, lower, upper, synchronous: bool = True,
-               tol: float = 1e-7, max_answers: int = 5000, loglik_tol: float = GAIN_TOL) -> FamilyServer:
+               tol: float = 1e-7, max_answers: int = 5000, loglik_tol: float = GAIN_TOL,
+               give_up: bool = False) -> FamilyServer:
     """Run the server with the sites computed in this process: synchronous rounds, or (asynchronous) sites
-    answering one at a time in turn, each at the u it was last sent. Returns the stopped server (`done`)."""
+    answering one at a time in turn, each at the u it was last sent. Returns the stopped server (`done`). After
+    max_answers: RuntimeError, or with give_up the best exact round so far as `done`, flagged `stalled` (its ℓ is
+    then a lower bound of the maximum)."""
     server = FamilyServer(np.asarray(knots, dtype=float), family, np.asarray(u0, dtype=float), lower, upper,
                           len(parts), tol=tol, loglik_tol=loglik_tol)
     asked = {j: server.u for j in range(len(parts))}
@@ -146,4 +150,38 @@ def fit_serial(parts, knots, family: MaternFamily, residual: str, u0, lower, upp
         asked[j] = nxt
         if synchronous and j == len(parts) - 1:
             asked = {i: nxt for i in asked}
+    if give_up and server.best is not None:
+        server.done, server.stalled = server.best[0], True
+        return server
     raise RuntimeError(f"the family fit did not stop within {max_answers} site answers (tol={tol:g})")
+
+
+#: index of log ν in u = (log δ, log σ², log β, log ν, ...) when ν is estimated
+NU_INDEX = 3
+#: rounds of one refit with ν fixed: a refit still climbing then (a nugget walking to its bound at a rough ν) gives
+#: a lower bound of ℓ_p, which can only shorten the interval on that side where its drop already exceeds χ²/2
+REFIT_ROUNDS = 100
+
+
+def nu_interval(parts, knots, family: MaternFamily, residual: str, best, lower, upper, se: float,
+                level: float = 0.95, tol: float = 1e-5, loglik_tol: float = 1e-6) -> tuple[float | None, float | None]:
+    """The profile-likelihood interval of log ν (family_interval.likelihood_ratio_interval): ℓ_p(log ν) is the
+    maximum of ℓ over the other coordinates with ν fixed, each a fit started from the nearest ν's, stopped at a
+    looser `tol` and gain `loglik_tol` than the estimate's (the ends need ℓ_p to ~1e-4, the root's own precision)."""
+    if family.nu is not None:
+        raise ValueError("nu_interval needs a family with nu estimated (nu=None)")
+    keep = [i for i in range(len(best.u)) if i != NU_INDEX]
+    u_rest, lo_rest, hi_rest = np.asarray(best.u)[keep], np.asarray(lower)[keep], np.asarray(upper)[keep]
+
+    starts = {float(best.u[NU_INDEX]): u_rest}  # each refit starts from the nearest ν's refit
+
+    def profile(log_nu: float) -> float:
+        fixed = MaternFamily(float(np.exp(log_nu)), family.anisotropy, family.distance)
+        start = starts[min(starts, key=lambda v: abs(v - log_nu))]
+        done = fit_serial(parts, knots, fixed, residual, start, lo_rest, hi_rest, tol=tol, loglik_tol=loglik_tol,
+                          max_answers=REFIT_ROUNDS * len(parts), give_up=True).done
+        starts[log_nu] = np.asarray(done.u, dtype=float)
+        return float(done.loglik)
+
+    return likelihood_ratio_interval(profile, float(best.u[NU_INDEX]), float(best.loglik), se,
+                                     float(lower[NU_INDEX]), float(upper[NU_INDEX]), level)
