@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
@@ -233,10 +233,10 @@ class StatsServer(FederatedServer):
 
     # --- the loop -------------------------------------------------------------------------------------
     def _begin_loop(self, now: float, estimated=None) -> None:
-        """φ₀ (init.initial_params, `start` overriding), the box for u, then the pilot (pilot.py), the first epoch."""
+        """φ₀ (start.initial_params, `start` overriding), the box for u, then the pilot (pilot.py), the first epoch."""
         values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
         self.bounds = self._user_bounds or default_bounds(self._s2, self._diameter)
-        params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
+        params = starting.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
                                      self.knots, self.kernel)
         self.params = params.with_u(np.clip(params.u, *self.bounds))
         self._record("init", now, 0)
