@@ -404,7 +404,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             from spatialfed.algorithm.fgpr import FgprServer
 
             return FgprServer(n_workers, Matern(self.nu), config, self.start)
-        from spatialfed.algorithm.servers import server_for
+        from spatialfed.algorithm.make_server import server_for
 
         return server_for(n_workers, knots, Matern(self.nu), config, self.start)
 
