@@ -33,7 +33,7 @@ import numpy as np
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import FGPR_STEP, FINAL_STEP, Augmented, Quantity
 from spatialfed.algorithm.server import FederatedServer, ServerState, relative_change
-from spatialfed.algorithm.state import Phase
+from spatialfed.algorithm.server_base import Phase
 from spatialfed.model import blocks
 
 #: the protocol step of one FGPR local update (Algorithm 2 of the FGPR paper)

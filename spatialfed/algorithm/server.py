@@ -24,7 +24,7 @@ from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.config import FitConfig, retire
 from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
-from spatialfed.algorithm.state import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
+from spatialfed.algorithm.server_base import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
 from spatialfed.algorithm.strategies import (
     aggregate,
     corrected_gradient,

@@ -34,7 +34,7 @@ from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
 from spatialfed.algorithm.stale import u_key
-from spatialfed.algorithm.state import Phase
+from spatialfed.algorithm.server_base import Phase
 from spatialfed.model.params import Params
 
 

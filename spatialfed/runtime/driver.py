@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spatialfed.algorithm.state import Phase
+from spatialfed.algorithm.server_base import Phase
 from spatialfed.errors import SpatialFedError, WorkerTaskError
 from spatialfed.runtime.interface import ACTIVATION, ALARM, Runtime
 
