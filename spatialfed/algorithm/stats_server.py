@@ -27,7 +27,7 @@ from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
-from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
+from spatialfed.algorithm.likelihood import (NotPositiveDefinite, Profile, TrustStep, at_bound, default_bounds, distance,
                                           maximise, newton_length, profile_loglik, stop_point,
                                           taylor_statistics, trust_region_step, updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
@@ -382,8 +382,8 @@ class StatsServer(FederatedServer):
         self.t += 1
         self._explore = Augmented(self.params, self.t, STATS_STEP)
 
-    def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, Step]:
-        """profile.maximise on the surrogate u ↦ ℓ(at(u)) within the box."""
+    def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, TrustStep]:
+        """likelihood.maximise on the surrogate u ↦ ℓ(at(u)) within the box."""
         return maximise(lambda u: self._evaluate(at, u, derivatives=True), base, max_move, *self.bounds,
                         self.policy.inner_steps, self.policy.eig_floor, self.config.tol)
 

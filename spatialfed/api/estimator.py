@@ -36,7 +36,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
-from spatialfed.algorithm.profile import U_NAMES
+from spatialfed.algorithm.likelihood import U_NAMES
 from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings, signals
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
