@@ -35,7 +35,7 @@ def test_fit_out_is_refused_then_replaced_with_overwrite(store, tmp_path, capsys
     (out / "notes.txt").write_text("mine\n")
     assert main(["fit", str(store), "--out", str(out), "--knots", "16", *FIT, "--overwrite"]) == 0
     assert _knots(out) == 16 and (out / "notes.txt").read_text() == "mine\n"  # the result set replaced, notes kept
-    assert not (out / "checkpoint.pkl").exists() and not list(tmp_path.glob(".*tmp*"))
+    assert not (out / "checkpoint.zip").exists() and not list(tmp_path.glob(".*tmp*"))
 
 
 def test_predict_and_map_out_are_replaced_with_overwrite(store, tmp_path, capsys):
@@ -79,9 +79,9 @@ def test_estimator_save_is_refused_then_replaced_with_overwrite(store, tmp_path)
     assert other.save(out, overwrite=True) == out and _knots(out) == 16
     # a directory holding only the fit's own checkpoint is not an output yet: save needs no overwrite=True
     own = tmp_path / "own"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(own / "checkpoint.pkl"),
+    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(own / "checkpoint.zip"),
                 checkpoint_every=1).fit(store).save(own)
-    assert _knots(own) == 9 and (own / "checkpoint.pkl").exists()
+    assert _knots(own) == 9 and (own / "checkpoint.zip").exists()
 
 
 def test_a_second_prediction_into_a_directory_keeps_the_metrics_json_there(store, tmp_path, capsys):
@@ -156,7 +156,7 @@ def test_fit_overwrite_on_a_full_disk_keeps_the_old_results_and_names_the_new_fi
         capsys.readouterr()
         assert main(["fit", str(store), "--out", str(out), "--knots", "16", "--overwrite", *FIT]) == 1
     err = capsys.readouterr().err.strip()
-    ckpt = out / "checkpoint.pkl"
+    ckpt = out / "checkpoint.zip"
     assert len(err.splitlines()) == 1 and f"the new fit is kept in {ckpt}" in err and "--resume" in err, err
     assert (out / "fit.json").read_text() == before and ckpt.exists()
     assert main(["fit", "--resume", str(out), "--quiet"]) == 0  # space freed: the resume writes the new fit
