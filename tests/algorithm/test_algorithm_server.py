@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from support import TRUTH, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import TRUTH, simulate
 
 from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.config import FitConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import optimize, stats
-from support import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.privacy import GaussianMechanism
