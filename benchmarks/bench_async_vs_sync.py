@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 from async_reports import LOGLIK_TOL, bounds, figure, settled_by_counts, stats_of, summarize, table  # noqa: F401
+from harness import say
 
 RTOL = 1e-3  # settle tolerance of every parameter, relative to the reference
 #: the same ratio also at a tolerance ten times looser and ten times tighter: a ratio above 1 at RTOL that is not above
@@ -171,9 +172,6 @@ def time_to_target(trace, ref, rtol=RTOL) -> float | None:
     last_bad = max((i for i, flag in enumerate(ok) if not flag), default=-1)
     return float(trace[last_bad + 1]["time_s"])
 
-
-def say(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 def fit(store, setting, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None,

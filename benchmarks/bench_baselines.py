@@ -45,11 +45,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import say  # benchmarks/ is on sys.path: the script's own directory
+
 M_KNOTS, NU, BETA, SIGMA2 = 100, 0.5, 0.1, 1.0
 
-
-def say(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 def run(name, store, out_dir, runtime, client, truth, **settings):

@@ -80,40 +80,6 @@ class Capture(io.TextIOBase):
         pass
 
 
-class Gaps(io.TextIOBase):
-    """A tee in front of `stream` that notes when each line (or tqdm refresh) is written: the time to the first and
-    the longest stretch without output since `start()` (``stop()`` counts the last stretch up to then)."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.start()
-
-    def start(self) -> None:
-        self.t0 = self.last = time.perf_counter()
-        self.first_s, self.longest_s = None, 0.0
-
-    def stop(self) -> dict:
-        now = time.perf_counter()
-        self.longest_s = max(self.longest_s, now - self.last)
-        return {"first_output_s": None if self.first_s is None else round(self.first_s, 2),
-                "longest_silence_s": round(self.longest_s, 2)}
-
-    def isatty(self):
-        return bool(getattr(self.stream, "isatty", lambda: False)())
-
-    def write(self, s):
-        if "\n" in s or "\r" in s:
-            now = time.perf_counter()
-            if self.first_s is None:
-                self.first_s = now - self.t0
-            self.longest_s = max(self.longest_s, now - self.last)
-            self.last = now
-        return self.stream.write(s)
-
-    def flush(self):
-        self.stream.flush()
-
-
 def instrument(tl: Timeline) -> None:
     """Wrap the fit's phases (this process only) so that each start and end lands on the timeline."""
     import spatialfed.api.estimator as est
@@ -268,7 +234,7 @@ def main(argv=None) -> None:
     try:
         made = {}
         if not args.reuse:
-            from bench_million import make_store
+            from harness import make_store
 
             made = make_store(store, n, args.workers, args.seed)
             made.pop("truth", None)

@@ -95,7 +95,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -103,60 +102,13 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jsonrows import emitter  # noqa: E402
+from harness import PeakRSS, emitter, say  # noqa: E402
 
 from spatialfed.model.names import RESIDUAL_CHOICES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "heaton-simulated"
 LONLAT = "EPSG:4326"
-
-
-def say(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
-
-
-class PeakRSS:
-    """Peak of Σ RSS over this process (and its children) sampled by a background thread while in the block."""
-
-    def __init__(self, children: bool = True, interval: float = 0.1):
-        import psutil
-
-        self._proc = psutil.Process()
-        self._children = children
-        self._interval = interval
-        self._stop = threading.Event()
-        self.peak = 0
-
-    def sample(self) -> int:
-        procs = [self._proc] + (self._proc.children(recursive=True) if self._children else [])
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except Exception:  # a child that exited between listing and reading
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.sample())
-            self._stop.wait(self._interval)
-
-    def __enter__(self) -> "PeakRSS":
-        self.peak = self.sample()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.sample())
-
-    @property
-    def mb(self) -> float:
-        return self.peak / 2**20
 
 
 def load(data: Path, subsample: int | None, seed: int, keep_test: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -25,7 +25,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jsonrows import emitter  # noqa: E402
+from harness import emitter  # noqa: E402
 
 from spatialfed.api import FederatedGP  # noqa: E402
 from spatialfed.data import datasets  # noqa: E402

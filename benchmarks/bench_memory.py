@@ -10,7 +10,7 @@ the in-process simulated runtime.
 
 One JSON row per fit on stdout: {J, n_per_site, residual, scheme, peak_rss_mb, fit_s, iterations, ...}.
 ``peak_rss_mb``: the largest sum of the resident set sizes of this process and its children (scheduler in this
-process, the Dask workers), sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS);
+process, the Dask workers), sampled every 0.1 s during the fit (benchmarks/harness.py's PeakRSS);
 ``base_rss_mb``: the same sum just before the fit (processes started, data not loaded). ``fit_s``: wall seconds of
 ``FederatedGP.fit``. Extra keys: converged, stop_reason, loglik, params, runtime, mode.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_large import DATA, LONLAT, PeakRSS, load, say  # noqa: E402
-from jsonrows import emitter  # noqa: E402
+from bench_large import DATA, LONLAT, load  # noqa: E402
+from harness import PeakRSS, emitter, say  # noqa: E402
 
 
 def per_site(n: int, m: int, residual: str, seed: int) -> list[dict]:

@@ -13,7 +13,7 @@ Each fit (m = 100 knots, ν = 0.5, the library's mode unless ``--mode`` says oth
 ``--dask-workers`` processes (1 thread each, BLAS single-threaded; restarted before every fit after the first) with
 the library's progress lines on stderr. ``fit_s``: wall seconds of ``FederatedGP.fit`` (the cluster's start is not
 counted); ``peak_rss_mb``: the largest sum of resident set sizes of this process and its children (the Dask workers),
-sampled every 0.1 s during the fit (benchmarks/bench_large.py's PeakRSS); ``sim_peak_rss_mb`` the same during simulate
+sampled every 0.1 s during the fit (benchmarks/harness.py's PeakRSS); ``sim_peak_rss_mb`` the same during simulate
 + ingest. Extra keys: mode, stop_reason, init_s (seconds into the fit when φ₀ was ready), first_output_s and
 longest_silence_s (seconds from the call to the fit's first progress line on stderr, and the longest stretch without
 one: benchmarks/bench_first_output.py's Gaps), loglik, params, truth; with a test group, predict_s
@@ -40,30 +40,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_first_output import Gaps  # noqa: E402
-from bench_large import PeakRSS, say  # noqa: E402
-from jsonrows import emitter  # noqa: E402
-
-
-def make_store(path: Path, n: int, J: int, seed: int, test: int = 0) -> dict:
-    """Simulate n points (and `test` held-out ones) and write them as a J-site area-partitioned store with its test
-    group; timings and peak RSS."""
-    from spatialfed.data.simulate import simulate
-    from spatialfed.data.store import write_store
-
-    with PeakRSS(children=False) as mem:
-        tic = time.perf_counter()
-        sim = simulate(J, n // J, partition="area", beta=0.1, seed=seed, test_size=test, progress=True)
-        simulate_s = time.perf_counter() - tic
-        tic = time.perf_counter()
-        write_store(path, sim.parts(), partition=sim.partition, crs=None, covariate_names=sim.covariate_names,
-                    truth=sim.truth, test=sim.test, overwrite=True,
-                    extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
-        ingest_s = time.perf_counter() - tic
-    say(f"simulated {len(sim.z)} points ({sim.method}) in {simulate_s:.1f} s, wrote {path} in {ingest_s:.1f} s, "
-        f"peak {mem.mb:.0f} MB")
-    return {"simulate_s": round(simulate_s, 2), "ingest_s": round(ingest_s, 2), "sim_peak_rss_mb": round(mem.mb, 1),
-            "truth": sim.truth, "method": sim.method}
+from harness import Gaps, PeakRSS, emitter, make_store, say  # noqa: E402
 
 
 def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, object]:

@@ -19,7 +19,7 @@ Datasets:
         [--profiles balanced,straggler,graded] [--days 870715,870625,870801] [--n-per-worker 200,500]
         [--seeds 0,1,2] [--ozone-knots 60,25] [--agg-threshold A] [--out rows.jsonl] [--traces traces.jsonl]
 
-prints one JSON row per (dataset, partition, knots, preset, profile) (benchmarks/jsonrows.py): {dataset, partition, J,
+prints one JSON row per (dataset, partition, knots, preset, profile) (benchmarks/harness.py): {dataset, partition, J,
 n, knots, preset, profile, agg_threshold, sync_loglik, async_loglik (of a fit that raised: its last trace row's, a
 surrogate value), diff (async − sync), ok (|diff| ≤ 1e-3 and both converged), converged_sync, converged_async,
 stop_reason_sync, stop_reason_async, iterations (async aggregations), sync_iterations, sync_params, async_params,
@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jsonrows import emitter  # noqa: E402
+from harness import emitter, say  # noqa: E402
 
 TOL_LOGLIK = 1e-3
 OZONE_KNOTS = 60
@@ -64,9 +64,6 @@ SIM_KNOTS, SIM_J, NU, BETA = 100, 10, 0.5, 0.1
 PROFILES = ("balanced", "straggler", "graded")
 TRACE_KEYS = ("iter", "time_s", "step", "loglik", "delta", "sigma2", "beta", "max_staleness")
 
-
-def say(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 def _estimator():

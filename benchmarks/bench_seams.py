@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jsonrows import emitter  # noqa: E402
+from harness import emitter  # noqa: E402
 
 PREDICTORS = ("seamless", "lowrank")
 
