@@ -1,7 +1,7 @@
 """How far can asynchrony go? The floor of the asynchronous fit's ratio, per store, from one answer of the slowest site.
 
 An asynchronous statistics fit settles only when its estimate is within 1e-3 of the optimum u*, and the slowest
-site's statistics enter it through a model (second-order Taylor, profile.taylor_statistics) around the points it
+site's statistics enter it through a model (second-order Taylor, likelihood.taylor_statistics) around the points it
 answered at. This script measures, per store, where the surrogate built from every other site's exact statistics and
 ONE answer of the slowest site (site J−1: the slow one of the straggler and graded profiles) has its maximiser:
 
@@ -55,7 +55,7 @@ def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -
     on a bound the gradient pushes against stay there. None when the sums are not positive definite at `start` (a
     model that cannot be used there). Not a quasi-Newton method: trial points where the sums are not positive
     definite are common far from a model's centre, and L-BFGS-B stops at the first one."""
-    from spatialfed.algorithm.profile import NotPositiveDefinite, profile_loglik, sum_statistics
+    from spatialfed.algorithm.likelihood import NotPositiveDefinite, profile_loglik, sum_statistics
 
     def at(u):
         try:
@@ -93,7 +93,7 @@ def maximiser(statistics, start, bounds, knots, kernel, iterations: int = 200) -
 
 def floor_row(spec: bench.StoreSpec, setting: bench.Setting) -> dict:
     """One store: φ₀, u*, u_s, the one-answer maximisers' distances from u* and sync's settle rounds."""
-    from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
+    from spatialfed.algorithm.likelihood import sum_statistics, taylor_statistics
     from spatialfed.algorithm.stale import secant, site_models, u_key
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.simulate import simulate_store

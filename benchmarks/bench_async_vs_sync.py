@@ -173,6 +173,7 @@ def time_to_target(trace, ref, rtol=RTOL) -> float | None:
     return float(trace[last_bad + 1]["time_s"])
 
 
+
 def fit(store, setting, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None,
         strategies=None, preset="paper"):
     from spatialfed.api import FederatedGP
@@ -214,7 +215,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
 
     from spatialfed.algorithm.config import FitConfig
     from spatialfed.algorithm.protocol import STATS_STEP, Quantity, evaluate
-    from spatialfed.algorithm.state import Phase
+    from spatialfed.algorithm.server_base import Phase
     from spatialfed.algorithm.stats_server import StatsServer
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.data.store import open_store

@@ -65,6 +65,7 @@ PROFILES = ("balanced", "straggler", "graded")
 TRACE_KEYS = ("iter", "time_s", "step", "loglik", "delta", "sigma2", "beta", "max_staleness")
 
 
+
 def _estimator():
     """FederatedGP that keeps its server (``server_``), so a fit that raises can still be inspected."""
     from spatialfed.api import FederatedGP

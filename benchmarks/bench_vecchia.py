@@ -5,7 +5,7 @@
 One site of --n uniform points on [0,1]² holds an exact draw of a Matérn-½ field (σ² = 1, range --beta) plus a
 nugget, z = 1 + field, X = intercept, 100 knots on a grid. At the truth u = (log 1/nugget, 0, log β) the site answers
 a statistics request (model/stats.py) with the full residual and with the Vecchia residual for every k and ordering;
-the server's exact profile (algorithm/profile.py) gives ℓ_LR and the Newton step. One JSON row per residual:
+the server's exact profile (algorithm/likelihood.py) gives ℓ_LR and the Newton step. One JSON row per residual:
 {n, beta, nugget, residual, ordering, k, cpu_s (of the request, one BLAS thread), loglik, dloglik (vecchia − full),
 dstep (largest |Newton step difference| in u)}.
 """
@@ -20,7 +20,7 @@ import numpy as np
 from scipy.spatial.distance import cdist
 from threadpoolctl import threadpool_limits
 
-from spatialfed.algorithm.profile import profile_loglik, sum_statistics
+from spatialfed.algorithm.likelihood import profile_loglik, sum_statistics
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.stats import site_statistics

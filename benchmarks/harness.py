@@ -1,6 +1,5 @@
-"""What the benchmarks share: JSON rows on stdout (and a rows file), progress on stderr, peak memory, the silences
-of a progress display, and a simulated area-partitioned store. Scripts import it as `from harness import ...`
-(each puts benchmarks/ on sys.path by running from it)."""
+"""What the benchmark scripts share: JSON rows (one per line on stdout, optionally appended to a file), progress
+lines on stderr, timing, peak memory, output gaps, and the simulated area-partitioned store they fit."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import json
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -26,8 +26,22 @@ def emitter(out: Path | None):
 
 
 def say(*args) -> None:
-    """Progress for a person: stderr, flushed (stdout carries the JSON rows)."""
+    """A progress line on stderr (stdout carries the JSON rows)."""
     print(*args, file=sys.stderr, flush=True)
+
+
+class _Elapsed:
+    s: float = 0.0
+
+
+@contextmanager
+def stopwatch():
+    """`with stopwatch() as t: ...` then t.s: the block's wall-clock seconds (time.perf_counter)."""
+    elapsed, tic = _Elapsed(), time.perf_counter()
+    try:
+        yield elapsed
+    finally:
+        elapsed.s = time.perf_counter() - tic
 
 
 class PeakRSS:
@@ -114,14 +128,13 @@ def make_store(path: Path, n: int, J: int, seed: int, test: int = 0) -> dict:
     from spatialfed.data.store import write_store
 
     with PeakRSS(children=False) as mem:
-        tic = time.perf_counter()
-        sim = simulate(J, n // J, partition="area", beta=0.1, seed=seed, test_size=test, progress=True)
-        simulate_s = time.perf_counter() - tic
-        tic = time.perf_counter()
-        write_store(path, sim.parts(), partition=sim.partition, crs=None, covariate_names=sim.covariate_names,
-                    truth=sim.truth, test=sim.test, overwrite=True,
-                    extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
-        ingest_s = time.perf_counter() - tic
+        with stopwatch() as simulating:
+            sim = simulate(J, n // J, partition="area", beta=0.1, seed=seed, test_size=test, progress=True)
+        with stopwatch() as writing:
+            write_store(path, sim.parts(), partition=sim.partition, crs=None, covariate_names=sim.covariate_names,
+                        truth=sim.truth, test=sim.test, overwrite=True,
+                        extra_attrs={"simulation": {"method": sim.method, "seed": seed}})
+    simulate_s, ingest_s = simulating.s, writing.s
     say(f"simulated {len(sim.z)} points ({sim.method}) in {simulate_s:.1f} s, wrote {path} in {ingest_s:.1f} s, "
         f"peak {mem.mb:.0f} MB")
     return {"simulate_s": round(simulate_s, 2), "ingest_s": round(ingest_s, 2), "sim_peak_rss_mb": round(mem.mb, 1),

@@ -1,5 +1,5 @@
 """Test data and the centralized maximiser of ℓ_LR that the federated fits are checked against (shared by the test
-modules of every layer: ``from support import simulate, LowRankReference, single_blas_thread``).
+modules of every layer: ``from support import simulate, LowRankReference``).
 
 Data follow the paper's Section 6 design: covariates ~ N(0, 1) without an intercept (`intercept=True` for the joint
 (μ, γ) step, docs/algorithm.md), an exactly simulated Matérn field plus noise, a regular knot grid.
@@ -17,14 +17,6 @@ from scipy.spatial.distance import cdist
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
-from spatialfed.runtime.blas import limit_blas_threads
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_blas_thread():
-    """Small dense problems: extra BLAS threads only add overhead (and stall on a busy machine)."""
-    with limit_blas_threads(1):
-        yield
 
 
 TRUTH = dict(gamma=np.array([1.0, 2.0, -1.0]), delta=4.0, sigma2=1.0, beta=0.1)

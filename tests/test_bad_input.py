@@ -201,7 +201,7 @@ def world(tmp_path_factory):
     (badfit / "fit.json").write_text('{"method": "lowrank", ')
     w["BADFIT"] = str(badfit)
     CK = base / "ck"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(CK / "checkpoint.pkl"),
+    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(CK / "checkpoint.zip"),
                 checkpoint_every=1).fit(S).save(CK)
     w["CK"] = str(CK)
     for how in ("deleted", "corrupted", "truncated", "no_group", "no_root", "bad_root_json"):
@@ -270,13 +270,13 @@ def _prepare(setup, world, T: Path):
         shutil.copytree(world["CK"], T / "ck")
     elif setup == "ck_only":  # a checkpoint without the rest of the fit directory
         (T / "ck").mkdir()
-        shutil.copy(Path(world["CK"]) / "checkpoint.pkl", T / "ck" / "checkpoint.pkl")
+        shutil.copy(Path(world["CK"]) / "checkpoint.zip", T / "ck" / "checkpoint.zip")
     elif setup == "empty_ck":
         (T / "ck").mkdir()
-        (T / "ck" / "checkpoint.pkl").write_bytes(b"")
+        (T / "ck" / "checkpoint.zip").write_bytes(b"")
     elif setup == "text_ck":
         (T / "ck").mkdir()
-        (T / "ck" / "checkpoint.pkl").write_text("not a checkpoint")
+        (T / "ck" / "checkpoint.zip").write_text("not a checkpoint")
     elif setup == "nock":
         (T / "ck").mkdir()
         (T / "ck" / "fit.json").write_text("{}")
@@ -640,12 +640,12 @@ CLI_CASES = [
      r".*/ck`", "ck_only"),
     # fit --resume
     ("resume-no-checkpoint", ["fit", "--resume", "{T}/ck", "--quiet"],
-     r"no checkpoint at .*ck/checkpoint\.pkl", "nock"),
+     r"no checkpoint at .*ck/checkpoint\.zip", "nock"),
     ("resume-dir-missing", ["fit", "--resume", "{T}/nope", "--quiet"], r"no checkpoint at .*nope", None),
     ("resume-empty-checkpoint", ["fit", "--resume", "{T}/ck", "--quiet"],
-     r"checkpoint\.pkl is not a spatialfed checkpoint", "empty_ck"),
+     r"checkpoint\.zip is not a spatialfed checkpoint", "empty_ck"),
     ("resume-not-a-checkpoint", ["fit", "--resume", "{T}/ck", "--quiet"],
-     r"checkpoint\.pkl is not a spatialfed checkpoint", "text_ck"),
+     r"checkpoint\.zip is not a spatialfed checkpoint", "text_ck"),
     ("resume-other-store", ["fit", "{O}", "--resume", "{T}/ck", "--quiet"],
      r"checkpoint was made on store .*s\.zarr .*o\.zarr is a different store .*; pass .*s\.zarr as STORE\.zarr "
      r"\(or leave STORE\.zarr out", "ckdir"),
@@ -943,13 +943,13 @@ def _resume_other_store(w, T):
     from spatialfed.api import FederatedGP
 
     shutil.copytree(w["CK"], T / "ck")
-    FederatedGP.resume(T / "ck" / "checkpoint.pkl", store=w["O"], progress=False)
+    FederatedGP.resume(T / "ck" / "checkpoint.zip", store=w["O"], progress=False)
 
 
 def _resume_missing(w, T):
     from spatialfed.api import FederatedGP
 
-    FederatedGP.resume(T / "nope" / "checkpoint.pkl")
+    FederatedGP.resume(T / "nope" / "checkpoint.zip")
 
 
 def _load(key):

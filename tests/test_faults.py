@@ -272,7 +272,7 @@ def test_a_killed_scheduler_is_one_clear_error_and_the_rescued_state_resumes(sto
     msg = str(err)
     assert "\n" not in msg and f"lost the Dask scheduler at {subprocess_cluster.address}" in msg
     assert "CommClosedError" not in msg
-    rescued = list(tmp_path.glob("spatialfed-rescue-*/checkpoint.pkl"))
+    rescued = list(tmp_path.glob("spatialfed-rescue-*/checkpoint.zip"))
     assert len(rescued) == 1 and err.checkpoint == rescued[0] and err.iteration >= 2
     assert f"FederatedGP.resume('{rescued[0]}')" in msg and f"spatialfed fit --resume {rescued[0]}" in msg
     gp = FederatedGP.resume(rescued[0], scheduler=None, n_dask_workers=2)

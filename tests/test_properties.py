@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import optimize
 
-from spatialfed.algorithm.profile import default_bounds, sum_statistics, trust_region_step
+from spatialfed.algorithm.likelihood import default_bounds, sum_statistics, trust_region_step
 from spatialfed.model.blocks import modified_hessian
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern

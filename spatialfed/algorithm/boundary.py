@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spatialfed.algorithm.profile import Profile, Step, at_bound, pushing_out
+from spatialfed.algorithm.likelihood import Profile, TrustStep, at_bound, pushing_out
 
 
 def newton_step(base: Profile, lower, upper) -> np.ndarray | None:
@@ -32,7 +32,7 @@ class BoundaryProbe:
         self.last: tuple[np.ndarray, np.ndarray | None] | None = None  # the previous base's u and Newton step
         self.probed: list[int] = []  # log-parameters already tried at a bound (once each)
 
-    def step(self, base: Profile, step: Step, lower, upper) -> Step | None:
+    def step(self, base: Profile, step: TrustStep, lower, upper) -> TrustStep | None:
         """`step` with one log-parameter moved to its bound, or None."""
         newton = newton_step(base, lower, upper)
         last, self.last = self.last, (np.array(base.u, dtype=float), newton)
@@ -48,5 +48,5 @@ class BoundaryProbe:
                 p = step.p.copy()
                 p[i] = (upper[i] if side > 0 else lower[i]) - base.u[i]
                 self.probed.append(i)
-                return Step(p=p, predicted=0.0, at_bound=at_bound(base.u + p, lower, upper))
+                return TrustStep(p=p, predicted=0.0, at_bound=at_bound(base.u + p, lower, upper))
         return None

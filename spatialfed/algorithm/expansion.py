@@ -1,8 +1,8 @@
-"""A weighted sum of the Taylor models of site statistics (profile.taylor_statistics), re-expanded once around one
+"""A weighted sum of the Taylor models of site statistics (likelihood.taylor_statistics), re-expanded once around one
 centre so that evaluating it costs about one model's evaluation instead of one per site: the asynchronous server
 evaluates its surrogate Σ_j T_j(u) (stale.site_models) at every inner step of a maximisation.
 
-Model j is e^{w·Δ_j} Q_j(Δ_j), Δ_j = u − u_j, with Q_j a quadratic polynomial in the scaled frame (profile.scaled_frame)
+Model j is e^{w·Δ_j} Q_j(Δ_j), Δ_j = u − u_j, with Q_j a quadratic polynomial in the scaled frame (likelihood.scaled_frame)
 plus, within d3_radius of u_j, a cubic term ⅙ ∂³G[Δ_j, Δ_j, Δ_j]. With one w for all models and D = u − u_c,
     Σ_j c_j e^{w·Δ_j} Q_j(Δ_j) = e^{w·D} Σ_j c_j e^{w·(u_c − u_j)} Q_j(u_c − u_j + D),
 a quadratic polynomial in D whose coefficients are the models' derivatives at u_c (exact: re-expanding a polynomial
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from spatialfed.algorithm.profile import TRIPLES, exact_scaling, scaled_frame
+from spatialfed.algorithm.likelihood import TRIPLES, exact_scaling, scaled_frame
 from spatialfed.model.names import PAIRS
 
 #: (row a, pair r, index b) with H_ab in pair r: (H D)_a = Σ_r H_r D_b over these
@@ -54,14 +54,14 @@ def _cubic(T: np.ndarray, D: np.ndarray):
 
 
 def _frame(st: Mapping, w: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """profile.scaled_frame packed and flattened to (q,), (3, q), (6, q)."""
+    """likelihood.scaled_frame packed and flattened to (q,), (3, q), (6, q)."""
     S, dS, d2S = scaled_frame(st, w, packed=True)
     return np.reshape(S, q), np.reshape(dS, (3, q)), np.reshape(d2S, (6, q))
 
 
 class Expansion:
     """u ↦ Σ_i c_i T_i(u) for `terms` [(statistics, c_i)], T_i = taylor_statistics(statistics_i, ·), returned as one
-    statistics dict (as profile.sum_statistics would return the sum of the evaluations), times `scale`.
+    statistics dict (as likelihood.sum_statistics would return the sum of the evaluations), times `scale`.
 
     The terms' quadratic parts are summed around `center` once; a term's cubic part (statistics with "d3S", "d3d")
     is added where u lies within its "d3_radius" of its u_i."""

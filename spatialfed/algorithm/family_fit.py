@@ -1,8 +1,8 @@
 """The statistics server (SPEC §2b) for a MaternFamily: u = (log δ, log σ², κ) of any length q, sync or async.
 
 Each site sends its statistics at the u it was asked (model/family_stats.py); the server keeps every site's latest,
-models the stale ones at the current u by their second-order Taylor expansion (profile.taylor_statistics, exact at
-their own u) and maximises the profile ℓ_LR of the sum by safeguarded Newton steps (profile.maximise). Synchronous:
+models the stale ones at the current u by their second-order Taylor expansion (likelihood.taylor_statistics, exact at
+their own u) and maximises the profile ℓ_LR of the sum by safeguarded Newton steps (likelihood.maximise). Synchronous:
 all sites answer at each u and a step that lowers the exact ℓ is withdrawn (the trust radius shrinks). Asynchronous:
 the server steps on each answer and sends that site the new u. Both stop at an exact round — every site's
 statistics at one u — whose own Newton step is below tol in every coordinate.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, default_bounds, distance, maximise, profile_loglik,
+from spatialfed.algorithm.likelihood import (NotPositiveDefinite, Profile, default_bounds, distance, maximise, profile_loglik,
                                           sum_statistics, taylor_statistics, trust_region_step, updated_radius)
 from spatialfed.algorithm.family_interval import likelihood_ratio_interval
 from spatialfed.model.family import MaternFamily
@@ -32,7 +32,7 @@ ROUNDOFF = 1e-13
 
 
 def family_bounds(family: MaternFamily, s2: float, diameter: float) -> tuple[np.ndarray, np.ndarray]:
-    """Box on u: profile.default_bounds for (log δ, log σ², log β), then the family's own (family.bounds)."""
+    """Box on u: likelihood.default_bounds for (log δ, log σ², log β), then the family's own (family.bounds)."""
     lo, hi = default_bounds(s2, diameter)
     klo, khi = family.bounds()
     return np.concatenate([lo, klo]), np.concatenate([hi, khi])

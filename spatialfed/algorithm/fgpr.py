@@ -13,7 +13,7 @@ is a pure function of the partition and p) with rate lr/√r in round r. Mini-ba
 replacement) or `nearest` (a random centre and its M − 1 nearest neighbours, the sgGP batches of Chen et al. 2020
 that the FGPR paper builds on).
 
-Server (Algorithm 1 of the FGPR paper, `FgprServer`): φ₀ from the moments/variogram passes of init.py, then rounds
+Server (Algorithm 1 of the FGPR paper, `FgprServer`): φ₀ from the moments/variogram passes of start.py, then rounds
 r = 1..R: K_c clients drawn uniformly without replacement (all when participation is None), each runs the local
 update from the global θ, and the server averages the returned θ_k (constrained, as θ̄ = Σ_k p_k θ_k of Sec. 2.2)
 with weights n_k / Σ_{k∈S_c} n_k (McMahan et al. 2017's FedAvg, which Remark 3 names; the paper's Sec. 2.2
@@ -33,7 +33,7 @@ import numpy as np
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import FGPR_STEP, FINAL_STEP, Augmented, Quantity
 from spatialfed.algorithm.server import FederatedServer, ServerState, relative_change
-from spatialfed.algorithm.state import Phase
+from spatialfed.algorithm.server_base import Phase
 from spatialfed.model import blocks
 
 #: the protocol step of one FGPR local update (Algorithm 2 of the FGPR paper)
@@ -104,7 +104,7 @@ class FgprServer(ServerState):
     """FGPR's server with FederatedServer's runtime-facing interface (dispatch/next_task/busy/receive/done, trace).
 
     Phases: "moments" → "variogram" (φ₀, run by an inner FederatedServer with no knots: the same summaries and
-    rules of init.py) → "loop" (round t = 1..R) → "value" (ℓ_ind at the estimate) → "done".
+    rules of start.py) → "loop" (round t = 1..R) → "value" (ℓ_ind at the estimate) → "done".
     """
 
     def __init__(self, n_workers: int, kernel, config: FgprConfig | None = None, start: Mapping | None = None):

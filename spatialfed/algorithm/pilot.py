@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from spatialfed.algorithm.boundary import BoundaryProbe
-from spatialfed.algorithm.profile import Profile, distance, sum_statistics, trust_region_step, updated_radius
+from spatialfed.algorithm.likelihood import Profile, distance, sum_statistics, trust_region_step, updated_radius
 from spatialfed.algorithm.protocol import PILOT_STEP, Augmented
 from spatialfed.model.params import Params
 

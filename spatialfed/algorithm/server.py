@@ -6,7 +6,7 @@ step), the counters Num.step and the parameter tuple φ. A runtime asks `next_ta
 together). `agg_threshold = J` with every strategy off is the synchronous algorithm of Section 3.1
 (`mean_step="block"`: μ,Σ → γ → θ; the default `"joint"` updates (μ, Σ, γ) together at the mu_sigma step).
 
-Phases: "moments" → "variogram" (summaries for φ₀, init.py) → "loop" (iteration t = 0 is Algorithm 1's synchronous
+Phases: "moments" → "variogram" (summaries for φ₀, start.py) → "loop" (iteration t = 0 is Algorithm 1's synchronous
 pass, t ≥ 1 are Algorithm 3's iterations) → "final" (synchronous μ*, Σ* at the final (γ, δ, θ)) → "value" (ℓ_LR at
 that estimate) → "done".
 """
@@ -20,11 +20,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.config import FitConfig, retire
 from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
-from spatialfed.algorithm.state import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
+from spatialfed.algorithm.server_base import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
 from spatialfed.algorithm.strategies import (
     aggregate,
     corrected_gradient,
@@ -426,26 +426,27 @@ class FederatedServer(ServerState):
 
     def _after_moments(self, xis, now) -> None:
         self._n_j = {j: int(xi["n"]) for j, xi in zip(self.active, xis)}
-        self._ols_gamma, self._s2, self.n_obs = init.pooled_ols(xis)
-        self._diameter = init.study_diameter(self.knots, xis)
-        self._cutoff = init.variogram_cutoff(self._diameter, xis)
+        self._ols_gamma, self._s2, self.n_obs = starting.pooled_ols(xis)
+        self._diameter = starting.study_diameter(self.knots, xis)
+        self._cutoff = starting.variogram_cutoff(self._diameter, xis)
         if all(key in self.start for key in ("delta", "sigma2", "beta")):
             self._begin_loop(now)
         else:
-            edges = init.variogram_edges(self._cutoff)
+            edges = starting.variogram_edges(self._cutoff)
             self._begin_synchronous(Phase.VARIOGRAM, Augmented(None, 0, "variogram",
                                                            {"gamma": self._ols_gamma, "edges": edges}))
 
     def _after_variogram(self, xis, now) -> None:
         sums = aggregate(xis, uniform_weights(len(xis)))
-        tau2, sigma2, beta = init.fit_variogram(sums["sum_sq"], sums["count"], init.variogram_edges(self._cutoff),
-                                                self.kernel, self._s2, self._diameter)
+        edges = starting.variogram_edges(self._cutoff)
+        tau2, sigma2, beta = starting.fit_variogram(sums["sum_sq"], sums["count"], edges, self.kernel, self._s2,
+                                                    self._diameter)
         self._begin_loop(now, {"delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta})
 
     def _begin_loop(self, now: float, estimated: Mapping | None = None) -> None:
-        """φ₀ (init.initial_params, `start` overriding) and Algorithm 1's synchronous pass as iteration t = 0."""
+        """φ₀ (start.initial_params, `start` overriding) and Algorithm 1's synchronous pass as iteration t = 0."""
         values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
-        self.params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
+        self.params = starting.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
                                           self.knots, self.kernel)
         self._record("init", now, 0)
         self._begin_synchronous(Phase.LOOP, self._task(STEPS[0]))

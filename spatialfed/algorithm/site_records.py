@@ -13,7 +13,7 @@ import numpy as np
 
 from spatialfed.algorithm import stale
 from spatialfed.algorithm.config import StatsPolicy
-from spatialfed.algorithm.profile import THIRD, distance
+from spatialfed.algorithm.likelihood import THIRD, distance
 
 
 class Surrogate(NamedTuple):

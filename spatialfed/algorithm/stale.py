@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from spatialfed.algorithm.expansion import Expansion
-from spatialfed.algorithm.profile import (
+from spatialfed.algorithm.likelihood import (
     _PAIR,
     _TRIPLE,
     THIRD,

@@ -22,19 +22,19 @@ import dataclasses
 
 import numpy as np
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
-from spatialfed.algorithm.profile import (NotPositiveDefinite, Profile, Step, at_bound, default_bounds, distance,
+from spatialfed.algorithm.likelihood import (NotPositiveDefinite, Profile, TrustStep, at_bound, default_bounds, distance,
                                           maximise, newton_length, profile_loglik, stop_point,
                                           taylor_statistics, trust_region_step, updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
 from spatialfed.algorithm.stale import u_key
-from spatialfed.algorithm.state import Phase
+from spatialfed.algorithm.server_base import Phase
 from spatialfed.model.params import Params
 
 
@@ -233,10 +233,10 @@ class StatsServer(FederatedServer):
 
     # --- the loop -------------------------------------------------------------------------------------
     def _begin_loop(self, now: float, estimated=None) -> None:
-        """φ₀ (init.initial_params, `start` overriding), the box for u, then the pilot (pilot.py), the first epoch."""
+        """φ₀ (start.initial_params, `start` overriding), the box for u, then the pilot (pilot.py), the first epoch."""
         values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
         self.bounds = self._user_bounds or default_bounds(self._s2, self._diameter)
-        params = init.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
+        params = starting.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
                                      self.knots, self.kernel)
         self.params = params.with_u(np.clip(params.u, *self.bounds))
         self._record("init", now, 0)
@@ -382,8 +382,8 @@ class StatsServer(FederatedServer):
         self.t += 1
         self._explore = Augmented(self.params, self.t, STATS_STEP)
 
-    def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, Step]:
-        """profile.maximise on the surrogate u ↦ ℓ(at(u)) within the box."""
+    def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, TrustStep]:
+        """likelihood.maximise on the surrogate u ↦ ℓ(at(u)) within the box."""
         return maximise(lambda u: self._evaluate(at, u, derivatives=True), base, max_move, *self.bounds,
                         self.policy.inner_steps, self.policy.eig_floor, self.config.tol)
 

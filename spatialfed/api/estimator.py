@@ -36,7 +36,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
-from spatialfed.algorithm.profile import U_NAMES
+from spatialfed.algorithm.likelihood import U_NAMES
 from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings, signals
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
@@ -404,7 +404,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             from spatialfed.algorithm.fgpr import FgprServer
 
             return FgprServer(n_workers, Matern(self.nu), config, self.start)
-        from spatialfed.algorithm.servers import server_for
+        from spatialfed.algorithm.make_server import server_for
 
         return server_for(n_workers, knots, Matern(self.nu), config, self.start)
 

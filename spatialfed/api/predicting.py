@@ -28,17 +28,9 @@ def check_fitted(gp, what: str = "this method") -> None:
 
 def fitted_model(gp):
     """The ``outputs.prediction.FittedModel`` of a fitted estimator (what ``load_model`` reads from its fit dir)."""
-    from spatialfed.model.params import Params
     from spatialfed.outputs.prediction import FittedModel
 
-    m = len(gp.knots_)
-    mu = np.zeros(m) if gp.mu_ is None else gp.mu_
-    Sigma = np.zeros((m, m)) if gp.Sigma_ is None else gp.Sigma_
-    p = gp.params_
-    params = Params(mu, Sigma, np.asarray(p["gamma"], dtype=float), p["delta"], p["sigma2"], p["beta"])
-    return FittedModel(params, np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.nu),
-                       getattr(gp, "residual_", gp.residual), gp.method, list(gp.covariate_names_),
-                       vecchia_k=gp.vecchia_k_, transform=getattr(gp, "transform_", "none"))
+    return FittedModel.from_estimator(gp)
 
 
 def targets(gp, X, coords=None):

@@ -77,7 +77,7 @@ def restored_server(gp, resume, n_workers: int):
     import dataclasses
 
     from spatialfed.algorithm.checkpoint import read_checkpoint
-    from spatialfed.algorithm.servers import restore_server
+    from spatialfed.algorithm.make_server import restore_server
 
     snap = resume if isinstance(resume, dict) else read_checkpoint(resume)
     if (snap.get("kind") == "fgpr") != (gp.method == "fgpr"):

@@ -58,7 +58,7 @@ def describe(vp: dict) -> str:
             f"{distance(vp['practical_range'], unit)}")
 
 
-#: what a parameter on a bound of the fit's box (algorithm.profile.default_bounds) means, by (name, side)
+#: what a parameter on a bound of the fit's box (algorithm.likelihood.default_bounds) means, by (name, side)
 _ON_BOUND = {
     ("delta", "upper"): "nugget ≈ 0 (1/δ on its lower bound, 1e-6 of the residual variance: no measurement error "
                         "visible at the data's spacing)",

@@ -1,7 +1,7 @@
 """`spatialfed fit STORE.zarr --out DIR`: fit a federated low-rank GP on a partitioned store and write fit.json,
 model.zarr and trace.csv (SPEC §6); `--resume DIR` continues a checkpointed fit (docs/recovery.md).
 
-Every fit keeps DIR/checkpoint.pkl while it runs (every 10 aggregations, at most 5 % of the wall time, and when it
+Every fit keeps DIR/checkpoint.zip while it runs (every 10 aggregations, at most 5 % of the wall time, and when it
 is interrupted): a fit that loses its cluster (every Dask worker, or the scheduler) or is stopped by Ctrl-C ends with
 one line naming the `spatialfed fit --resume DIR` command that continues it. Without --checkpoint-every the file is
 removed once fit.json is written, and when the fit failed before it had anything worth continuing.
@@ -23,7 +23,8 @@ from spatialfed.errors import OutputError
 from spatialfed.cli.args import (add_dask, add_jobqueue, add_quiet, add_tls, dask_settings, exclusive, flag,
                                  float_list, given, jobqueue_settings, profile_name, tls_setting)
 
-CHECKPOINT_NAME = "checkpoint.pkl"
+CHECKPOINT_NAME = "checkpoint.zip"  # a ZIP of JSON and .npy arrays (algorithm/checkpoint.py)
+LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"  # the same format under its earlier name: still read by --resume DIR
 #: options handed to FederatedGP under their own name when given
 ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "agg_threshold", "preset", "max_iter", "tol",
                      "time_budget", "profile", "slowdown", "domain", "seed", "on_worker_error", "delays",
@@ -100,11 +101,11 @@ def register(subparsers) -> None:
     add_tls(p)
     ck = p.add_argument_group("checkpoint and resume (docs/recovery.md)")
     ck.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
-                    help="write OUT/checkpoint.pkl atomically every K aggregations, when the fit is interrupted, "
+                    help="write OUT/checkpoint.zip atomically every K aggregations, when the fit is interrupted, "
                          "and at the end, and keep it (without this option: every 10 aggregations, at most 5 %% of "
                          "the wall time, removed once fit.json is written)")
     ck.add_argument("--resume", default=None, metavar="DIR",
-                    help="continue the fit checkpointed in DIR/checkpoint.pkl (or a checkpoint file): model and "
+                    help="continue the fit checkpointed in DIR/checkpoint.zip (or a checkpoint file): model and "
                          "algorithm settings come from the checkpoint; --max-iter, --tol, --time-budget, "
                          "--checkpoint-every and the cluster options given here override its values (defaults do "
                          "not); model options given here are refused")
@@ -245,7 +246,7 @@ def check_out(out, overwrite: bool = False) -> None:
 
     out = Path(out)
     check_out_path(out)
-    resumable = (out / CHECKPOINT_NAME).is_file()
+    resumable = checkpoint_in(out).is_file()
     refuse_existing(out, overwrite, alternative=f", or continue the fit it keeps with `{resume_command(out)}`"
                     if resumable else "")
 
@@ -300,8 +301,14 @@ def discard(checkpoint: Path, out: Path, existed: bool, before) -> None:
 def resume_paths(resume, out) -> tuple[Path, str]:
     """(checkpoint file to read, output directory) of `--resume DIR|FILE [--out DIR]`."""
     path = Path(resume)
-    checkpoint = path / CHECKPOINT_NAME if path.is_dir() else path
+    checkpoint = checkpoint_in(path) if path.is_dir() else path
     return checkpoint, out or str(path if path.is_dir() else path.parent)
+
+
+def checkpoint_in(folder: Path) -> Path:
+    """The checkpoint file of `folder`: CHECKPOINT_NAME, or LEGACY_CHECKPOINT_NAME when only that one exists."""
+    legacy = folder / LEGACY_CHECKPOINT_NAME
+    return legacy if legacy.is_file() and not (folder / CHECKPOINT_NAME).is_file() else folder / CHECKPOINT_NAME
 
 
 def check_resumable(checkpoint, settings) -> None:

@@ -216,7 +216,7 @@ class LocalModel:
     def variogram(self, gamma, edges, max_points: int | None = VARIOGRAM_MAX_POINTS,
                   seed: int = VARIOGRAM_SEED) -> dict:
         """Binned Σ ½(e_i − e_k)² and pair counts of OLS residuals e = z − Xγ over pairs within this worker
-        (init.py step 2), bins [edges[k], edges[k+1]).
+        (start.py step 2), bins [edges[k], edges[k+1]).
 
         Pairs come from all n_j points when n_j ≤ `max_points` (every pair, the O(n_j²) estimator), otherwise from a
         uniform random subsample of `max_points` points drawn with `seed` (deterministic): each pair of the worker is

@@ -12,8 +12,8 @@ from enum import StrEnum
 class Step(StrEnum):
     """What a site is asked to compute (SPEC §3–4, §2b)."""
 
-    MOMENTS = "moments"      # summaries for φ₀ (init.py)
-    VARIOGRAM = "variogram"  # binned semivariogram of local residuals (init.py)
+    MOMENTS = "moments"      # summaries for φ₀ (start.py)
+    VARIOGRAM = "variogram"  # binned semivariogram of local residuals (start.py)
     MU_SIGMA = "mu_sigma"    # A_j, b_j (and, with mean_step="joint", the gamma quantities)
     GAMMA = "gamma"          # X_jᵀR_j⁻¹X_j, X_jᵀR_j⁻¹(z_j − B_jμ)
     THETA = "theta"          # ∂f_j/∂u, ∂²f_j/∂u², G_j of Eq. (16), f_j

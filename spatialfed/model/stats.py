@@ -5,7 +5,7 @@ At u = (log δ, log σ², log β) worker j summarises its data by
     W_j = [B_j  X_j  z_j]  (n_j × k, k = m + p + 1),   S_j = W_jᵀ R_j⁻¹ W_j,   d_j = log det R_j,   n_j,
 
 with ∂S_j/∂u_a, ∂²S_j/∂u_a∂u_b, ∂d_j/∂u_a, ∂²d_j/∂u_a∂u_b. Everything the server needs at u (Σ, μ, GLS γ̂, ℓ_LR and
-its gradient and Hessian) follows from the sums over workers (algorithm/profile.py). The message holds 10·k² + 11
+its gradient and Hessian) follows from the sums over workers (algorithm/likelihood.py). The message holds 10·k² + 11
 numbers (S, three first and six distinct second derivatives, d with its derivatives, n): independent of n_j.
 
 Derivatives (P = R⁻¹, R_a = ∂R/∂u_a, E_a = ∂W/∂u_a = [∂_aB 0 0], nonzero for a = β only):

@@ -1,4 +1,4 @@
-"""The binned empirical semivariogram of a worker's residuals (init.py step 2), computed by row blocks."""
+"""The binned empirical semivariogram of a worker's residuals (start.py step 2), computed by row blocks."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The report's variogram panel: the empirical semivariogram the sites send at the start against the fitted one.
 
 At the start every site sends the binned sums Σ ½(e_i − e_k)² and pair counts of its OLS residuals over pairs within
-it (algorithm/init.py step 2, `LocalModel.variogram`); pooled, bin k's semivariance is γ̂_k = Σ_j S_jk / Σ_j N_jk at
+it (algorithm/start.py step 2, `LocalModel.variogram`); pooled, bin k's semivariance is γ̂_k = Σ_j S_jk / Σ_j N_jk at
 the bin's centre. The fitted model's semivariogram is γ(h) = 1/δ + σ²(1 − ρ(h; β)) for h > 0 (Eq. 23's Matérn ρ;
 the nugget 1/δ, the partial sill σ²), drawn for the starting estimate and for the current one.
 """

@@ -36,7 +36,7 @@ from spatialfed.outputs.prediction import (INTERCEPT, LOGNORMAL, batch_size, che
                                            default_predictor, design_matrix, load_model, open_workers,
                                            predict_batches, resolve_domain)
 from spatialfed.outputs.report import distance
-from spatialfed.outputs.targets import input_crs
+from spatialfed.outputs.prediction.targets import input_crs
 from spatialfed.outputs.tables import TableStream, read_points
 
 MEAN_TIF, SD_TIF, GRID_GPKG, MAP_PNG, MAP_NC = "mean.tif", "sd.tif", "grid.gpkg", "map.png", "map.nc"

@@ -476,7 +476,7 @@ def run_dask(client, store, n_workers: int, knots, nu, residual: str, config=Non
     re-sends the requests that were in flight). The rest: `runtime.driver.drive`."""
     import numpy as np
 
-    from spatialfed.algorithm.servers import server_for
+    from spatialfed.algorithm.make_server import server_for
     from spatialfed.model.matern import Matern
     from spatialfed.runtime.driver import drive
 

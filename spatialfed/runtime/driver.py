@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spatialfed.algorithm.state import Phase
+from spatialfed.algorithm.server_base import Phase
 from spatialfed.errors import SpatialFedError, WorkerTaskError
 from spatialfed.runtime.interface import ACTIVATION, ALARM, Runtime
 
@@ -79,13 +79,13 @@ class Checkpointer:
             self.write(server)
 
     def write_rescue(self, server) -> None:
-        """With no path: save `server` to DIR/checkpoint.pkl in a new temporary directory (a lost cluster)."""
+        """With no path: save `server` to DIR/checkpoint.zip in a new temporary directory (a lost cluster)."""
         if self.path is not None or not self.rescue or server is None:
             return
         import tempfile
 
         try:
-            self.path = Path(tempfile.mkdtemp(prefix="spatialfed-rescue-", dir=self.rescue_dir)) / "checkpoint.pkl"
+            self.path = Path(tempfile.mkdtemp(prefix="spatialfed-rescue-", dir=self.rescue_dir)) / "checkpoint.zip"
         except OSError:
             return
         self.every = DEFAULT_EVERY

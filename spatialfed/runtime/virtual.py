@@ -30,7 +30,7 @@ from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr_local import local_flops
 from spatialfed.algorithm.protocol import FGPR_STEP, PILOT_STEP, STATS_STEP, Augmented, evaluate
 from spatialfed.algorithm.server import FederatedServer
-from spatialfed.algorithm.servers import server_for
+from spatialfed.algorithm.make_server import server_for
 from spatialfed.model.stats import stats_flops
 from spatialfed.runtime import site
 from spatialfed.runtime.delays import Delay, PoissonActivations

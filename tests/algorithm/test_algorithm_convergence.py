@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from support import TRUTH, LowRankReference, assert_at_maximiser, poor_start, simulate, single_blas_thread  # noqa: F401
+from support import TRUTH, LowRankReference, assert_at_maximiser, poor_start, simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.runtime.virtual import run_virtual

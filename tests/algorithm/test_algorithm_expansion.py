@@ -1,12 +1,12 @@
 """Expansion (algorithm/expansion.py): the weighted sum of site Taylor models, re-expanded around one centre, is the
-sum of the models evaluated one by one (profile.taylor_statistics), wherever u lies and whichever centre is taken."""
+sum of the models evaluated one by one (likelihood.taylor_statistics), wherever u lies and whichever centre is taken."""
 
 import numpy as np
 import pytest
 from support import simulate, third_order
 
 from spatialfed.algorithm.expansion import Expansion
-from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
+from spatialfed.algorithm.likelihood import sum_statistics, taylor_statistics
 from spatialfed.model.stats import SUMMED, site_statistics
 
 U1 = np.log([8.0, 0.8, 0.08])

@@ -7,7 +7,7 @@ from support import TRUTH, simulate
 
 from spatialfed.algorithm.config import FitConfig, StatsPolicy
 from spatialfed.algorithm.pilot import Pilot, pilot_size
-from spatialfed.algorithm.profile import Profile
+from spatialfed.algorithm.likelihood import Profile
 from spatialfed.algorithm.protocol import PILOT_STEP, STATS_STEP, Augmented, evaluate
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.model.stats import site_statistics, stats_flops

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spatialfed.model.reference import lowrank_loglik
-from support import LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import LowRankReference, simulate
 
 @pytest.mark.parametrize("residual", ["full", "mpp", "pp"])
 def test_reference_equals_project_lowrank_loglik(residual):

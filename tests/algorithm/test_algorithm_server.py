@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from support import TRUTH, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import TRUTH, simulate
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Quantity, evaluate
 from spatialfed.algorithm.server import FederatedServer
@@ -100,7 +100,7 @@ def test_sync_trajectory_equals_direct_block_iteration(data):
     models, knots, kernel = data
     server = run_virtual(models, knots, kernel, FitConfig(mode="sync", mean_step="block", max_iter=4, tol=1e-12),
                          start=START)
-    phi = init.initial_params(START["gamma"], START["delta"], START["sigma2"], START["beta"], knots, kernel)
+    phi = starting.initial_params(START["gamma"], START["delta"], START["sigma2"], START["beta"], knots, kernel)
     rows = [row for row in server.trace if row["step"] == "theta"]
     for row in rows:
         K = blocks.knot_covariance(knots, kernel, phi.sigma2, phi.beta)
@@ -151,12 +151,12 @@ def test_variogram_rule_recovers_an_exact_semivariogram():
     from spatialfed.model.matern import Matern
 
     kernel, knots = Matern(0.5), np.array([[0.0, 0.0], [1.0, 1.0]])
-    edges = init.variogram_edges(init.domain_diameter(knots))
+    edges = starting.variogram_edges(starting.domain_diameter(knots))
     h = 0.5 * (edges[:-1] + edges[1:])
     count = np.full(h.size, 100.0)
     tau2, sigma2, beta = 0.3, 0.7, 0.12
     sum_sq = count * (tau2 + sigma2 * (1 - kernel.correlation(h, beta)))
-    fitted = init.fit_variogram(sum_sq, count, edges, kernel, s2=tau2 + sigma2)
+    fitted = starting.fit_variogram(sum_sq, count, edges, kernel, s2=tau2 + sigma2)
     np.testing.assert_allclose(fitted, (tau2, sigma2, beta), rtol=1e-3)
 
 

@@ -5,7 +5,7 @@ import pytest
 from support import simulate
 
 from spatialfed.algorithm.config import StatsPolicy
-from spatialfed.algorithm.profile import distance, sum_statistics
+from spatialfed.algorithm.likelihood import distance, sum_statistics
 from spatialfed.algorithm.site_records import SiteRecords
 from spatialfed.model.stats import site_statistics
 

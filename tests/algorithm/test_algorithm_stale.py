@@ -5,7 +5,7 @@ import pytest
 from support import simulate
 
 from spatialfed.algorithm import stale
-from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
+from spatialfed.algorithm.likelihood import sum_statistics, taylor_statistics
 from spatialfed.model.stats import site_statistics
 
 
@@ -69,7 +69,7 @@ def test_sums_are_forgotten_when_nothing_refers_to_them(sites):
 def third_derivative_errors(model, lm, u, directions, h=1e-4):
     """∂_v ∂²S and ∂_v ∂²(log det R) along each v from the model's tensors, against central differences of
     site_statistics (with its exact scaling along c taken out, as in the model)."""
-    from spatialfed.algorithm.profile import TRIPLES, _PAIR, exact_scaling, scaled_frame
+    from spatialfed.algorithm.likelihood import TRIPLES, _PAIR, exact_scaling, scaled_frame
 
     index = {t: i for i, t in enumerate(TRIPLES)}
     full = [[[index[tuple(sorted((a, b, c)))] for c in range(3)] for b in range(3)] for a in range(3)]

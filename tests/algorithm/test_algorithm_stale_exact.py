@@ -11,7 +11,7 @@ import pytest
 from support import simulate
 
 from spatialfed.algorithm import stale
-from spatialfed.algorithm.profile import sum_statistics, taylor_statistics
+from spatialfed.algorithm.likelihood import sum_statistics, taylor_statistics
 from spatialfed.model.local import LocalModel
 from spatialfed.model.stats import SUMMED, site_statistics
 
@@ -73,7 +73,7 @@ def test_control_variate_leans_only_on_the_sites_that_moved_on(site):
 
 def test_secant_radius_is_reach_times_the_largest_step(site):
     st = site_statistics(site, U1)
-    steps = ([-0.02, -0.05, -0.1], [-0.01, -0.02, -0.03])  # ‖Δu‖ (profile.distance) 0.1136 and 0.0374
+    steps = ([-0.02, -0.05, -0.1], [-0.01, -0.02, -0.03])  # ‖Δu‖ (likelihood.distance) 0.1136 and 0.0374
     big = float(np.linalg.norm(steps[0]))
     earlier = [site_statistics(site, U1 + np.array(d)) for d in steps]
     for reach in (3.0, 2.0):

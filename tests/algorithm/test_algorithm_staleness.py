@@ -3,7 +3,7 @@ correction of the weights, and the basic asynchronous algorithm of Section 5 as 
 
 import numpy as np
 import pytest
-from support import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import simulate
 from test_algorithm_server import START, pending, run, through_initial_pass
 
 from spatialfed.algorithm.config import FitConfig

@@ -7,7 +7,7 @@ import pytest
 from support import LowRankReference, simulate
 
 from spatialfed.algorithm.config import FitConfig, StatsPolicy
-from spatialfed.algorithm.profile import distance
+from spatialfed.algorithm.likelihood import distance
 from spatialfed.algorithm.protocol import STATS_STEP, evaluate
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.model.reference import lowrank_loglik
@@ -287,7 +287,7 @@ def test_async_with_equal_sites_and_jittered_answers_keeps_the_synchronous_pace(
 def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
     """A site whose two answers before its latest lie within secant_reach of it gets third derivatives from them
     (stale.secant) for its model in the surrogate; this changes the path, not the optimum."""
-    from spatialfed.algorithm.profile import distance, taylor_statistics
+    from spatialfed.algorithm.likelihood import distance, taylor_statistics
     from spatialfed.algorithm.site_records import SiteRecords
 
     secants = []
@@ -313,7 +313,7 @@ def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
 def test_a_step_cut_at_the_smallest_radius_is_judged_so_the_radius_can_grow(problem):
     """A surrogate step shorter than settle_tol is judged when it reached the radius, so a radius shrunk below
     settle_tol can grow again (unjudged, area partitions crawled 1e-2 per aggregation for 40 aggregations)."""
-    from spatialfed.algorithm.profile import profile_loglik, sum_statistics
+    from spatialfed.algorithm.likelihood import profile_loglik, sum_statistics
     from spatialfed.algorithm.protocol import Augmented
     from spatialfed.algorithm.stats_server import Promise
     from spatialfed.model.params import Params
@@ -407,12 +407,12 @@ def test_async_without_a_free_processor_asks_only_the_synchronous_points(problem
 def test_a_round_that_quadratic_convergence_predicts_to_stop_is_skipped(problem, reference, monkeypatch, mode):
     """Two pure Newton steps in a row predict the next (newton_settled): when it meets the stop rule the fit ends at
     u + p without asking the sites there, one round trip earlier, at the same optimum with ℓ of the model there."""
-    from spatialfed.algorithm import profile
+    from spatialfed.algorithm import likelihood
 
     models, knots, kernel, residual = problem
     slow = SLOW if mode == "async" else "balanced"
     skipping = fit(problem, mode, slowdowns=slow)
-    monkeypatch.setattr(profile, "newton_settled", lambda *args: False)
+    monkeypatch.setattr(likelihood, "newton_settled", lambda *args: False)
     confirming = fit(problem, mode, slowdowns=slow)
     assert skipping.converged and confirming.converged
     assert skipping.epochs <= confirming.epochs - (1 if mode == "sync" else 0)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from support import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import simulate
 
 from spatialfed.algorithm import strategies as st
 from spatialfed.model.params import Params

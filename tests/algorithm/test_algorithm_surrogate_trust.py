@@ -8,7 +8,7 @@ import pytest
 from support import simulate
 
 from spatialfed.algorithm.config import FitConfig
-from spatialfed.algorithm.profile import distance, sum_statistics
+from spatialfed.algorithm.likelihood import distance, sum_statistics
 from spatialfed.algorithm.site_records import SiteRecords, Surrogate
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.model.stats import site_statistics

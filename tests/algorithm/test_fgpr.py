@@ -176,7 +176,7 @@ def test_variants_land_in_the_region(problem, settings):
 
 
 def test_sgd_with_the_papers_schedule_improves_and_stays_in_the_region_from_the_data_driven_start(problem):
-    """η_t = β₁/t: from φ₀ of init.py (already near the MLE) SGD stays in the region; from the bad start it gains
+    """η_t = β₁/t: from φ₀ of start.py (already near the MLE) SGD stays in the region; from the bad start it gains
     likelihood but crawls (docs/fgpr.md: the range and intercept directions are poorly conditioned)."""
     _, _, _, mle = problem
     near = fit(problem, start=None, optimizer="sgd", lr=1.0, max_iter=50)

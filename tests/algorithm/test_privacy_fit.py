@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import optimize, stats
-from support import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.privacy import GaussianMechanism
@@ -101,7 +101,7 @@ def test_noise_changes_the_fit_and_the_seed_reproduces_it(data):
 
 
 def test_inconsistent_noisy_moments_are_named_at_the_start():
-    from spatialfed.algorithm.init import pooled_ols
+    from spatialfed.algorithm.start import pooled_ols
 
     X = np.column_stack([np.ones(20), np.linspace(0, 1, 20)])
     z = X @ [1.0, 2.0] + 0.1 * np.sin(np.arange(20))

@@ -12,18 +12,18 @@ from spatialfed.model import vecchia_order
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def vecchia_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("vecchia") / "s.zarr"
     simulate_store(path, 3, 200, seed=1, test_size=60)
     return path
 
 
-def fit(store, **kw):
-    return FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False, **kw).fit(store)
+def fit(vecchia_store, **kw):
+    return FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False, **kw).fit(vecchia_store)
 
 
-def test_vecchia_fit_and_prediction_follow_the_full_residual(store, tmp_path):
-    full, vec = fit(store, residual="full"), fit(store, residual="vecchia", vecchia_k=15)
+def test_vecchia_fit_and_prediction_follow_the_full_residual(vecchia_store, tmp_path):
+    full, vec = fit(vecchia_store, residual="full"), fit(vecchia_store, residual="vecchia", vecchia_k=15)
     assert vec.residual_ == "vecchia" and vec.converged_
     for name in ("delta", "sigma2", "beta"):
         np.testing.assert_allclose(vec.params_[name], full.params_[name], rtol=0.1, err_msg=name)
@@ -36,18 +36,18 @@ def test_vecchia_fit_and_prediction_follow_the_full_residual(store, tmp_path):
     assert saved["residual"] == "vecchia" and saved["vecchia_k"] == 15
 
 
-def test_auto_uses_the_full_residual_on_small_sites_and_vecchia_on_large(store, monkeypatch):
-    assert fit(store).residual_ == "full"  # 200 points per site ≤ VECCHIA_AUTO_N
+def test_auto_uses_the_full_residual_on_small_sites_and_vecchia_on_large(vecchia_store, monkeypatch):
+    assert fit(vecchia_store).residual_ == "full"  # 200 points per site ≤ VECCHIA_AUTO_N
     monkeypatch.setattr(vecchia_order, "VECCHIA_AUTO_N", 100)
     from spatialfed.model import local
 
     monkeypatch.setattr(local, "VECCHIA_AUTO_N", 100)
-    assert fit(store).residual_ == "vecchia"
-    assert fit(store, preset="tuned").residual_ == "full"  # the block scheme has no Vecchia theta step
+    assert fit(vecchia_store).residual_ == "vecchia"
+    assert fit(vecchia_store, preset="tuned").residual_ == "full"  # the block scheme has no Vecchia theta step
 
 
-def test_vecchia_with_the_block_scheme_is_refused(store):
+def test_vecchia_with_the_block_scheme_is_refused(vecchia_store):
     with pytest.raises(ValueError, match="residual='vecchia' needs the statistics scheme"):
-        fit(store, residual="vecchia", preset="tuned")
+        fit(vecchia_store, residual="vecchia", preset="tuned")
     with pytest.raises(ValueError, match="vecchia_k"):
-        fit(store, residual="vecchia", vecchia_k=0)
+        fit(vecchia_store, residual="vecchia", vecchia_k=0)

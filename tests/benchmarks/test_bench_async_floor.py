@@ -83,7 +83,7 @@ def test_the_maximiser_of_every_site_exact_is_the_synchronous_optimum(tiny):
 def test_the_one_answer_maximiser_is_a_stationary_point_of_its_model(tiny):
     # the slowest site modelled from one answer 0.8 from the optimum: trial steps meet sums that are not positive
     # definite, and the ascent must still end where the model's gradient vanishes (L-BFGS-B reported its start)
-    from spatialfed.algorithm.profile import profile_loglik, sum_statistics, taylor_statistics
+    from spatialfed.algorithm.likelihood import profile_loglik, sum_statistics, taylor_statistics
     from spatialfed.model.stats import site_statistics
 
     models, server, knots, kernel = tiny

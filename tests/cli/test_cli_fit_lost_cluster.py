@@ -1,7 +1,7 @@
 """`spatialfed fit` losing its cluster (issue 15): a real `python -m spatialfed fit` subprocess on a Dask cluster of
 separate processes (`dask scheduler`, `dask worker --no-nanny`) whose workers, or scheduler, are SIGKILLed mid-fit.
 
-No `--checkpoint-every` is given: every CLI fit keeps OUT/checkpoint.pkl (every 10 aggregations and when it is
+No `--checkpoint-every` is given: every CLI fit keeps OUT/checkpoint.zip (every 10 aggregations and when it is
 interrupted). The fit must end within 30 s of the kill with exit status 1, no traceback and one error line (after
 the runtime's warnings as it noticed each loss) naming the exact `spatialfed fit --resume OUT` command; that command
 (with `--scheduler` of a fresh cluster) then reaches the undisturbed estimate (sync: to 1e-6 relative, the arrival
@@ -48,7 +48,7 @@ def test_a_cli_fit_that_loses_its_cluster_says_how_to_resume_and_resumes(victim,
     reference = FederatedGP(mode="sync", preset="paper", knots=9, max_iter=40, tol=1e-12, progress=False,
                             runtime="simulated").fit(store)
     out = tmp_path / "run 1"  # a space: the command in the message must be quoted to be runnable as printed
-    ck = out / "checkpoint.pkl"
+    ck = out / "checkpoint.zip"
     first = _cluster(tmp_path / "first")
     try:
         proc = _spatialfed("fit", store, "--out", out, "--scheduler", first.address, *FLAGS)

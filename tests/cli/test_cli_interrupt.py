@@ -41,6 +41,6 @@ def test_ctrl_c_to_the_process_group_prints_one_resume_line(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     line = (f"spatialfed fit: interrupted; resume with `spatialfed fit --resume {out}` (the checkpoint "
-            f"{out / 'checkpoint.pkl'} keeps the fit so far)")
+            f"{out / 'checkpoint.zip'} keeps the fit so far)")
     assert rest.strip().splitlines()[-1] == line and err.count("spatialfed fit: interrupted") == 1, err
-    assert (out / "checkpoint.pkl").exists() and not (out / "fit.json").exists()
+    assert (out / "checkpoint.zip").exists() and not (out / "fit.json").exists()

@@ -57,11 +57,11 @@ def _ctrl_c_once_checkpointed(path, min_t=3, timeout_s=120.0):
 def interrupted(store, cluster, tmp_path_factory):
     """The output directory of a real `spatialfed fit` stopped by Ctrl-C after a few checkpointed aggregations."""
     out = tmp_path_factory.mktemp("interrupted") / "fit"
-    watcher = _ctrl_c_once_checkpointed(out / "checkpoint.pkl")
+    watcher = _ctrl_c_once_checkpointed(out / "checkpoint.zip")
     rc = main(["fit", str(store), "--out", str(out), "--max-iter", str(FIRST_MAX_ITER), *SETTINGS,
                "--scheduler", cluster.client.scheduler.address])
     watcher.join()
-    snap = read_checkpoint(out / "checkpoint.pkl")
+    snap = read_checkpoint(out / "checkpoint.zip")
     assert rc == 130 and snap["phase"] == "loop" and 3 <= snap["t"] < FIRST_MAX_ITER
     assert snap["meta"]["params"]["max_iter"] == FIRST_MAX_ITER and not (out / "fit.json").exists()
     return out
@@ -92,7 +92,7 @@ def test_model_options_given_on_resume_are_refused(interrupted, tmp_path, capsys
     assert main(["fit", "--resume", str(out), "--knots", "16", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "knots" in err and "Traceback" not in err
-    assert read_checkpoint(out / "checkpoint.pkl")["phase"] == "loop"  # untouched
+    assert read_checkpoint(out / "checkpoint.zip")["phase"] == "loop"  # untouched
 
 
 def test_stopping_rules_cannot_extend_a_finished_fit(store, tmp_path, capsys):
@@ -101,10 +101,28 @@ def test_stopping_rules_cannot_extend_a_finished_fit(store, tmp_path, capsys):
     out = tmp_path / "done"
     assert main(["fit", str(store), "--out", str(out), "--runtime", "simulated", "--mode", "sync", "--knots", "9",
                  "--max-iter", "3", "--checkpoint-every", "2", "--quiet"]) == 0
-    assert str(read_checkpoint(out / "checkpoint.pkl")["phase"]) == "done"
+    assert str(read_checkpoint(out / "checkpoint.zip")["phase"]) == "done"
     capsys.readouterr()
     assert main(["fit", "--resume", str(out), "--max-iter", "6", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "holds a finished fit, which --max-iter cannot extend" in err and err.count("\n") == 1
     assert main(["fit", "--resume", str(out), "--quiet"]) == 0
     assert json.loads((out / "fit.json").read_text())["iterations"] == 3
+
+
+def test_a_directory_with_the_earlier_checkpoint_name_resumes(store, tmp_path, capsys):
+    """DIR/checkpoint.pkl (the same archive under its earlier name) is read by `--resume DIR` when DIR holds no
+    checkpoint.zip: the fit it keeps is written out again."""
+    out = tmp_path / "old"
+    assert main(["fit", str(store), "--out", str(out), "--runtime", "simulated", "--mode", "sync", "--knots", "9",
+                 "--max-iter", "3", "--checkpoint-every", "1", "--quiet"]) == 0
+    first = json.loads((out / "fit.json").read_text())
+    (out / "checkpoint.zip").rename(out / "checkpoint.pkl")
+    (out / "fit.json").unlink()
+    assert main(["fit", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "fit.json").read_text())["params"] == first["params"]
+    (out / "checkpoint.pkl").unlink()
+    (out / "checkpoint.zip").unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(out), "--quiet"]) == 1
+    assert "checkpoint.zip" in capsys.readouterr().err  # with neither file, the error names the current name

@@ -79,9 +79,9 @@ def test_a_signal_to_the_process_group_keeps_the_fit(sim, uninterrupted, tmp_pat
     assert status == 128 + signum, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "leaked" not in err, err
     line = (f"spatialfed fit: stopped by {name}; resume with `spatialfed fit --resume {out}` (the checkpoint "
-            f"{out / 'checkpoint.pkl'} keeps the fit so far)")
+            f"{out / 'checkpoint.zip'} keeps the fit so far)")
     assert err.strip().splitlines()[-1] == line and err.count("stopped by") == 1, err
-    assert (out / "checkpoint.pkl").exists() and not (out / "fit.json").exists()
+    assert (out / "checkpoint.zip").exists() and not (out / "fit.json").exists()
     assert temporary_stores(tmp) == []
     assert main(["fit", "--resume", str(out), "--quiet"]) == 0
     resumed = json.loads((out / "fit.json").read_text())

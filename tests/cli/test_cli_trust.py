@@ -65,11 +65,11 @@ def checkpointed(store, tmp_path_factory):
 
 def forge(checkpointed, tmp_path, **params):
     """A copy of the fit's checkpoint whose recorded estimator settings are changed to `params`."""
-    snap = read_checkpoint(checkpointed / "checkpoint.pkl")
+    snap = read_checkpoint(checkpointed / "checkpoint.zip")
     snap["meta"]["params"].update(params)
     out = tmp_path / "forged"
     out.mkdir()
-    write_checkpoint(out / "checkpoint.pkl", snap)
+    write_checkpoint(out / "checkpoint.zip", snap)
     return out
 
 

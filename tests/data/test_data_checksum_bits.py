@@ -19,7 +19,7 @@ def flip_lowest_bit(values: np.ndarray, index) -> np.ndarray:
 
 
 @pytest.fixture()
-def store(tmp_path):
+def tiny_store(tmp_path):
     rng = np.random.default_rng(7)
     parts = [(rng.uniform(size=(n, 2)), rng.standard_normal(n), rng.standard_normal((n, 2))) for n in (6, 9)]
     test = (rng.uniform(size=(4, 2)), rng.standard_normal(4), rng.standard_normal((4, 2)))
@@ -29,8 +29,8 @@ def store(tmp_path):
 
 
 @pytest.mark.parametrize("name, index", [("locs", (2, 1)), ("z", 4), ("X", (7, 0))])
-def test_checksum_sees_the_lowest_mantissa_bit(store, name, index):
-    _, parts = store
+def test_checksum_sees_the_lowest_mantissa_bit(tiny_store, name, index):
+    _, parts = tiny_store
     locs, z, X = parts[1]
     arrays = {"locs": locs, "z": z, "X": X}
     flipped = flip_lowest_bit(arrays[name], index)
@@ -42,8 +42,8 @@ def test_checksum_sees_the_lowest_mantissa_bit(store, name, index):
 
 @pytest.mark.parametrize("group, name, index", [("workers/1", "z", 4), ("workers/0", "locs", (3, 0)),
                                                 ("workers/1", "X", (8, 1)), ("test", "z", 2)])
-def test_one_flipped_bit_in_a_stored_float64_is_refused(store, group, name, index):
-    path, _ = store
+def test_one_flipped_bit_in_a_stored_float64_is_refused(tiny_store, group, name, index):
+    path, _ = tiny_store
     array = zarr.open_array(path / group / name, mode="r+")
     values = array[...]
     array[...] = flip_lowest_bit(values, index)

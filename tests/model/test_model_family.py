@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
-from spatialfed.algorithm.profile import profile_loglik, sum_statistics
+from spatialfed.algorithm.likelihood import profile_loglik, sum_statistics
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.family_stats import family_statistics
 from spatialfed.model.local import LocalModel

@@ -72,7 +72,7 @@ def test_message_size_does_not_grow_with_n(residual):
 @pytest.mark.parametrize("residual,m", CASES)
 def test_statistics_scale_exactly_along_the_direction_they_report(residual, m):
     """S(u + s·c) = e^s·S(u) along the returned c: (1, −1, 0) where R = σ²W̃ + δ⁻¹I scales with σ² and 1/δ together,
-    (1, 0, 0) for pp, whose R = δ⁻¹I does not depend on σ² (profile.exact_scaling moves the statistics along it)."""
+    (1, 0, 0) for pp, whose R = δ⁻¹I does not depend on σ² (likelihood.exact_scaling moves the statistics along it)."""
     lm = model(residual, m)
     st = site_statistics(lm, U)
     want = [1.0, 0.0, 0.0] if residual == "pp" else [1.0, -1.0, 0.0]

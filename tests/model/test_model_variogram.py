@@ -1,4 +1,4 @@
-"""LocalModel.variogram: binned semivariogram sums over a bounded number of pairs (init.py step 2)."""
+"""LocalModel.variogram: binned semivariogram sums over a bounded number of pairs (start.py step 2)."""
 
 import tracemalloc
 
@@ -7,7 +7,7 @@ import pytest
 from conftest import grid_knots, simulate_parts
 from scipy.spatial.distance import cdist
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import start as starting
 from spatialfed.model.local import LocalModel
 from spatialfed.model.variogram import binned_semivariogram
 from spatialfed.model.matern import Matern
@@ -31,7 +31,7 @@ def test_small_worker_uses_every_pair_exactly(residual):
     knots = grid_knots(3)
     lm = LocalModel(locs, z, X, knots, Matern(1.5), residual)
     gamma = np.array([0.9, 0.3])
-    edges = init.variogram_edges(init.domain_diameter(knots))
+    edges = starting.variogram_edges(starting.domain_diameter(knots))
     got = lm.variogram(gamma, edges)
     sum_sq, count = dense_variogram(locs, z - X @ gamma, edges)
     np.testing.assert_array_equal(got["count"], count)
@@ -57,7 +57,7 @@ def test_pairs_and_memory_stay_bounded_as_n_grows():
     """Above max_points the pass uses at most max_points·(max_points−1)/2 pairs and its peak memory does not grow
     with n_j (the dense estimator needs 8·n_j² bytes: 2 GB at n_j = 16,000)."""
     knots = np.array([[0.0, 0.0], [1.0, 1.0]])
-    edges = init.variogram_edges(init.domain_diameter(knots))  # (0, 0.707]: most pairs in [0,1]² are in range
+    edges = starting.variogram_edges(starting.domain_diameter(knots))  # (0, 0.707]: most pairs in [0,1]² are in range
     cap = 400
     peaks, pairs = [], []
     for n in (1_000, 4_000, 16_000):
@@ -90,10 +90,10 @@ def test_subsampled_semivariogram_tracks_the_all_pairs_one():
     """With half the points (a quarter of the pairs) each short-lag bin's mean ½(e_i − e_k)², the semivariogram
     estimate, stays within 15 % of the all-pairs value (measured ≤ 9 % over 3 data sets × 5 subsample seeds)."""
     kernel, knots = Matern(0.5), grid_knots(5, 0.0, 1.0)
-    edges = init.variogram_edges(init.domain_diameter(knots))
+    edges = starting.variogram_edges(starting.domain_diameter(knots))
     parts = simulate_parts(J=2, n=1000, p=2, nu=0.5, sigma2=1.0, beta=0.1, delta=4.0, seed=1)
     models = [LocalModel(*pt, knots, kernel, "pp") for pt in parts]
-    gamma = init.pooled_ols([lm.moments() for lm in models])[0]
+    gamma = starting.pooled_ols([lm.moments() for lm in models])[0]
 
     def pooled(cap, seed=0):
         xs = [lm.variogram(gamma, edges, max_points=cap, seed=seed) for lm in models]

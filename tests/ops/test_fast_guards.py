@@ -33,7 +33,7 @@ SYNC = dict(mode="sync", knots=9, max_iter=40, tol=1e-9, progress=False)
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def guards_store(tmp_path_factory):
     """3 sites × 40 points with a real nugget: one well-identified maximum (as tests/test_faults.py's store)."""
     path = tmp_path_factory.mktemp("guards") / "s.zarr"
     simulate_store(path, 3, 40, test_size=0, seed=3, noise_sd=0.5)
@@ -55,9 +55,9 @@ def same_estimate(a, b, rtol):
     assert a.loglik_ == pytest.approx(b.loglik_, rel=rtol)
 
 
-def test_in_process_fit_equals_the_dask_fit(store, cluster):
-    local = FederatedGP(**SYNC, runtime="simulated").fit(store)
-    dask = FederatedGP(**SYNC, client=cluster.client).fit(store)
+def test_in_process_fit_equals_the_dask_fit(guards_store, cluster):
+    local = FederatedGP(**SYNC, runtime="simulated").fit(guards_store)
+    dask = FederatedGP(**SYNC, client=cluster.client).fit(guards_store)
     assert (local.runtime_used_, dask.runtime_used_) == ("simulated", "dask")
     assert local.converged_ and dask.converged_ and local.n_iter_ == dask.n_iter_
     same_estimate(local, dask, 1e-8)
@@ -65,7 +65,7 @@ def test_in_process_fit_equals_the_dask_fit(store, cluster):
     np.testing.assert_allclose(local.Sigma_, dask.Sigma_, rtol=1e-8, atol=1e-8 * np.abs(dask.Sigma_).max())
 
 
-def test_a_worker_killed_at_a_drawn_point_leaves_the_estimate_unchanged(store, cluster):
+def test_a_worker_killed_at_a_drawn_point_leaves_the_estimate_unchanged(guards_store, cluster):
     """SIGKILL of the process holding sites at event t drawn from a seeded generator, from the driver's own event
     hook (no timing race): its sites reload on the other worker (or the restarted one) and the synchronous fit ends
     at the in-process estimate."""
@@ -74,7 +74,7 @@ def test_a_worker_killed_at_a_drawn_point_leaves_the_estimate_unchanged(store, c
     from spatialfed.runtime.virtual import run_virtual
 
     knots, kernel, cfg = grid_knots(3), Matern(0.5), FitConfig(mode="sync", max_iter=40, tol=1e-9)
-    models = [LocalModel(*load_worker(store, j), knots, kernel, "full") for j in range(3)]
+    models = [LocalModel(*load_worker(guards_store, j), knots, kernel, "full") for j in range(3)]
     reference = run_virtual(models, knots, kernel, cfg)
     client = cluster.client
     victim = worker_addresses(client)[0]
@@ -87,7 +87,7 @@ def test_a_worker_killed_at_a_drawn_point_leaves_the_estimate_unchanged(store, c
             os.kill(pid, signal.SIGKILL)
             killed.append(server.t)
 
-    server, info = run_dask(client, str(store), 3, knots, kernel, "full", cfg, on_event=kill)
+    server, info = run_dask(client, str(guards_store), 3, knots, kernel, "full", cfg, on_event=kill)
     assert killed, "the fit ended before the kill"
     assert victim not in info.assignment
     assert server.done and server.n_obs == reference.n_obs
@@ -151,14 +151,14 @@ def shared_dir():
                   "--quiet"], id="fit"),
 ])
 def test_an_unwritable_directory_is_one_error_line(shared_dir, command):
-    store = shared_dir / "s.zarr"
-    simulate_store(store, 2, 20, test_size=0, seed=1)
-    assert open_store(store).n_workers == 2
+    guards_store = shared_dir / "s.zarr"
+    simulate_store(guards_store, 2, 20, test_size=0, seed=1)
+    assert open_store(guards_store).n_workers == 2
     locked = shared_dir / "locked"
     locked.mkdir()
     if os.geteuid() != 0:
         locked.chmod(0o555)  # not root: the mode is a real fault for this user
-    argv = [a.replace("{STORE}", str(store)) for a in command]
+    argv = [a.replace("{STORE}", str(guards_store)) for a in command]
     env = {**os.environ, "GUARD_OUT": str(locked / "out"), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
            "OPENBLAS_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([sys.executable, "-c", CHILD, str(shared_dir / "warm"), *argv], capture_output=True,

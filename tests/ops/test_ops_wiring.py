@@ -111,7 +111,7 @@ def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch, capsys):
         assert main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "9", "--max-iter", "10",
                      "--dask-workers", "2", "--checkpoint-every", "2", "--preset", "tuned", "--quiet"]) == 130  # Ctrl-C: no traceback
     assert f"`spatialfed fit --resume {out}`" in capsys.readouterr().err
-    assert (out / "checkpoint.pkl").exists() and not (out / "fit.json").exists()
+    assert (out / "checkpoint.zip").exists() and not (out / "fit.json").exists()
     main(["fit", "--resume", str(out), "--quiet"])
     fit = json.loads((out / "fit.json").read_text())
     assert fit["iterations"] == 10

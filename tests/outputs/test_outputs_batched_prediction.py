@@ -14,6 +14,7 @@ from spatialfed.cli import main
 from spatialfed.data.store import load_test, open_store
 from spatialfed.model.predict import federated_predict
 from spatialfed.outputs import prediction as pr
+from spatialfed.outputs.prediction import engine
 
 KEYS = ("mean", "sd", "sd_latent")
 
@@ -111,7 +112,7 @@ def test_interrupted_stream_leaves_the_previous_file(fitted, monkeypatch):
     out = d / "interrupt" / "pred.csv"
     pr.predict_to_file(fit, store, out, runtime="simulated", batch=10, progress=False)
     before = out.read_bytes()
-    real, seen = pr._predict_block, []
+    real, seen = engine._predict_block, []
 
     def interrupted(*args, **kw):
         seen.append(1)
@@ -119,7 +120,7 @@ def test_interrupted_stream_leaves_the_previous_file(fitted, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr(pr, "_predict_block", interrupted)
+    monkeypatch.setattr(engine, "_predict_block", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pr.predict_to_file(fit, store, out, runtime="simulated", batch=4, progress=False, overwrite=True)
     assert out.read_bytes() == before and len(seen) == 3

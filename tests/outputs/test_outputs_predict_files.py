@@ -468,6 +468,7 @@ def test_predict_to_file_whose_metrics_cannot_be_written_leaves_neither_file(fit
     import errno
 
     from spatialfed import atomic
+    from spatialfed.outputs.prediction import files
 
     _, store, fit = fitted
     real = atomic.write_text
@@ -477,7 +478,7 @@ def test_predict_to_file_whose_metrics_cannot_be_written_leaves_neither_file(fit
             raise atomic.output_error(Path(path), OSError(errno.ENOSPC, "No space left on device"))
         return real(path, text, **kw)
 
-    monkeypatch.setattr(pr, "write_text", full)
+    monkeypatch.setattr(files, "write_text", full)
     with pytest.raises(OutputError, match=r"metrics\.json.*no space left on the device"):
         pr.predict_to_file(fit, store, tmp_path / "pred.csv", runtime="simulated", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []

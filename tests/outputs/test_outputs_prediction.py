@@ -126,3 +126,18 @@ def test_cli_reports_bad_input_cleanly(fitted, tmp_path, capsys):
     assert not (tmp_path / "p.csv").exists()
     assert main(["predict", str(tmp_path / "nofit"), "--store", str(store), "--out", str(tmp_path / "p.csv")]) == 1
     assert "give the --out directory of `spatialfed fit`" in capsys.readouterr().err
+
+
+def test_fitted_model_from_an_estimator_equals_the_one_its_saved_directory_loads(fitted, tmp_path):
+    """FittedModel.from_estimator (predicting from memory) and load_model (from the directory FederatedGP.save
+    writes) hold the same φ, knots, ν, residual and covariates."""
+    from spatialfed.api import FederatedGP
+
+    _, store, _ = fitted
+    gp = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=3, progress=False).fit(store)
+    mine, saved = pr.FittedModel.from_estimator(gp), pr.load_model(gp.save(tmp_path / "fit"))
+    for name in ("mu", "Sigma", "gamma", "delta", "sigma2", "beta"):
+        np.testing.assert_array_equal(getattr(mine.params, name), getattr(saved.params, name), err_msg=name)
+    np.testing.assert_array_equal(mine.knots, saved.knots)
+    assert (mine.nu, mine.residual, mine.method, mine.covariate_names, mine.vecchia_k, mine.transform) == \
+        (saved.nu, saved.residual, saved.method, saved.covariate_names, saved.vecchia_k, saved.transform)

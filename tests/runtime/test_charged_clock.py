@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from support import simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented

@@ -40,15 +40,15 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def dask_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("dask") / "s.zarr"
     simulate_store(path, J, N_PER, seed=1, test_size=0)
     return path
 
 
 @pytest.fixture(scope="module")
-def parts(store):
-    return [load_worker(store, j) for j in range(J)]  # the test's own centralized view, never the fit's
+def parts(dask_store):
+    return [load_worker(dask_store, j) for j in range(J)]  # the test's own centralized view, never the fit's
 
 
 def knots49():
@@ -94,12 +94,12 @@ def loglik_at(params, parts, knots):
 
 
 @pytest.fixture(scope="module")
-def sync_fit(cluster, store):
+def sync_fit(cluster, dask_store):
     from distributed import get_task_stream
 
     with get_task_stream(cluster.client) as ts:
         gp = FederatedGP(mode="sync", preset="tuned", knots=M, nu=NU, profile="straggler", client=cluster.client,
-                         progress=False).fit(store)  # the block scheme: its task keys and spans are checked
+                         progress=False).fit(dask_store)  # the block scheme: its task keys and spans are checked
     gp.task_stream_ = ts.data
     return gp
 
@@ -111,26 +111,26 @@ def test_sync_straggler_reaches_lowrank_maximiser(sync_fit, reference):
     assert all(row["max_staleness"] == 0 for row in sync_fit.trace_)
 
 
-def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, store, reference):
+def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, dask_store, reference):
     gp = FederatedGP(mode="async", knots=M, nu=NU, agg_threshold=2, profile="straggler", preset="tuned",
-                     max_iter=200, client=cluster.client, progress=False).fit(store)
+                     max_iter=200, client=cluster.client, progress=False).fit(dask_store)
     assert gp.converged_ and max(row["max_staleness"] for row in gp.trace_) > 0
     assert_at_maximiser(gp, reference)
 
 
 @pytest.mark.slow
-def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, store, reference):
+def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, dask_store, reference):
     """The paper's strategy settings (moving average on) converge far more slowly: hence @slow."""
     gp = FederatedGP(mode="async", preset="paper", knots=M, nu=NU, agg_threshold=3, profile="straggler", max_iter=300,
                      tol=1e-7,
-                     client=cluster.client, progress=False).fit(store)
+                     client=cluster.client, progress=False).fit(dask_store)
     assert max(row["max_staleness"] for row in gp.trace_) > 0
     assert_at_maximiser(gp, reference)
 
 
-def test_async_straggler_runs_stale_and_reports_the_loglik_of_its_params(cluster, store, parts, tmp_path):
+def test_async_straggler_runs_stale_and_reports_the_loglik_of_its_params(cluster, dask_store, parts, tmp_path):
     gp = FederatedGP(mode="async", preset="tuned", knots=M, nu=NU, agg_threshold=2, profile="straggler", max_iter=12,
-                     client=cluster.client, progress=False).fit(store)
+                     client=cluster.client, progress=False).fit(dask_store)
     assert gp.n_iter_ == 12 and not gp.converged_
     assert max(row["max_staleness"] for row in gp.trace_) > 0  # the straggler is left behind
     gp.save(tmp_path / "out")
@@ -195,7 +195,7 @@ def test_no_worker_result_grows_with_n(cluster, tmp_path):
     cfg = FitConfig(mode="sync", max_iter=2)
     sizes = {}
     for n in (50, 200):
-        store = _small_store(tmp_path / f"n{n}.zarr", n)
+        dask_store = _small_store(tmp_path / f"n{n}.zarr", n)
         seen = {}
 
         def record(j, p, result):
@@ -204,7 +204,7 @@ def test_no_worker_result_grows_with_n(cluster, tmp_path):
             arrays = result.xi.values() if p is not None else result.values()
             assert all(np.size(a) < n for a in arrays if np.ndim(a) > 0 and np.shape(a)[0] == n), step
 
-        server, _ = run_dask(cluster.client, store, 2, knots, NU, "full", cfg, on_result=record)
+        server, _ = run_dask(cluster.client, dask_store, 2, knots, NU, "full", cfg, on_result=record)
         assert server.done
         sizes[n] = seen
     assert set(sizes[50]) == {"load", "moments", "variogram", "mu_sigma", "gamma", "theta", "value"}
@@ -212,7 +212,7 @@ def test_no_worker_result_grows_with_n(cluster, tmp_path):
         assert sizes[200][step] <= nbytes + 16, (step, nbytes, sizes[200][step])  # + a few bytes of int width
 
 
-def test_client_never_holds_raw_data(cluster, store, monkeypatch):
+def test_client_never_holds_raw_data(cluster, dask_store, monkeypatch):
     import spatialfed.data.store as store_mod
 
     def forbidden(*args, **kwargs):
@@ -227,7 +227,7 @@ def test_client_never_holds_raw_data(cluster, store, monkeypatch):
             held.update(cluster.client.run(registry_keys))
 
     results = []
-    server, info = run_dask(cluster.client, store, J, knots49(), NU, "full", FitConfig(mode="sync", max_iter=2),
+    server, info = run_dask(cluster.client, dask_store, J, knots49(), NU, "full", FitConfig(mode="sync", max_iter=2),
                             on_event=peek, on_result=lambda j, p, r: results.append(r))
     assert server.done and site._REGISTRY == {}
     # during the fit the partitions lived in the worker processes, two per process
@@ -241,22 +241,22 @@ def test_client_never_holds_raw_data(cluster, store, monkeypatch):
 
 
 def test_failing_worker_task_names_worker_and_step(cluster, tmp_path):
-    store = _small_store(tmp_path / "bad.zarr", 30)
-    chunks = [p for p in (Path(store) / "workers" / "1" / "z").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    dask_store = _small_store(tmp_path / "bad.zarr", 30)
+    chunks = [p for p in (Path(dask_store) / "workers" / "1" / "z").rglob("*") if p.is_file() and p.name != "zarr.json"]
     assert chunks
     for c in chunks:
         c.write_bytes(b"\x00garbage")  # metadata intact (open_store passes), data unreadable where it is loaded
     gp = FederatedGP(mode="sync", knots=16, client=cluster.client, progress=False)
     with pytest.raises(WorkerTaskError, match=r"federated worker 1 failed in sub-step 'load'"):
-        gp.fit(store)
+        gp.fit(dask_store)
     assert cluster.client.run(registry_keys) == {a: [] for a in cluster.worker_addresses()}
 
 
-def test_fit_cli_on_a_running_scheduler(cluster, store, parts, tmp_path, capsys):
+def test_fit_cli_on_a_running_scheduler(cluster, dask_store, parts, tmp_path, capsys):
     from spatialfed.cli import main
 
     out = tmp_path / "cli"
-    rc = main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "49",
+    rc = main(["fit", str(dask_store), "--out", str(out), "--mode", "sync", "--knots", "49",
                "--scheduler", cluster.client.scheduler.address])
     err = capsys.readouterr().err
     assert rc == 0, err
@@ -268,14 +268,14 @@ def test_fit_cli_on_a_running_scheduler(cluster, store, parts, tmp_path, capsys)
     assert (out / "trace.csv").exists() and (out / "model.zarr").is_dir()
 
 
-def test_slowdown_emulation_waits_s_minus_one_times_the_cpu_time(store):
+def test_slowdown_emulation_waits_s_minus_one_times_the_cpu_time(dask_store):
     """evaluate_task run here (not on the cluster): c CPU seconds of compute, then (s − 1)·c of sleep."""
     import time
 
     from spatialfed.algorithm.protocol import Augmented
     from spatialfed.model.params import Params
 
-    spec = site.SiteSpec("slowdown-test", str(store), 0, knots49(), Matern(NU), "full")
+    spec = site.SiteSpec("slowdown-test", str(dask_store), 0, knots49(), Matern(NU), "full")
     phi = Params(np.zeros(M), 0.1 * np.eye(M), np.zeros(5), 0.25, 1.0, 0.1)
     try:
         site.answer(spec, Augmented(phi, 0, "theta"), 1.0)  # load and factorise once
@@ -290,7 +290,7 @@ def test_slowdown_emulation_waits_s_minus_one_times_the_cpu_time(store):
     assert site._REGISTRY == {}
 
 
-def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, reference):
+def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, dask_store, reference):
     """Kill the process serving federated workers 0 and 2 mid-fit: their tasks move to a live worker (last test:
     the nanny restarts the killed process under a new address)."""
     import signal
@@ -304,7 +304,7 @@ def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, refe
             killed.append(now)
             os.kill(victim_pid, signal.SIGKILL)  # a worker process of this test's own LocalCluster
 
-    server, info = run_dask(cluster.client, store, J, knots49(), NU, "full", FitConfig(mode="sync"),
+    server, info = run_dask(cluster.client, dask_store, J, knots49(), NU, "full", FitConfig(mode="sync"),
                             slowdowns="straggler", on_event=kill_once, poll_s=0.2)
     assert killed and server.done and info.reassigned >= 1
     assert victim not in info.assignment
@@ -312,8 +312,8 @@ def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, store, refe
 
 
 def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
-    store = _small_store(tmp_path / "emb.zarr", 40)
-    gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=1).fit(store)
+    dask_store = _small_store(tmp_path / "emb.zarr", 40)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=1).fit(dask_store)
     err = capsys.readouterr().err
     assert re.search(r"2 federated workers on 1 Dask worker\(s\); dashboard: http://127\.0\.0\.1:\d+/status", err)
     assert gp.loglik_ is not None and len(set(gp.assignment_)) == 1  # both partitions share the one process
@@ -325,7 +325,7 @@ def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
             pass
 
 
-def test_a_site_is_free_only_while_its_worker_has_an_idle_thread(cluster, store):
+def test_a_site_is_free_only_while_its_worker_has_an_idle_thread(cluster, dask_store):
     """DaskRuntime.free: 4 sites on 2 one-thread workers (0, 2 on one; 1, 3 on the other). While site 0's task
     sleeps, sites 0 and 2 are not free (a task would queue behind it) and 1, 3 are; once it answered, all are."""
     from spatialfed.algorithm.protocol import STATS_STEP, Augmented
@@ -334,7 +334,7 @@ def test_a_site_is_free_only_while_its_worker_has_an_idle_thread(cluster, store)
 
     runtime = DaskRuntime(cluster.client)
     try:
-        loaded = runtime.start(site.site_specs("free-test", store, J, knots49(), Matern(NU), "full"))
+        loaded = runtime.start(site.site_specs("free-test", dask_store, J, knots49(), Matern(NU), "full"))
         p = loaded[0].result["p"]
         assert runtime.assignment[0] == runtime.assignment[2] != runtime.assignment[1] == runtime.assignment[3]
         assert all(runtime.free(j) for j in range(J))

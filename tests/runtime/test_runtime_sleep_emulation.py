@@ -25,7 +25,7 @@ ROUNDS = 4
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def sleep_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("sleep") / "s.zarr"
     simulate_store(path, J, N, seed=3, test_size=0)
     return path
@@ -43,7 +43,7 @@ def stats_request(k: int, p: int) -> Augmented:
     return Augmented(Params(np.zeros(M), np.eye(M), np.zeros(p), 4.0 * f, 1.0, 0.1 * f), k, STATS_STEP)
 
 
-def test_a_task_slowed_five_times_spends_a_fifth_of_its_wall_time_on_the_cpu(client, store):
+def test_a_task_slowed_five_times_spends_a_fifth_of_its_wall_time_on_the_cpu(client, sleep_store):
     """site.answer with slowdown 5 on a Dask worker: its wall time ≥ 5 × the task thread's CPU time c (c of compute,
     then 4c of sleep) and c ≤ 0.22 × the wall time; a spinning wait would put the CPU time near the wall time."""
 
@@ -56,7 +56,7 @@ def test_a_task_slowed_five_times_spends_a_fifth_of_its_wall_time_on_the_cpu(cli
         worker_site.answer(spec, p, slowdown)
         return clock.thread_time() - cpu, clock.perf_counter() - wall
 
-    spec = site.site_specs("sleep-task", store, J, jittered_unit_grid(M, seed=0), Matern(0.5), "full")[0]
+    spec = site.site_specs("sleep-task", sleep_store, J, jittered_unit_grid(M, seed=0), Matern(0.5), "full")[0]
     p = site.load(spec)["p"]  # only to read p (its own partition registry entry is released below)
     site.release("sleep-task")
     try:
@@ -70,12 +70,12 @@ def test_a_task_slowed_five_times_spends_a_fifth_of_its_wall_time_on_the_cpu(cli
     assert 0.04 <= cpu / wall <= 0.22  # about 1/s: the sleep burns no CPU (under load the compute's wall grows)
 
 
-def test_dask_runtime_slowed_site_costs_wall_time_not_cpu(client, store):
+def test_dask_runtime_slowed_site_costs_wall_time_not_cpu(client, sleep_store):
     """Through DaskRuntime with slowdowns (5, 1), both sites answering the same requests at the same time: the slowed
     site's worker process uses no more CPU than the full-speed one's (a spin would use ~5×), its CPU is under 0.35 of
     its wall time (process CPU: the task's thread plus the worker's own threads), and its wall time holds at least a
     part of the emulated (5 − 1)·c of sleep."""
-    specs = site.site_specs("sleep-runtime", store, J, jittered_unit_grid(M, seed=0), Matern(0.5), "full")
+    specs = site.site_specs("sleep-runtime", sleep_store, J, jittered_unit_grid(M, seed=0), Matern(0.5), "full")
     runtime = DaskRuntime(client, [SLOW, 1.0])
     try:
         loaded = runtime.start(specs)

@@ -114,6 +114,6 @@ def test_a_queue_that_gives_no_replacement_within_the_queue_wait_stops_the_fit_w
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "every Dask worker left the cluster" in last and "none joined within 20 s" in last, done.stderr
-    assert "spatialfed fit --resume f" in last and (tmp_path / "f" / "checkpoint.pkl").exists()
+    assert "spatialfed fit --resume f" in last and (tmp_path / "f" / "checkpoint.zip").exists()
     ran = slurm.jobs(after=before, name="dask-worker")
     assert len(ran) >= 2 and not [j for j in ran if j.state in ("PENDING", "RUNNING")], ran

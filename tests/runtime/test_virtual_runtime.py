@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from support import assert_at_maximiser
-from support import TRUTH, LowRankReference, simulate, single_blas_thread  # noqa: F401 (autouse fixture)
+from support import TRUTH, LowRankReference, simulate
 
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import Augmented

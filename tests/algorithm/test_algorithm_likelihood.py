@@ -1,4 +1,4 @@
-"""algorithm/profile.py: the statistics route to ℓ_LR, Σ, μ, γ̂ and the profile gradient/Hessian (SPEC §2b) against
+"""algorithm/likelihood.py: the statistics route to ℓ_LR, Σ, μ, γ̂ and the profile gradient/Hessian (SPEC §2b) against
 the centralized reference; Taylor models of stale sites; the trust-region step."""
 
 import numpy as np
@@ -7,7 +7,7 @@ from conftest import grid_knots, simulate_parts
 from support import third_order
 from scipy import linalg
 
-from spatialfed.algorithm.profile import (
+from spatialfed.algorithm.likelihood import (
     THIRD,
     NotPositiveDefinite,
     Profile,
@@ -240,7 +240,7 @@ def test_taylor_model_is_exact_along_the_scaling_direction(parts, residual, m):
 
 def test_default_bounds_are_the_documented_box():
     """1/δ and σ² in [1e-6, 1e4]·s², β in [1e-4, 1e2]·D (s² = 4, D = 10: every factor is told apart)."""
-    from spatialfed.algorithm.profile import default_bounds
+    from spatialfed.algorithm.likelihood import default_bounds
 
     lo, hi = default_bounds(4.0, 10.0)
     np.testing.assert_allclose(1 / np.exp(hi[0]), 1e-6 * 4, rtol=1e-12)
@@ -250,7 +250,7 @@ def test_default_bounds_are_the_documented_box():
 
 
 def test_projected_gradient_zeroes_only_the_components_pushing_out_at_an_active_bound():
-    from spatialfed.algorithm.profile import at_bound, projected_gradient
+    from spatialfed.algorithm.likelihood import at_bound, projected_gradient
 
     lower, upper = np.array([-1.0, -1.0, -1.0]), np.array([1.0, 1.0, 1.0])
     u = np.array([-1.0, 0.0, 1.0])  # on the lower bound, inside, on the upper bound
@@ -421,7 +421,7 @@ def test_sum_keeps_the_scaling_direction_only_when_every_site_shares_it(parts):
 
 
 def test_only_an_interior_newton_step_counts_toward_the_predicted_stop():
-    from spatialfed.algorithm.profile import newton_length, trust_region_step
+    from spatialfed.algorithm.likelihood import newton_length, trust_region_step
 
     lower, upper = np.full(3, -10.0), np.full(3, 10.0)
     hess, grad = -np.diag([1.0, 2.0, 4.0]), np.array([0.01, -0.02, 0.04])
@@ -439,7 +439,7 @@ def test_the_predicted_next_newton_step_matches_the_one_taken(jump):
     """ℓ(u) = −Σ (e^{u−a} − (u − a)) (third derivatives ≠ 0): newton_settled's bound on the next step Newton takes
     holds and is within a factor 2 of it — from consecutive Newton points, or from a point reached otherwise (`jump`,
     as the asynchronous surrogate's) — so it declares the fit settled only where that step is within tol."""
-    from spatialfed.algorithm.profile import RESOLVED, newton_settled, trust_region_step
+    from spatialfed.algorithm.likelihood import RESOLVED, newton_settled, trust_region_step
 
     a = np.array([0.3, -0.2, 0.5])
     lower, upper = np.full(3, -10.0), np.full(3, 10.0)

@@ -1,4 +1,4 @@
-"""φ₀ (init.py) from bounded-pair variograms: equal to the all-pairs rule for small workers, statistically
+"""φ₀ (start.py) from bounded-pair variograms: equal to the all-pairs rule for small workers, statistically
 equivalent above the subsample size."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from conftest import grid_knots, simulate_parts
 from scipy.spatial.distance import cdist
 
-from spatialfed.algorithm import init
+from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
@@ -14,12 +14,12 @@ from spatialfed.runtime.virtual import run_virtual
 
 
 def all_pairs_phi0(parts, knots, kernel):
-    """(δ₀, σ²₀, β₀, γ₀) by init.py's rule from the dense O(n_j²) variogram of every within-worker pair."""
+    """(δ₀, σ²₀, β₀, γ₀) by start.py's rule from the dense O(n_j²) variogram of every within-worker pair."""
     moments = [{"XtX": X.T @ X, "Xtz": X.T @ z, "ztz": z @ z, "n": len(z),
                 "extent": float(np.hypot(*np.ptp(locs, axis=0)))} for locs, z, X in parts]
-    gamma, s2, _ = init.pooled_ols(moments)
-    D = init.domain_diameter(knots)
-    edges = init.variogram_edges(init.variogram_cutoff(D, moments))
+    gamma, s2, _ = starting.pooled_ols(moments)
+    D = starting.domain_diameter(knots)
+    edges = starting.variogram_edges(starting.variogram_cutoff(D, moments))
     sum_sq, count = np.zeros(edges.size - 1), np.zeros(edges.size - 1)
     for locs, z, X in parts:
         e = z - X @ gamma
@@ -28,7 +28,7 @@ def all_pairs_phi0(parts, knots, kernel):
         ok = idx < edges.size - 1
         sum_sq += np.bincount(idx[ok], weights=0.5 * (e[iu[0]] - e[iu[1]])[ok] ** 2, minlength=edges.size - 1)
         count += np.bincount(idx[ok], minlength=edges.size - 1)
-    tau2, sigma2, beta = init.fit_variogram(sum_sq, count, edges, kernel, s2, D)
+    tau2, sigma2, beta = starting.fit_variogram(sum_sq, count, edges, kernel, s2, D)
     return 1.0 / tau2, sigma2, beta, gamma
 
 
@@ -49,11 +49,11 @@ def test_variogram_bins_span_the_sites_extent():
     """The bins end at ½ min(D, median site extent): area sites resolve the lags they hold, interleaved sites keep
     ½D; sites of one point (extent 0) do not count, and without any extent the bins span ½D."""
     area = [{"extent": e} for e in (0.2, 0.3, 0.25, 5.0)]
-    assert init.variogram_cutoff(1.4, area) == pytest.approx(0.5 * 0.275)
-    assert init.variogram_cutoff(1.4, [{"extent": 1.3}, {"extent": 1.5}, {"extent": 1.6}]) == pytest.approx(0.7)
-    assert init.variogram_cutoff(1.4, [{"extent": 0.0}, {"extent": 0.3}]) == pytest.approx(0.15)
-    assert init.variogram_cutoff(1.4, [{"extent": 0.0}]) == pytest.approx(0.7)
-    np.testing.assert_allclose(init.variogram_edges(0.3, 3), [0.0, 0.1, 0.2, 0.3])
+    assert starting.variogram_cutoff(1.4, area) == pytest.approx(0.5 * 0.275)
+    assert starting.variogram_cutoff(1.4, [{"extent": 1.3}, {"extent": 1.5}, {"extent": 1.6}]) == pytest.approx(0.7)
+    assert starting.variogram_cutoff(1.4, [{"extent": 0.0}, {"extent": 0.3}]) == pytest.approx(0.15)
+    assert starting.variogram_cutoff(1.4, [{"extent": 0.0}]) == pytest.approx(0.7)
+    np.testing.assert_allclose(starting.variogram_edges(0.3, 3), [0.0, 0.1, 0.2, 0.3])
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -77,12 +77,12 @@ def test_nugget_floor_follows_the_first_bin():
     0.125) is recovered, where a floor of 0.05·s² would hold it at 0.051; a nugget of 10⁻⁴ under β = 0.1 (γ̂₁ =
     0.28) is below what the bins resolve, and the start keeps it at 0.05·γ̂₁ instead of near 0."""
     kernel = Matern(0.5)
-    edges = init.variogram_edges(1.0)
+    edges = starting.variogram_edges(1.0)
     h = 0.5 * (edges[:-1] + edges[1:])
     count = np.full(h.size, 100.0)
     for tau2, beta, floor_binds in ((0.02, 0.3, False), (1e-4, 0.1, True)):
         gamma_hat = tau2 + 1.0 * (1 - kernel.correlation(h, beta))
-        fitted_tau2, _, _ = init.fit_variogram(count * gamma_hat, count, edges, kernel, s2=tau2 + 1.0)
+        fitted_tau2, _, _ = starting.fit_variogram(count * gamma_hat, count, edges, kernel, s2=tau2 + 1.0)
         expected = 0.05 * gamma_hat[0] if floor_binds else tau2
         assert fitted_tau2 == pytest.approx(expected, rel=1e-3)
 
@@ -93,17 +93,17 @@ def test_a_range_beyond_the_bins_takes_the_sill_from_the_variance(nu):
     σ²/β^(2ν) shows in them, so the start keeps that and takes the sill from s² (here the true sill, 1.1): σ² =
     s² − τ², and β recovered from the kept ratio (Zhang 2004: σ²/β^(2ν) is what in-fill data identify)."""
     kernel = Matern(nu)
-    edges = init.variogram_edges(0.2)
+    edges = starting.variogram_edges(0.2)
     h = 0.5 * (edges[:-1] + edges[1:])
     count = np.full(h.size, 100.0)
     tau2, sigma2, beta = 0.1, 1.0, 0.5
     gamma_hat = tau2 + sigma2 * (1 - kernel.correlation(h, beta))
-    fitted_tau2, fitted_sigma2, fitted_beta = init.fit_variogram(count * gamma_hat, count, edges, kernel,
+    fitted_tau2, fitted_sigma2, fitted_beta = starting.fit_variogram(count * gamma_hat, count, edges, kernel,
                                                                   s2=tau2 + sigma2, diameter=2.0)
     assert fitted_sigma2 == pytest.approx(tau2 + sigma2 - fitted_tau2, rel=1e-12)
     np.testing.assert_allclose([fitted_tau2, fitted_sigma2, fitted_beta], [tau2, sigma2, beta], rtol=0.1)
     # a variance 1.5 × the sill (a trend left in the residuals): σ² follows it, and σ²/β^(2ν) stays the field's
-    _, s_big, b_big = init.fit_variogram(count * gamma_hat, count, edges, kernel, s2=1.5 * (tau2 + sigma2),
+    _, s_big, b_big = starting.fit_variogram(count * gamma_hat, count, edges, kernel, s2=1.5 * (tau2 + sigma2),
                                          diameter=2.0)
     assert s_big > 1.4 and s_big / b_big ** (2 * nu) == pytest.approx(sigma2 / beta ** (2 * nu), rel=0.05)
 
@@ -117,13 +117,13 @@ def test_subsampled_start_is_statistically_equivalent(seed):
     parts = simulate_parts(J=2, n=1200, p=2, nu=0.5, sigma2=1.0, beta=0.1, delta=4.0, seed=1)
     models = [LocalModel(*pt, knots, kernel, "pp") for pt in parts]
     moments = [lm.moments() for lm in models]
-    gamma, s2, _ = init.pooled_ols(moments)
-    D = init.domain_diameter(knots)
-    edges = init.variogram_edges(init.variogram_cutoff(D, moments))
+    gamma, s2, _ = starting.pooled_ols(moments)
+    D = starting.domain_diameter(knots)
+    edges = starting.variogram_edges(starting.variogram_cutoff(D, moments))
     xs = [lm.variogram(gamma, edges, max_points=600, seed=seed) for lm in models]
     count = sum(x["count"] for x in xs)
     assert count.sum() <= 2 * 600 * 599 / 2
-    tau2, sigma2, beta = init.fit_variogram(sum(x["sum_sq"] for x in xs), count, edges, kernel, s2, D)
+    tau2, sigma2, beta = starting.fit_variogram(sum(x["sum_sq"] for x in xs), count, edges, kernel, s2, D)
     delta_ref, sigma2_ref, beta_ref, _ = all_pairs_phi0(parts, knots, kernel)
     deviation = np.log([1.0 / tau2, sigma2, beta]) - np.log([delta_ref, sigma2_ref, beta_ref])
     assert np.all(np.abs(deviation) <= 0.35), deviation
@@ -135,4 +135,4 @@ def test_moments_that_overflow_name_the_values_not_an_exact_fit():
                {"XtX": np.eye(1) * 40, "Xtz": np.array([2.0]), "ztz": 41.0, "n": 40}]
     with pytest.raises(ValueError, match=r"moments .* overflow float64: some value of z or of a covariate is near the "
                                          r"float64 limit"):
-        init.pooled_ols(moments)
+        starting.pooled_ols(moments)

@@ -247,7 +247,7 @@ def at_bound(u, lower, upper) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Step:
+class TrustStep:
     """A trust-region step p on ℓ from u: `predicted` = model increase gᵀp − ½pᵀmod(−H)p ≥ 0; `at_bound` the
     entries of u + p on a bound of the box."""
 
@@ -266,7 +266,7 @@ def updated_radius(radius: float, ratio: float, step: float, cap: float) -> floa
     return radius
 
 
-def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float = 1e-8) -> Step:
+def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float = 1e-8) -> TrustStep:
     """argmax of the quadratic model gᵀp + ½pᵀHp with H replaced by −mod(−H) (SPEC §2: |eigenvalues|, floored),
     over ‖p‖₂ ≤ radius (Levenberg–Marquardt multiplier by bisection) and u + p in [lower, upper] (entries that leave
     the box are fixed on the bound and the others re-solved)."""
@@ -290,7 +290,7 @@ def trust_region_step(u, grad, hess, radius: float, lower, upper, floor: float =
         fixed |= clipped
     p = np.clip(u + p, lower, upper) - u
     predicted = float(g @ p - 0.5 * p @ B @ p)
-    return Step(p=p, predicted=predicted, at_bound=at_bound(u + p, lower, upper))
+    return TrustStep(p=p, predicted=predicted, at_bound=at_bound(u + p, lower, upper))
 
 
 def _lm_solve(B: np.ndarray, g: np.ndarray, radius: float) -> np.ndarray:
@@ -311,7 +311,7 @@ def _lm_solve(B: np.ndarray, g: np.ndarray, radius: float) -> np.ndarray:
     return np.linalg.solve(B + hi * eye, g)
 
 
-def newton_length(step: Step, hess, radius: float, floor: float) -> float | None:
+def newton_length(step: TrustStep, hess, radius: float, floor: float) -> float | None:
     """‖p‖∞ of a pure Newton step p = −H⁻¹g (−H positive definite, p strictly inside the trust radius and the box),
     else None: only such steps converge quadratically near the maximum (Nocedal & Wright, Thm 3.5)."""
     if step.at_bound or float(np.linalg.norm(step.p)) >= 0.99 * radius:
@@ -326,7 +326,7 @@ def newton_length(step: Step, hess, radius: float, floor: float) -> float | None
 RESOLVED = float(np.sqrt(np.finfo(float).eps))
 
 
-def newton_settled(before: Profile | None, base: Profile, step: Step, dgamma: float, tol: float,
+def newton_settled(before: Profile | None, base: Profile, step: TrustStep, dgamma: float, tol: float,
                    loglik_tol: float) -> bool:
     """Whether the round at base.u + p (p the pure Newton step from base) may be skipped. Newton's error bound
     ‖p_next‖ ≤ ½L‖H⁻¹‖‖p‖² (L the Lipschitz constant of the Hessian H of ℓ in u; Kantorovich) with L measured
@@ -344,7 +344,7 @@ def newton_settled(before: Profile | None, base: Profile, step: Step, dgamma: fl
     return shrink < 1.0 and max(following, shrink * dgamma) <= tol and shrink**2 * step.predicted <= loglik_tol
 
 
-def stop_point(base: Profile, new: Profile | None, step: Step, dgamma: float, before: Profile | None,
+def stop_point(base: Profile, new: Profile | None, step: TrustStep, dgamma: float, before: Profile | None,
                newton: float | None, tol: float, loglik_tol: float) -> Profile | None:
     """Where an epoch at base ends the fit (None: it goes on): base when its step p and γ change are within tol and
     the gain within loglik_tol; new = base + p (second-order model) when p is a pure Newton step (`newton`, from
@@ -358,7 +358,7 @@ def stop_point(base: Profile, new: Profile | None, step: Step, dgamma: float, be
 
 
 def maximise(evaluate, base: Profile, max_move: float, lower, upper, steps: int, floor: float,
-             tol: float) -> tuple[Profile, Step]:
+             tol: float) -> tuple[Profile, TrustStep]:
     """Safeguarded Newton iterations on u ↦ evaluate(u) (a Profile with derivatives, or None where it is not positive
     definite) from base.u, each kept only if ℓ does not decrease, within ‖u − base.u‖ ≤ max_move, at most `steps`,
     until a step is ≤ tol; returns (the point reached, its last step)."""
