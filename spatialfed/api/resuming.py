@@ -91,4 +91,5 @@ def restored_server(gp, resume, n_workers: int):
         raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={gp.nu}")
     server.config = dataclasses.replace(server.config, max_iter=gp.max_iter, tol=gp.tol,
                                         time_budget=gp.time_budget)
+    server.wall_time_s = float((snap.get("meta") or {}).get("wall_time_s", 0.0))  # the fit's real seconds so far
     return server

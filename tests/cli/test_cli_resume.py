@@ -108,3 +108,16 @@ def test_stopping_rules_cannot_extend_a_finished_fit(store, tmp_path, capsys):
     assert "holds a finished fit, which --max-iter cannot extend" in err and err.count("\n") == 1
     assert main(["fit", "--resume", str(out), "--quiet"]) == 0
     assert json.loads((out / "fit.json").read_text())["iterations"] == 3
+
+
+def test_wall_time_after_a_resume_is_the_whole_fits(interrupted, tmp_path):
+    """fit.json's wall_time_s after a resume counts the interrupted run too: the checkpoint records the seconds
+    before the interruption, and the result is at least the fit's clock at its last aggregation (on Dask the trace's
+    time_s carries on from the interrupted run), at most those seconds plus the resuming command's."""
+    before = read_checkpoint(interrupted / "checkpoint.pkl")["meta"]["wall_time_s"]
+    assert before > 0
+    tic = time.perf_counter()
+    fit = _resume(interrupted, tmp_path)
+    elapsed = time.perf_counter() - tic
+    assert fit["trace"][-1]["time_s"] <= fit["wall_time_s"] <= before + elapsed
+    assert fit["wall_time_s"] > before
