@@ -132,7 +132,7 @@ class DaskRuntime(Runtime):
         self._t0, self._clock_start = time.perf_counter(), 0.0
 
     # --- the Runtime interface -----------------------------------------------------------------------------
-    def start(self, specs, clock_start: float = 0.0, on_loaded=None) -> list[Event]:
+    def start(self, specs, clock_start: float = 0.0, on_loaded=None, skip=()) -> list[Event]:
         from distributed import as_completed, span
 
         self.specs = list(specs)
@@ -155,9 +155,9 @@ class DaskRuntime(Runtime):
                                        name="spatialfed-watchdog", daemon=True)
         self._guard.start()
         self._t0, self._clock_start = time.perf_counter(), float(clock_start)
-        for j in range(J):
+        loaded: dict[int, Event] = {j: Event(j, None) for j in skip}  # dropped sites: never asked again
+        for j in sorted(set(range(J)) - set(loaded)):
             self._submit(j, None, site.load, (self.specs[j],), task_key("load", j))
-        loaded: dict[int, Event] = {}
         while len(loaded) < J:
             for event in next(self.completed()):
                 if event.lost:

@@ -175,11 +175,12 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
         if server.done:  # a finished checkpoint needs no site
             return server
         def loaded(event) -> None:  # as each partition lands (progress)
-            if event.error is None and on_result is not None:
+            if event.error is None and event.result is not None and on_result is not None:
                 on_result(event.site, None, event.result)
 
-        for event in runtime.start(specs, clock_start=float(server.time_s), on_loaded=loaded):
-            if event.error is not None:
+        dropped = [j for j in range(J) if j not in server.active]  # before a resume: they stay out, unloaded
+        for event in runtime.start(specs, clock_start=float(server.time_s), on_loaded=loaded, skip=dropped):
+            if event.error is not None and event.site in server.active:
                 failed(event.site, "load", event.error)
         server.clock(runtime.now())  # the first requests leave now, after the partitions loaded
         hand_out()

@@ -27,10 +27,11 @@ GIVEN_UP = re.compile(r"federated worker 2 \(group workers/2 of .*\) killed its 
                       r"distributed\.scheduler\.allowed-failures = (\d+)\).*--on-worker-error drop")
 
 
-def kill_on_site(j: int, after_s: float = 0.1):
-    """A worker plugin whose process exits `after_s` seconds after one of site j's tasks (key '<step>-w<j>-…')
-    starts there, as a task filling the memory is killed a while after it started: the exit takes the worker's
-    one thread first, so the task never finishes, and the worker meanwhile reports what it finished before."""
+def kill_on_site(j: int, step: str = "", after_s: float = 0.1):
+    """A worker plugin whose process exits `after_s` seconds after one of site j's tasks (key '<step>-w<j>-…', of
+    any step unless given) starts there, as a task filling the memory is killed a while after it started: the exit
+    takes the worker's one thread first, so the task never finishes, and the worker meanwhile reports what it
+    finished before."""
     from distributed import WorkerPlugin
 
     def die():
@@ -38,13 +39,13 @@ def kill_on_site(j: int, after_s: float = 0.1):
         os._exit(1)
 
     class KillOnSite(WorkerPlugin):
-        name = f"kill-on-site-{j}"
+        name = f"kill-on-site-{j}-{step}"
 
         def setup(self, worker):
             self.worker = worker
 
         def transition(self, key, start, finish, **kwargs):
-            if finish == "executing" and f"-w{j}-" in str(key):
+            if finish == "executing" and f"-w{j}-" in str(key) and str(key).startswith(step):
                 self.worker.executors["default"].submit(die)
 
     return KillOnSite()
@@ -115,3 +116,38 @@ def test_cli_one_line_then_drop_continues_without_it(cluster, store, tmp_path, c
     fit_json = json.loads((out / "fit.json").read_text())
     assert [d["worker"] for d in fit_json["dropped_workers"]] == [KILLER]
     deaths_of(fit_json["dropped_workers"][0]["cause"], 1)
+
+
+def test_a_site_dropped_before_a_resume_is_not_loaded_again(cluster, store):
+    """What a resume of a fit that dropped the site asks of the runtime: its partition is not loaded, so no worker
+    dies (the plugin would end any worker that started the site's task)."""
+    from spatialfed.data.geometry import jittered_unit_grid
+    from spatialfed.model.matern import Matern
+    from spatialfed.runtime import site
+    from spatialfed.runtime.dask_runtime import DaskRuntime
+
+    before = cluster.worker_addresses()
+    runtime = DaskRuntime(cluster.client)
+    specs = site.site_specs("skip-test", str(store), 3, jittered_unit_grid(9, seed=0), Matern(0.5), "full")
+    try:
+        events = runtime.start(specs, skip=[KILLER])
+    finally:
+        runtime.stop()
+    assert [e.result is None for e in events] == [False, False, True] and all(e.error is None for e in events)
+    assert cluster.worker_addresses() == before and runtime.lost_workers == []
+
+
+def test_cli_resume_of_a_site_killing_workers_mid_fit_ends(store, tmp_path, capsys):
+    """The site kills its worker at its request of iteration 2: `fit` stops after 2 deaths with one line naming the
+    site and the resume; `--resume --on-worker-error drop` drops it after 2 more and finishes: bounded both times."""
+    out = tmp_path / "fit"
+    with local_cluster(2, security=False) as handle, dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        handle.client.register_plugin(kill_on_site(KILLER, "stats-w2-t2-"))
+        args = ["--scheduler", handle.client.scheduler.address]
+        assert main(["fit", str(store), "--out", str(out), "--mode", "sync", "--knots", "9", "--max-iter", "5",
+                     *args]) == 1
+        lines = [line for line in capsys.readouterr().err.splitlines() if "federated worker 2" in line]
+        assert len(lines) == 1 and "in sub-step 'stats'" in lines[0] and "--resume" in lines[0], lines
+        assert main(["fit", "--resume", str(out), "--on-worker-error", "drop", *args]) == 0
+    fit_json = json.loads((out / "fit.json").read_text())
+    assert [(d["worker"], d["step"]) for d in fit_json["dropped_workers"]] == [(KILLER, "stats")]
