@@ -215,6 +215,13 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
     if len(parts) == 0:
         raise StoreError("a store needs at least one worker's data")
     parts = [check_part(part, len(covariate_names), f"worker {j}") for j, part in enumerate(parts)]
+    if crs is not None:  # degrees labelled with a projected CRS (metres): refused, as at ingest
+        from spatialfed.data.crs import check_degrees_mislabelled
+
+        locs = np.vstack([part[0] for part in parts])
+        check_degrees_mislabelled(locs[:, 0], locs[:, 1], crs, "the coordinates",
+                                  fix="project them to metres first (ingest(..., crs='EPSG:4326') does) or give "
+                                      "the CRS they are in")
     test = check_part(test, len(covariate_names), "test set") if test is not None else None
     if truth is not None:
         truth = _check_truth(truth, len(covariate_names))
@@ -304,6 +311,8 @@ def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]
             arr = group[name]
         except KeyError:
             raise StoreError(f"{path}: group '{where}' has no array '{name}' (needs locs, z, X)") from None
+        except ValueError as exc:  # the array's zarr.json is not JSON (truncated, edited)
+            raise _bad_metadata(Path(path), exc) from None
         if not isinstance(arr, zarr.Array):
             raise StoreError(f"{path}: '{where}/{name}' must be an array, found a group")
         shapes[name] = (arr.shape, arr.dtype)
