@@ -20,9 +20,8 @@ import pandas as pd
 
 from spatialfed.atomic import refuse_existing
 from spatialfed.data import partition as partitions
+from spatialfed.data.coords import MAX_ABS_VALUE
 from spatialfed.data.crs import check_degrees_mislabelled
-
-MAX_ABS_VALUE = 1e150  # |z|, |x_k| beyond this: their squares (the sites' moments) overflow float64
 from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_string, looks_geographic, parse_crs, \
     project
 from spatialfed.data.points import coordinate_columns

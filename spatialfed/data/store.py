@@ -29,7 +29,7 @@ import numpy as np
 import zarr
 
 from spatialfed.atomic import refuse_existing, staged
-from spatialfed.data.coords import MAX_ABS_COORD
+from spatialfed.data.coords import MAX_ABS_COORD, MAX_ABS_VALUE
 from spatialfed.errors import StoreError, option, warn
 
 FORMAT_VERSION = 1
@@ -164,6 +164,14 @@ def check_part(part, p: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndar
     if np.abs(locs).max() > MAX_ABS_COORD:  # no map coordinates (data.coords): the knot layout would never end
         raise StoreError(f"{name}: locs reach {np.abs(locs).max():.3g}, beyond ±{MAX_ABS_COORD:.0e} map units, while "
                          "projected coordinates on Earth stay below 4e7 m; check the coordinates and their units")
+    for arr, label in ((z, "z"), (X, "X")):  # a square beyond float64: the sites' moments would overflow
+        big = np.argwhere(np.abs(arr.reshape(n, -1)) > MAX_ABS_VALUE)
+        if len(big):
+            row, col = (int(i) for i in big[0])
+            where = f"row {row}" + (f", column {col}" if label == "X" else "")
+            raise StoreError(f"{name}: {label} holds {arr.reshape(n, -1)[row, col]:.3g} in {where} (beyond "
+                             f"±{MAX_ABS_VALUE:.0e}, whose square overflows float64): an absurd value, e.g. a "
+                             "missing-value code; remove that row or rescale the column")
     return locs, z, X
 
 
