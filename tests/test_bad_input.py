@@ -87,6 +87,8 @@ def _write_data(d: Path) -> None:
     _csv(d / "dup_z.csv", "x,y,z,z,c2,g", rows)
     _csv(d / "huge.csv", HEADER, _with(rows, 0, lambda i: f"{1e300 * (i + 1):.6g}"))
     _csv(d / "huge_y.csv", HEADER, _with(rows, 1, lambda i: f"{-3e200 * (i + 1):.6g}"))
+    _csv(d / "absurd_z.csv", HEADER, _with(rows, 2, "1e308", which={6}))  # one missing-value code
+    _csv(d / "absurd_c1.csv", HEADER, _with(rows, 3, "-1e308", which={9}))
     _csv(d / "one_place.csv", HEADER, _with(_with(rows, 0, "1500.0"), 1, "5500.0"))
     _csv(d / "collinear.csv", HEADER, _with(rows, 1, "5500.0"))                      # a horizontal line
     _csv(d / "tiny_extent.csv", HEADER, [[f"{1500 + i * 1e-9:.12f}", f"{5500 + (i % 7) * 1e-9:.12f}", *r[2:]]
@@ -140,6 +142,9 @@ def _damage(src: Path, dst: Path, how: str) -> str:
         (dst / "zarr.json").unlink()
     elif how == "bad_root_json":
         (dst / "zarr.json").write_text("{ not json")
+    elif how in ("bad_group_json", "bad_array_json"):  # cut short inside a string, as a crash mid-write leaves it
+        meta = dst.joinpath("workers", "1", *(("z",) if how == "bad_array_json" else ()), "zarr.json")
+        meta.write_bytes(meta.read_bytes()[:30])
     return str(dst)
 
 
@@ -204,8 +209,18 @@ def world(tmp_path_factory):
     FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(CK / "checkpoint.zip"),
                 checkpoint_every=1).fit(S).save(CK)
     w["CK"] = str(CK)
-    for how in ("deleted", "corrupted", "truncated", "no_group", "no_root", "bad_root_json"):
+    for how in ("deleted", "corrupted", "truncated", "no_group", "no_root", "bad_root_json", "bad_group_json",
+                "bad_array_json"):
         w[how.upper()] = _damage(S, base / f"{how}.zarr", how)
+    from spatialfed.data import crs as crs_module
+    from spatialfed.data.store import write_store
+
+    rng = np.random.default_rng(8)  # lon/lat degrees in the Netherlands labelled RD New (metres), as a store
+    w["DEGREES"] = str(base / "degrees.zarr")  # written before write_store refused that holds them
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(crs_module, "check_degrees_mislabelled", lambda *args, **kwargs: None)
+        write_store(w["DEGREES"], _parts(np.column_stack([rng.uniform(5.6, 5.9, 60), rng.uniform(50.9, 51.1, 60)])),
+                    partition="random", crs="EPSG:28992", covariate_names=["intercept", "c1"])
     (base / "file.txt").write_text("a file, not a directory\n")
     w["FILE"] = str(base / "file.txt")
     (base / "emptydir").mkdir()
@@ -425,6 +440,16 @@ CLI_CASES = [
                                    "--value", "z"], r"look like longitude/latitude.*--crs EPSG:4326", None),
     ("ingest-unknown-crs", [*INGEST_GOOD, "--crs", "EPSG:999999"], r"unknown CRS 'EPSG:999999'", None),
     ("ingest-nonsense-crs", [*INGEST_GOOD, "--crs", "mercator-ish"], r"unknown CRS 'mercator-ish'", None),
+    ("ingest-lonlat-labelled-projected", ["ingest", "{D}/lonlat.csv", "{T}/out.zarr", "--x", "x", "--y", "y",
+                                          "--value", "z", "--crs", "EPSG:28992"],
+     r"look like longitude/latitude and lie outside the area of use of EPSG:28992, a projected CRS: they are not in "
+     r"its units; pass --crs EPSG:4326 if they are degrees", None),
+    ("ingest-absurd-value", ["ingest", "{D}/absurd_z.csv", "{T}/out.zarr", "--x", "x", "--y", "y", "--value", "z",
+                             "--covariates", "c1"],
+     r"column 'z' holds 1e\+308 in row 6 \(1 value\(s\) beyond ±1e\+150.*absurd value.*remove those rows", None),
+    ("ingest-absurd-covariate", ["ingest", "{D}/absurd_c1.csv", "{T}/out.zarr", "--x", "x", "--y", "y", "--value",
+                                 "z", "--covariates", "c1"],
+     r"column 'c1' holds -1e\+308 in row 9 .*absurd value", None),
     ("ingest-unknown-target-crs", ["ingest", "{D}/lonlat.csv", "{T}/out.zarr", "--x", "x", "--y", "y",
                                    "--value", "z", "--crs", "EPSG:4326", "--target-crs", "EPSG:0"],
      r"unknown CRS 'EPSG:0'", None),
@@ -480,6 +505,18 @@ CLI_CASES = [
     ("fit-store-bad-root-json", ["fit", "{BAD_ROOT_JSON}", "--out", "{T}/out", *FIT],
      r"bad_root_json\.zarr/zarr\.json is not valid JSON \(.*\): the store's metadata is truncated or damaged; "
      r"re-ingest", None),
+    ("fit-store-bad-group-json", ["fit", "{BAD_GROUP_JSON}", "--out", "{T}/out", *FIT],
+     r"bad_group_json\.zarr/workers/1/zarr\.json is not valid JSON \(.*\): the store's metadata is truncated or "
+     r"damaged; re-ingest", None),
+    ("fit-store-bad-array-json", ["fit", "{BAD_ARRAY_JSON}", "--out", "{T}/out", *FIT],
+     r"bad_array_json\.zarr/workers/1/z/zarr\.json is not valid JSON \(.*\): the store's metadata is truncated or "
+     r"damaged; re-ingest", None),
+    ("fit-store-degrees-labelled-projected", ["fit", "{DEGREES}", "--out", "{T}/out", *FIT],
+     r"the store's coordinates \(bounding box .*\) look like longitude/latitude and lie outside the area of use of "
+     r"EPSG:28992.*ingest the source table again with --crs EPSG:4326", None),
+    ("fit-store-corrupted-chunk-dask", ["fit", "{CORRUPTED}", "--out", "{T}/out", "--runtime", "dask",
+                                        "--dask-workers", "1", "--knots", "9", "--max-iter", "3", "--quiet"],
+     r"federated worker 1 failed in sub-step 'load' .*partition workers/1 .*damaged", None),
     ("fit-store-on-a-line", ["fit", "{LINE}", "--out", "{T}/out", *FIT], r"strip .*collinear.*\(--domain FILE\)", None),
     ("fit-no-store", ["fit", "--out", "{T}/out", *FIT], r"needs STORE\.zarr", None),
     ("fit-no-out", ["fit", "{S}", *FIT], r"--out DIR", None),
@@ -576,6 +613,9 @@ CLI_CASES = [
      r"staleness_bound .* must be an integer ≥ 0", None),
     ("fit-privacy-noise-neg", ["fit", "{S}", "--out", "{T}/out", *FIT, "--privacy-noise", "-1",
                                "--privacy-clip", "1"], r"noise_multiplier must be a finite number > 0, got -1", None),
+    ("fit-privacy-noise-too-large", ["fit", "{S}", "--out", "{T}/out", *FIT, "--privacy-noise", "1e9",
+                                     "--privacy-clip", "1"],
+     r"privacy noise multiplier 1e\+09 is too large for a fit: with 3 sites .*use a multiplier of at most 86\.6", None),
     ("fit-privacy-noise-without-clip", ["fit", "{S}", "--out", "{T}/out", *FIT, "--privacy-noise", "1"],
      r"needs both --privacy-noise Z and --privacy-clip C", None),
     ("fit-privacy-clip-0", ["fit", "{S}", "--out", "{T}/out", *FIT, "--privacy-noise", "1", "--privacy-clip", "0"],
@@ -777,7 +817,8 @@ SLOW = pytest.mark.slow  # a new interpreter importing the library: 5-15 s each 
 SUBPROCESS_CASES = [pytest.param("unknown-subcommand"), pytest.param("ingest-huge-x"),
                     pytest.param("fit-store-deleted-chunk", marks=SLOW), pytest.param("fit-knots-huge", marks=SLOW),
                     pytest.param("predict-fit-without-fit-json", marks=SLOW),
-                    pytest.param("fit-out-under-file", marks=SLOW)]
+                    pytest.param("fit-out-under-file", marks=SLOW),
+                    pytest.param("fit-store-corrupted-chunk-dask", marks=SLOW)]  # the workers' stderr is seen too
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES)
@@ -833,12 +874,12 @@ def _fit(store_key, **kw):
     return lambda w, T: _gp(**kw).fit(w[store_key] if store_key in w else store_key.format(T=T, **w))
 
 
-def _write(parts_fn, names=("intercept", "c1")):
+def _write(parts_fn, names=("intercept", "c1"), crs=None):
     """write_store of the given parts into T/out.zarr (its checks must refuse them)."""
     def run(w, T):
         from spatialfed.data.store import write_store
 
-        write_store(T / "out.zarr", parts_fn(), partition="random", crs=None, covariate_names=list(names))
+        write_store(T / "out.zarr", parts_fn(), partition="random", crs=crs, covariate_names=list(names))
     return run
 
 
@@ -1048,11 +1089,19 @@ API_CASES = [
                                              r"written by FederatedGP\.save\(DIR\)"),
     ("api-load-without-fit-json", _load("NOFIT"), r"cannot load .*fit_nojson: .*fit\.json not found"),
     ("api-load-damaged-fit-json", _load("BADFIT"), r"cannot load .*fit_badjson: .*not valid JSON .*run the fit again"),
+    ("api-write-degrees-labelled-projected",
+     _write(lambda: _parts(np.column_stack([_RNG.uniform(5.6, 5.9, 30), _RNG.uniform(50.9, 51.1, 30)])),
+            crs="EPSG:28992"),
+     r"the coordinates look like longitude/latitude and lie outside the area of use of EPSG:28992.*project them to "
+     r"metres first"),
     ("api-write-nan-z", _write(_poke(1, 3, 0, np.nan)), r"worker 1: z holds NaN"),
     ("api-write-inf-z", _write(_poke(1, 3, 0, np.inf)), r"worker 1: z holds NaN or infinite"),
     ("api-write-nan-x", _write(_poke(0, 3, 0, np.nan)), r"worker 1: locs holds NaN"),
     ("api-write-inf-y", _write(_poke(0, 3, 1, -np.inf)), r"worker 1: locs holds NaN or infinite"),
     ("api-write-nan-covariate", _write(_poke(2, 3, 1, np.nan)), r"worker 1: X holds NaN"),
+    ("api-write-absurd-z", _write(_poke(1, 3, 0, 1e308)),
+     r"worker 1: z holds 1e\+308 in row 3 \(beyond ±1e\+150, whose square overflows float64\): an absurd value"),
+    ("api-write-absurd-covariate", _write(_poke(2, 4, 1, -1e300)), r"worker 1: X holds -1e\+300 in row 4, column 1"),
     ("api-write-wrong-p", _write(lambda: _parts(_LOCS), names=("intercept",)), r"X must have shape"),
     ("api-write-no-parts", _write(lambda: []), r"at least one worker"),
     ("api-write-huge-coords", _write(lambda: _parts(_LOCS * 1e300)), r"beyond ±1e\+12"),

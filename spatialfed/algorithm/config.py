@@ -223,6 +223,10 @@ class FitConfig:
             elif not isinstance(self.privacy, GaussianMechanism):
                 raise ValueError("privacy must be a spatialfed.algorithm.privacy.GaussianMechanism or a dict of its "
                                  f"settings (noise_multiplier, clip, delta, seed), got {type(self.privacy).__name__}")
+            if self.n_workers is not None:
+                from spatialfed.algorithm.privacy import check_noise_for_fit
+
+                check_noise_for_fit(self.privacy, self.n_workers)
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be a number of seconds > 0 (or None), got {self.time_budget!r}")
 

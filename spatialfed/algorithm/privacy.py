@@ -134,6 +134,25 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+#: a released sum whose noise exceeds this multiple of the largest signal the sites can put in it carries nothing
+MAX_NOISE_TO_SIGNAL = 100.0
+
+
+def check_noise_for_fit(mechanism: GaussianMechanism, n_workers: int) -> None:
+    """Refuse a noise multiplier z under which every released sum is noise. J sites' clipped arrays sum to at most
+    J·clip·n in norm, their noise has standard deviation 2z·clip·n·√J per coordinate: the ratio is 2z/√J, and
+    above MAX_NOISE_TO_SIGNAL no estimate means anything (the noisy moments give a negative residual variance,
+    the Hessian overflows, or the fit ends on absurd values)."""
+    z, J = float(mechanism.noise_multiplier), int(n_workers)
+    ratio = 2.0 * z / math.sqrt(J)
+    if ratio > MAX_NOISE_TO_SIGNAL:
+        top = MAX_NOISE_TO_SIGNAL * math.sqrt(J) / 2.0
+        raise ValueError(f"the privacy noise multiplier {z:g} is too large for a fit: with {J} sites the noise on "
+                         f"every released sum is {ratio:.3g} times the largest signal they can put in it (2z/√J > "
+                         f"{MAX_NOISE_TO_SIGNAL:g}), so every estimate would be noise; use a multiplier of at most "
+                         f"{top:.3g} (1 to 2 is usual; docs/privacy.md)")
+
+
 def gdp_mu(n_releases: int, noise_multiplier: float) -> float:
     """μ = √(n_releases)/z: n_releases Gaussian mechanisms of μ = 1/z each, composed (Dong, Roth & Su 2022, Cor. 3.3)."""
     if n_releases < 0 or noise_multiplier <= 0:

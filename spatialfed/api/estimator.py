@@ -151,7 +151,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     and practical range in the CRS's units, ``api.units``), store_crs_ (the CRS the model's coordinates are in), loglik_ (ℓ_LR at params_, or ℓ_ind for "independent"),
     mu_, Sigma_ (the knot posterior at params_), knots_, trace_ (one row per aggregation; ``time_s`` is wall
     seconds since the fit started on Dask, virtual seconds on the simulated runtime), converged_, stop_reason_,
-    n_iter_, wall_time_s_ (real seconds of the federated fit, cluster start-up and shutdown excluded), n_obs_,
+    n_iter_, wall_time_s_ (real seconds of the whole federated fit, the part before a resume included; cluster
+    start-up and shutdown excluded), n_obs_,
     n_workers_, covariate_names_ (['intercept', ...]), covariates_inferred_ (True when ``covariates`` was None and X
     had other columns), slowdowns_, config_ (the resolved FitConfig), privacy_report_ (μ-GDP and (ε, δ) of the fit, or None),
     discarded_stale_ (quantities discarded for staleness > D), dashboard_link_, assignment_ (Dask worker of each
@@ -305,7 +306,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
         say = Progress(self.progress)
         monitor = FitMonitor(info.n_workers, live=bool(self.live) and self.runtime_used_ == "dask")
-        ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path))
+        ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path),
+                            wall_s=getattr(server, "wall_time_s", 0.0))
         cluster = scripts.embedded_cluster(self.runtime_used_, client=self.client, scheduler=self.scheduler,
                                            jobqueue=self.jobqueue)
         say.starting(("an embedded Dask LocalCluster" if cluster else f"the {self.runtime_used_} runtime")
@@ -322,7 +324,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                   on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
                   on_worker_error=self.on_worker_error, checkpointer=ckpt,
                   **settings.delay_models(self, info.n_workers))
-            self._fitted(info, server, runtime, knots, domain, time.perf_counter() - run_tic)
+            self._fitted(info, server, runtime, knots, domain, ckpt.wall_s + time.perf_counter() - run_tic)
         self.monitor_, self.resumed_from_ = monitor, resumed
         self.checkpoint_writes_, self.checkpoint_seconds_ = ckpt.writes, ckpt.seconds
         self.total_time_s_ = time.perf_counter() - tic
@@ -361,7 +363,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.privacy_report_ = getattr(server, "privacy_report", None)  # FgprServer has no privacy option
         self.discarded_stale_ = int(getattr(server, "discarded", 0))
         self.n_iter_ = int(server.iterations)
-        self.wall_time_s_ = float(fit_seconds)  # the federated fit itself (cluster start-up and shutdown excluded)
+        self.wall_time_s_ = float(fit_seconds)  # the federated fit, before a resume too (cluster start-up excluded)
 
     def _choose_runtime(self, info) -> tuple[str, str]:
         """(runtime, why) of a fit on the store `info` (runtime.factory.choose_runtime: "auto" is in-process for

@@ -13,9 +13,10 @@ from spatialfed.version import __version__
 #: submitted, a forged tls=False must not turn encryption off)
 CONNECTION_SETTINGS = ("scheduler", "client", "jobqueue", "tls", "insecure")
 #: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state; the
-#: embedded cluster's size n_dask_workers is bounded by the sites and cores, runtime.factory.check_worker_count)
+#: embedded cluster's size n_dask_workers is bounded by the sites and cores, runtime.factory.check_worker_count;
+#: on_worker_error, so that a fit stopped by a failing site can continue without it, recorded as dropped)
 RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", *CONNECTION_SETTINGS, "n_dask_workers", "scheduler_timeout",
-                    "live", "progress", "checkpoint", "checkpoint_every")
+                    "live", "progress", "checkpoint", "checkpoint_every", "on_worker_error")
 
 
 def resume(cls, checkpoint_path, store, overrides: dict):
@@ -90,4 +91,5 @@ def restored_server(gp, resume, n_workers: int):
         raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={gp.nu}")
     server.config = dataclasses.replace(server.config, max_iter=gp.max_iter, tol=gp.tol,
                                         time_budget=gp.time_budget)
+    server.wall_time_s = float((snap.get("meta") or {}).get("wall_time_s", 0.0))  # the fit's real seconds so far
     return server

@@ -224,6 +224,8 @@ def fit_into(out, checkpoint, settings: dict, args) -> None:
         kept = getattr(exc, "checkpoint", None) is not None  # drive saved the state (a lost cluster, a failed site)
         if implicit and not (kept and (isinstance(exc, ClusterLostError) or (exc.iteration or 0) >= 1)):
             discard(Path(settings["checkpoint"]), Path(out), existed, before)  # nothing worth continuing
+            if kept:  # so the resume hint is void too
+                raise type(exc)(exc.reason) from None
         elif kept:
             raise type(exc)(f"{exc.reason}; the checkpoint {exc.checkpoint} (iteration {exc.iteration}) keeps the "
                             f"fit: continue it with `{resume_command(out)}`{elsewhere(settings)}") from None

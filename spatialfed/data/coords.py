@@ -11,6 +11,7 @@ import numpy as np
 from spatialfed.errors import DataError
 
 MAX_ABS_COORD = 1e12               # |x|, |y| beyond this are not map coordinates (Earth's stay below 4e7 m)
+MAX_ABS_VALUE = 1e150              # |z|, |x_k| beyond this: their squares (the sites' moments) overflow float64
 MIN_EXTENT = 1e-6                  # a point cloud narrower than this (map units) cannot carry a 2-D domain
 
 

@@ -88,6 +88,19 @@ def looks_geographic(x, y, names=(None, None)) -> bool:
     return not unit_square
 
 
+def check_degrees_mislabelled(x, y, crs, what: str = "coordinates", names=(None, None), fix: str = "") -> None:
+    """Refuse coordinates that look like lon/lat degrees under a projected `crs` whose area of use they miss
+    (degrees labelled EPSG:28992): every distance would be read in its units (a range of "11 m" for 11 km).
+    A refusal, not a warning: no number fitted from them would mean anything."""
+    crs = parse_crs(crs)
+    if crs is None or not crs.is_projected or not looks_geographic(x, y, names) or not outside_area_of_use(x, y, crs):
+        return
+    fix = fix or (f"give {option('crs=EPSG:4326', '--crs EPSG:4326')} if they are degrees (they are then projected "
+                  "to metres), or the CRS they are in")
+    raise DataError(f"{what} look like longitude/latitude and lie outside the area of use of {crs_name(crs)}, a "
+                    f"projected CRS: they are not in its units; {fix}")
+
+
 def outside_area_of_use(x, y, crs) -> bool:
     """Whether the points' bounding box misses the area of use of the projected `crs` altogether (its lon/lat
     bounds, projected): coordinates labelled with the wrong CRS, e.g. degrees called EPSG:28992. False when the CRS

@@ -17,8 +17,9 @@ from scipy.spatial import cKDTree
 
 from spatialfed.data.coords import MAX_ABS_COORD, MIN_EXTENT, check_coordinates  # noqa: F401 (re-exported)
 from spatialfed.data.crs import (  # noqa: F401 (re-exported: geometry was the CRS module before data/crs.py)
-    LAT_NAMES, LON_NAMES, PLANAR, Projection, check_lonlat, crs_name, crs_string, laea_crs, lonlat_centre,
-    lonlat_projection, looks_geographic, parse_crs, project, scale_error, to_projected, utm_crs, utm_zone,
+    LAT_NAMES, LON_NAMES, PLANAR, Projection, check_degrees_mislabelled, check_lonlat, crs_name, crs_string,
+    laea_crs, lonlat_centre, lonlat_projection, looks_geographic, parse_crs, project, scale_error, to_projected,
+    utm_crs, utm_zone,
 )
 from spatialfed.errors import DataError, option, warn
 
@@ -110,6 +111,10 @@ def store_domain(info, worker_bounds) -> Domain:
     b = np.asarray(worker_bounds(), dtype=float).reshape(-1, 4)
     check_coordinates(np.vstack([b[:, :2], b[:, 2:]]), what="workers' bounding-box corners")
     (xmin, ymin), (xmax, ymax) = b[:, :2].min(axis=0), b[:, 2:].max(axis=0)
+    check_degrees_mislabelled([xmin, xmax], [ymin, ymax], info.crs, f"the store's coordinates (bounding box "
+                              f"{xmin:.6g}, {ymin:.6g}, {xmax:.6g}, {ymax:.6g})",
+                              fix="ingest the source table again with --crs EPSG:4326 if they are degrees (they "
+                                  "are then projected to metres), or with the CRS they are in")
     if xmax == xmin and ymax == ymin:
         raise DataError(f"all observations lie at one location ({xmin:.6g}, {ymin:.6g}); a spatial model needs "
                         "observations at several locations: check the coordinates of the store's partitions")

@@ -20,7 +20,8 @@ import pandas as pd
 
 from spatialfed.atomic import refuse_existing
 from spatialfed.data import partition as partitions
-from spatialfed.data.crs import outside_area_of_use
+from spatialfed.data.coords import MAX_ABS_VALUE
+from spatialfed.data.crs import check_degrees_mislabelled
 from spatialfed.data.geometry import PLANAR, check_coordinates, crs_name, crs_string, looks_geographic, parse_crs, \
     project
 from spatialfed.data.points import coordinate_columns
@@ -194,6 +195,13 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
     table = table[keep]
     if table.empty:
         raise DataError(f"every row has a missing value in {wanted}; nothing left to ingest")
+    for name in [value, *covariates]:  # a value whose square overflows: a missing-value code, or the wrong column
+        big = np.abs(table[name].to_numpy(dtype=float)) > MAX_ABS_VALUE
+        if big.any():
+            row = table.index[np.flatnonzero(big)[0]]
+            raise DataError(f"column '{name}' holds {table[name].loc[row]:.3g} in row {row} ({int(big.sum())} "
+                            f"value(s) beyond ±{MAX_ABS_VALUE:.0e}, whose squares overflow float64): an absurd "
+                            "value, e.g. a missing-value code; remove those rows or rescale the column")
     if table[value].nunique() == 1:
         raise DataError(f"column '{value}' has the same value ({table[value].iloc[0]:g}) in all {len(table)} rows: "
                         f"zero variance, nothing to model; check the {option('value=', '--value')} column")
@@ -206,11 +214,10 @@ def prepare(frame: pd.DataFrame, *, value: str, x: str | None = None, y: str | N
         raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude but no CRS was "
                         f"given; pass {option(LONLAT[0], '--crs EPSG:4326')} (they are then projected to metres), or "
                         f"{option(LONLAT[1], '--crs planar')} if they are planar units")
-    if source_crs is not None and looks_geographic(xy[:, 0], xy[:, 1], (x, y)) and \
-            outside_area_of_use(xy[:, 0], xy[:, 1], source_crs):
-        raise DataError(f"coordinates ({shown['__x']}, {shown['__y']}) look like longitude/latitude and lie outside "
-                        f"the area of use of {crs_name(source_crs)}, a projected CRS: they are not in its units; pass "
-                        f"{option(LONLAT[0], '--crs EPSG:4326')} if they are degrees, or the CRS they are in")
+    if source_crs is not None:
+        check_degrees_mislabelled(xy[:, 0], xy[:, 1], source_crs, f"coordinates ({shown['__x']}, {shown['__y']})",
+                                  (x, y), fix=f"pass {option(LONLAT[0], '--crs EPSG:4326')} if they are degrees, or "
+                                               "the CRS they are in")
     target = parse_crs(target_crs)
     if target is not None and target.is_geographic:  # project() keeps a geographic target equal to the source
         flag = option("target_crs=", "--target-crs")

@@ -29,7 +29,7 @@ import numpy as np
 import zarr
 
 from spatialfed.atomic import refuse_existing, staged
-from spatialfed.data.coords import MAX_ABS_COORD
+from spatialfed.data.coords import MAX_ABS_COORD, MAX_ABS_VALUE
 from spatialfed.errors import StoreError, option, warn
 
 FORMAT_VERSION = 1
@@ -164,6 +164,14 @@ def check_part(part, p: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndar
     if np.abs(locs).max() > MAX_ABS_COORD:  # no map coordinates (data.coords): the knot layout would never end
         raise StoreError(f"{name}: locs reach {np.abs(locs).max():.3g}, beyond ±{MAX_ABS_COORD:.0e} map units, while "
                          "projected coordinates on Earth stay below 4e7 m; check the coordinates and their units")
+    for arr, label in ((z, "z"), (X, "X")):  # a square beyond float64: the sites' moments would overflow
+        big = np.argwhere(np.abs(arr.reshape(n, -1)) > MAX_ABS_VALUE)
+        if len(big):
+            row, col = (int(i) for i in big[0])
+            where = f"row {row}" + (f", column {col}" if label == "X" else "")
+            raise StoreError(f"{name}: {label} holds {arr.reshape(n, -1)[row, col]:.3g} in {where} (beyond "
+                             f"±{MAX_ABS_VALUE:.0e}, whose square overflows float64): an absurd value, e.g. a "
+                             "missing-value code; remove that row or rescale the column")
     return locs, z, X
 
 
@@ -215,6 +223,13 @@ def write_store(path, parts, *, partition: str, crs: str | None, covariate_names
     if len(parts) == 0:
         raise StoreError("a store needs at least one worker's data")
     parts = [check_part(part, len(covariate_names), f"worker {j}") for j, part in enumerate(parts)]
+    if crs is not None:  # degrees labelled with a projected CRS (metres): refused, as at ingest
+        from spatialfed.data.crs import check_degrees_mislabelled
+
+        locs = np.vstack([part[0] for part in parts])
+        check_degrees_mislabelled(locs[:, 0], locs[:, 1], crs, "the coordinates",
+                                  fix="project them to metres first (ingest(..., crs='EPSG:4326') does) or give "
+                                      "the CRS they are in")
     test = check_part(test, len(covariate_names), "test set") if test is not None else None
     if truth is not None:
         truth = _check_truth(truth, len(covariate_names))
@@ -304,6 +319,8 @@ def _group(path: Path, where: str, p: int) -> tuple[zarr.Group, int, str | None]
             arr = group[name]
         except KeyError:
             raise StoreError(f"{path}: group '{where}' has no array '{name}' (needs locs, z, X)") from None
+        except ValueError as exc:  # the array's zarr.json is not JSON (truncated, edited)
+            raise _bad_metadata(Path(path), exc) from None
         if not isinstance(arr, zarr.Array):
             raise StoreError(f"{path}: '{where}/{name}' must be an array, found a group")
         shapes[name] = (arr.shape, arr.dtype)

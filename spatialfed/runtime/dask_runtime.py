@@ -24,9 +24,11 @@ Worker loss (docs/recovery.md)
     the request again. A result fetched after its worker left (status "lost") is handled the same way; so is one
     whose worker dies while the result is being fetched (distributed's gather then resets the future to pending and
     waits for a recomputation that can never run on the dead worker: the future stays in the in-flight set until
-    fetched, so the watchdog cancels it — before this, the fetch waited for its 30 s timeout). A site whose worker
-    was announced removed moves before its next task is sent; a worker that joins holding no site (a nanny's
-    restarted process, a new job) takes a site from a worker holding several when that site's next task is sent.
+    fetched, so the watchdog cancels it at once). A site whose worker was announced removed moves before its next
+    task is sent; a worker that joins holding no site (a nanny's restarted process, a new job) takes a site from a
+    worker holding several when that site's next task is sent. A site whose request kills every worker it is sent
+    to is given up after Dask's allowed-failures + 1 deaths (`runtime.worker_loss`): its request ends as an error
+    naming it, and ``on_worker_error`` stops the fit or drops the site.
 
 Deadlines
     With no worker left, the runtime waits `worker_wait_s` (10 s: a LocalCluster's nanny restarts a killed worker
@@ -55,6 +57,7 @@ from spatialfed.runtime.driver import ClusterLostError
 from spatialfed.runtime.cluster import ClusterHandle, quiet_reconnect_logs, worker_addresses, worker_threads
 from spatialfed.runtime.heterogeneity import resolve_slowdowns
 from spatialfed.runtime.interface import ACTIVATION, ALARM, ALARM_SITE, Event, Runtime
+from spatialfed.runtime.worker_loss import WorkerDeaths, assign_partitions, least_loaded, step_name
 
 SPAN_NAME = "spatialfed-fit"
 #: cancellation reasons: the task's Dask worker left (the site moves) / the scheduler stopped answering
@@ -69,14 +72,6 @@ log = logging.getLogger("spatialfed.runtime.dask")
 def task_key(step: str, j: int, t: int | None = None) -> str:
     """Readable, unique task key: '<step>-w<j>[-t<t>]-<6 hex>' (the dashboard groups tasks by the leading step)."""
     return f"{step}-w{j}{'' if t is None else f'-t{t}'}-{uuid.uuid4().hex[:6]}"
-
-
-def assign_partitions(n_workers: int, addresses: list[str]) -> list[str]:
-    """Round-robin map site j -> Dask worker address (several partitions may share one process)."""
-    if not addresses:
-        raise RuntimeError("the Dask cluster has no workers; start at least one `dask worker`")
-    addresses = sorted(addresses)
-    return [addresses[j % len(addresses)] for j in range(int(n_workers))]
 
 
 @dataclass
@@ -120,6 +115,7 @@ class DaskRuntime(Runtime):
         self.rebalanced = 0  # sites moved to a Dask worker that joined holding no site (e.g. a restarted one)
         self._spare: list[str] = []  # live Dask workers holding no site (the watchdog's last look)
         self.lost_workers: list[str] = []  # Dask workers that left during the run, in the order noticed
+        self.deaths = WorkerDeaths()  # per site, the Dask workers that died running its request
         self._inflight: dict = {}  # key -> (future, j, request, Dask worker address), until its result is fetched
         self._per_address: Counter = Counter()  # in-flight tasks per Dask worker (`free` in O(1))
         self._threads: dict[str, int] = {}  # Dask worker address -> its threads (the last look at the workers)
@@ -133,11 +129,10 @@ class DaskRuntime(Runtime):
         self._context = contextlib.ExitStack()
         self._ac = None
         self._alarm: float | None = None
-        self._t0 = time.perf_counter()
-        self._clock_start = 0.0
+        self._t0, self._clock_start = time.perf_counter(), 0.0
 
     # --- the Runtime interface -----------------------------------------------------------------------------
-    def start(self, specs, clock_start: float = 0.0, on_loaded=None) -> list[Event]:
+    def start(self, specs, clock_start: float = 0.0, on_loaded=None, skip=()) -> list[Event]:
         from distributed import as_completed, span
 
         self.specs = list(specs)
@@ -160,9 +155,9 @@ class DaskRuntime(Runtime):
                                        name="spatialfed-watchdog", daemon=True)
         self._guard.start()
         self._t0, self._clock_start = time.perf_counter(), float(clock_start)
-        for j in range(J):
+        loaded: dict[int, Event] = {j: Event(j, None) for j in skip}  # dropped sites: never asked again
+        for j in sorted(set(range(J)) - set(loaded)):
             self._submit(j, None, site.load, (self.specs[j],), task_key("load", j))
-        loaded: dict[int, Event] = {}
         while len(loaded) < J:
             for event in next(self.completed()):
                 if event.lost:
@@ -311,23 +306,29 @@ class DaskRuntime(Runtime):
             if reason in (SCHEDULER_LOST, "scheduler-connection-lost") or self.client.status != "running" \
                     or self._scheduler_lost is not None:
                 raise ClusterLostError(self._scheduler_message())
-            self._reassign(j, address)
-            return Event(j, request, lost=True)
+            return self._lost(j, request, address, ran=fut.key in self.deaths.ran)
         if fut.status == "error":
             return Event(j, request, error=self._error(j, request, fut))
         if fut.status != "finished":  # "lost": it finished, but its worker left before the result was fetched
-            self._reassign(j, address)
-            return Event(j, request, lost=True)
+            return self._lost(j, request, address)
         try:
-            return Event(j, request, fut.result(timeout=self.result_s))
+            return Event(j, request, self.deaths.answered(j, fut.result(timeout=self.result_s)))
         except (CancelledError, FutureCancelled, TimeoutError, OSError):
             # the result lived on a worker that left before it was fetched (the watchdog cancelled the fetch), or the
             # scheduler went while fetching it (CommClosedError is an OSError)
             if self.client.status != "running" or self._scheduler_lost is not None or \
                     not self._scheduler_alive():
                 raise ClusterLostError(self._scheduler_message()) from None
-            self._reassign(j, address)
+            return self._lost(j, request, address)
+
+    def _lost(self, j: int, request, address: str | None, ran: bool = False) -> Event:
+        """Site j's request was lost with its worker: the site moves (asked again), or is given up (an error) once
+        requests of it that `ran` there killed more workers than allowed."""
+        dead = address or self.assignment[j]
+        self._reassign(j, address)
+        if request is ACTIVATION or not ran or not self.deaths.died(j, dead):
             return Event(j, request, lost=True)
+        return Event(j, request, error=self.deaths.message(j, step_name(request), self.specs[j].store))
 
     def _scheduler_alive(self) -> bool:
         """Whether the scheduler still answers a short identity call (5 s at most)."""
@@ -347,9 +348,7 @@ class DaskRuntime(Runtime):
                 f"(check that the scheduler process is running and reachable)")
 
     def _error(self, j: int, request, future) -> str:
-        step = "load" if request is None else getattr(request, "step", request)
-        if isinstance(step, tuple):
-            step = step[-1]
+        step = step_name(request)
         try:
             exc = future.exception(timeout=self.result_s)
         except Exception as why:  # pragma: no cover - the scheduler left while the error was fetched
@@ -397,8 +396,7 @@ class DaskRuntime(Runtime):
         if old not in self.lost_workers:
             self.lost_workers.append(old)
         alive = self._alive_workers()
-        load = {a: sum(1 for b in self.assignment if b == a) for a in alive}
-        self.assignment[j] = min(sorted(alive), key=lambda a: load[a])
+        self.assignment[j] = least_loaded(self.assignment, alive)
         self.reassigned += 1
         log.warning("Dask worker %s is gone; federated worker %d moves to %s (its partition is reloaded there)",
                     old, j, self.assignment[j])
@@ -423,6 +421,7 @@ class DaskRuntime(Runtime):
         msg = event[1] if isinstance(event, tuple) and len(event) == 2 else event
         if isinstance(msg, dict) and msg.get("action") == "remove-worker" and msg.get("worker"):
             self._gone.add(msg["worker"])
+            self.deaths.removed(msg)
             self._wake.set()
 
     def _watchdog(self, stop: threading.Event, wake: threading.Event) -> None:
@@ -453,9 +452,10 @@ class DaskRuntime(Runtime):
                 return
             with self._lock:
                 self._spare = sorted(alive - self._gone - set(self.assignment))
-            gone = [f for f, _, _, address in items if (address not in alive or address in self._gone)
-                    and not f.done()]
+            dead = {address for *_, address in items if address not in alive or address in self._gone}
+            gone = [f for f, _, _, address in items if address in dead and not f.done()]
             if gone:
+                self.deaths.note_running(items, dead, self._threads)
                 self._cancel(gone, LOST)
 
     def _cancel(self, futures, reason: str) -> None:

@@ -56,10 +56,12 @@ class Checkpointer:
     `every` None: every DEFAULT_EVERY (10) aggregations, further apart when a write costs more than MAX_SHARE (5 %)
     of the wall time since the previous one (a write grows like J·m²: 4 MB and ~0.1 s for J = 10, m = 100).
     `rescue`: with no `path`, a fit that loses its cluster still saves its state, in a new temporary directory
-    (`rescue_dir`, default the system's), and the error names that file."""
+    (`rescue_dir`, default the system's), and the error names that file. The meta written also holds
+    ``wall_time_s``: `wall_s` (the fit's real seconds before this run, from the checkpoint it resumes) plus the
+    seconds since `drive` began this run, so that a resumed fit reports the whole fit's wall time."""
 
     def __init__(self, path, every: int | None = None, meta: dict | None = None, *, rescue: bool = True,
-                 rescue_dir=None):
+                 rescue_dir=None, wall_s: float = 0.0):
         self.path = None if path is None else Path(path)
         self.adaptive = every is None
         self.every = None if path is None else int(every or DEFAULT_EVERY)
@@ -70,6 +72,11 @@ class Checkpointer:
         self.writes = 0
         self.seconds = 0.0
         self._last_write = (time.perf_counter(), 0.0)  # (when the previous write ended, how long it took)
+        self.wall_s, self.began = float(wall_s), time.perf_counter()
+
+    def wall_time_s(self) -> float:
+        """The whole fit's real seconds so far: those before this run and this run's since `drive` began it."""
+        return self.wall_s + time.perf_counter() - self.began
 
     def on_event(self, server) -> None:
         if self.path is not None and server.phase == Phase.LOOP and server.t >= self.last_t + self.every:
@@ -98,7 +105,8 @@ class Checkpointer:
 
         tic = time.perf_counter()
         try:
-            write_checkpoint(self.path, server, meta=self.meta)
+            meta = None if self.meta is None else {**self.meta, "wall_time_s": self.wall_time_s()}
+            write_checkpoint(self.path, server, meta=meta)
         except Exception:
             if not failing:
                 raise
@@ -161,15 +169,18 @@ def drive(server, runtime: Runtime, specs=None, *, delays=None, activations=None
         server.drop_worker(j, step, error, runtime.now())
 
     ctrl_c = CtrlC()
+    if checkpointer is not None:
+        checkpointer.began = time.perf_counter()  # this run's wall time starts here
     try:
         if server.done:  # a finished checkpoint needs no site
             return server
         def loaded(event) -> None:  # as each partition lands (progress)
-            if event.error is None and on_result is not None:
+            if event.error is None and event.result is not None and on_result is not None:
                 on_result(event.site, None, event.result)
 
-        for event in runtime.start(specs, clock_start=float(server.time_s), on_loaded=loaded):
-            if event.error is not None:
+        dropped = [j for j in range(J) if j not in server.active]  # before a resume: they stay out, unloaded
+        for event in runtime.start(specs, clock_start=float(server.time_s), on_loaded=loaded, skip=dropped):
+            if event.error is not None and event.site in server.active:
                 failed(event.site, "load", event.error)
         server.clock(runtime.now())  # the first requests leave now, after the partitions loaded
         hand_out()

@@ -53,10 +53,10 @@ class Runtime(ABC):
     server_s: float = 0.0
 
     @abstractmethod
-    def start(self, specs: Sequence[SiteSpec], clock_start: float = 0.0, on_loaded=None) -> list[Event]:
+    def start(self, specs: Sequence[SiteSpec], clock_start: float = 0.0, on_loaded=None, skip=()) -> list[Event]:
         """Load every site's partition; one Event per site (result: {"n", "p", ...}, or error), each also passed to
         `on_loaded(event)` as it lands (progress). The clock starts at `clock_start` (a resumed fit carries on
-        its clock)."""
+        its clock). Sites in `skip` (dropped before a resume) need not be loaded: their Event has no result."""
 
     @abstractmethod
     def submit(self, j: int, p: Augmented, delay_s: float = 0.0) -> None:

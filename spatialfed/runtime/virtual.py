@@ -134,7 +134,7 @@ class VirtualRuntime(Runtime):
         self._alarm: float | None = None
         self._run_id = None
 
-    def start(self, specs=None, clock_start: float = 0.0, on_loaded=None) -> list[Event]:
+    def start(self, specs=None, clock_start: float = 0.0, on_loaded=None, skip=()) -> list[Event]:
         loading = self.models is None  # from the store, one site after the other
         if loading:
             self._run_id, self.models = specs[0].run_id, []

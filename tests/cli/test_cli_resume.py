@@ -126,3 +126,16 @@ def test_a_directory_with_the_earlier_checkpoint_name_resumes(store, tmp_path, c
     capsys.readouterr()
     assert main(["fit", "--resume", str(out), "--quiet"]) == 1
     assert "checkpoint.zip" in capsys.readouterr().err  # with neither file, the error names the current name
+
+
+def test_wall_time_after_a_resume_is_the_whole_fits(interrupted, tmp_path):
+    """fit.json's wall_time_s after a resume counts the interrupted run too: the checkpoint records the seconds
+    before the interruption, and the result is at least the fit's clock at its last aggregation (on Dask the trace's
+    time_s carries on from the interrupted run), at most those seconds plus the resuming command's."""
+    before = read_checkpoint(interrupted / "checkpoint.zip")["meta"]["wall_time_s"]
+    assert before > 0
+    tic = time.perf_counter()
+    fit = _resume(interrupted, tmp_path)
+    elapsed = time.perf_counter() - tic
+    assert fit["trace"][-1]["time_s"] <= fit["wall_time_s"] <= before + elapsed
+    assert fit["wall_time_s"] > before
