@@ -26,6 +26,7 @@ from spatialfed.model.linalg import DenseFactor, DiagFactor, inner
 from spatialfed.model.matern import Matern, check_points
 from spatialfed.model.names import BLOCK_STEPS, RESIDUAL_CHOICES, Residual
 from spatialfed.model.params import Params
+from spatialfed.model.residuals import ResidualStrategy, residual_strategy
 from spatialfed.model.variogram import binned_semivariogram
 from spatialfed.model.vecchia_order import (PREDICT_FACTOR, VECCHIA_AUTO_N, VECCHIA_K, VecchiaPlan, check_k,
                                            check_ordering, vecchia_plan)
@@ -239,6 +240,11 @@ class LocalModel:
         if max_points < 2:
             raise ValueError(f"max_points={max_points}: the variogram subsample needs at least 2 points (one pair)")
         return np.sort(np.random.default_rng(seed).choice(n, size=int(max_points), replace=False))
+
+    @property
+    def strategy(self) -> ResidualStrategy:
+        """This site's residual structure as a strategy (model/residuals.py)."""
+        return residual_strategy(self.residual)
 
     def pilot(self, points: int) -> "LocalModel":
         """This site's model on a seeded uniform subsample of `points` observations (itself when n_j ≤ points) for

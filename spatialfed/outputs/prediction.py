@@ -50,6 +50,7 @@ from spatialfed.model.matern import Matern
 from spatialfed.model.params import Params
 from spatialfed.model import transform
 from spatialfed.model.predict import assign_owners, combine_prediction
+from spatialfed.model.residuals import residual_strategy
 from spatialfed.model.vecchia_order import VECCHIA_K
 from spatialfed.outputs import exchange, metrics, nearest, seamless, tables
 from spatialfed.outputs.bars import counting, progress_bar  # noqa: F401 (progress_bar: the bar itself)
@@ -282,7 +283,7 @@ def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worke
     groups = _groups(owners)
     if predictor in ("lowrank", "seamless"):
         owned = {}
-        if model.residual != "pp":
+        if residual_strategy(model.residual).kriges:
             parts = workers.call("residual_kriging", {j: (locs0[idx], par) for j, idx in groups.items()})
             owned = {j: (groups[j], part) for j, part in parts.items()}
         out = combine_prediction(locs0, X0, par, model.knots, model.kernel, model.residual, owned)
