@@ -25,6 +25,9 @@ class ResidualStrategy:
     keeps_whitened: bool  # the site keeps L⁻¹[B, X, z] between tasks (a rebuild would refactorise R_j)
     block_scheme: bool  # the block scheme's theta step has a form for it
     correlated: bool  # a correlated residual for the boundary exchange (full, vecchia)
+    dense: bool  # R_j an n_j × n_j matrix, factorised (full)
+    pointwise: bool  # whitened point by point through k neighbours, no n_j × n_j array (vecchia)
+    scale_direction: tuple  # c with S(u + sc) = e^{s}S(u) (SPEC §2b): (1, −1, 0) when R_j = σ²W̃ + δ⁻¹I, (1, 0, 0) for pp
 
     def stats_flops(self, n: int, m: int, p: int, vecchia_k: int) -> float:
         """Floating-point operations of site_statistics (standard counts: a product of n×a by a×b is 2nab).
@@ -38,32 +41,32 @@ class ResidualStrategy:
         structures their measured time."""
         k = m + p + 1
         grams = 14 * 2.0 * n * k * k
-        if self.name == "vecchia":
+        if self.pointwise:
             c = min(int(vecchia_k), max(n - 1, 1)) + 1
             per_point = (8.0 * c * c * m + 2.0 * (c - 1) ** 3 + 40.0 * c * c + 20.0 * c * k + 8.0 * c * m
                          + 10.0 * m * m + 38.0 * k * k)
             return VECCHIA_RATE_FACTOR * (12.0 * n * m * m + n * per_point)
-        if self.name == "full":
+        if self.dense:
             return 2.0 * n * n * m + n**3 / 3 + 2 * n**3 / 3 + 2.0 * n**3 + 7 * 2.0 * n * n * k + grams
         return 2.0 * n * m * m + 6 * 2.0 * n * m * m + grams
 
     def solve_flops(self, n: int, m: int, p: int, vecchia_k: int) -> float:
         """Flops of one block-scheme sub-step (whitening the data): a factorisation of R_j for full, O(n m²) for the
         diagonal residuals, about the statistics' share without the derivatives for Vecchia."""
-        if self.name == "vecchia":
+        if self.pointwise:
             return self.stats_flops(n, m, p, vecchia_k) / 4
-        return n**3 / 3 + n * n * m if self.name == "full" else n * m * m
+        return n**3 / 3 + n * n * m if self.dense else n * m * m
 
 
 _STRATEGIES = {
     "full": ResidualStrategy("full", diagonal=False, kriges=True, keeps_whitened=True, block_scheme=True,
-                             correlated=True),
+                             correlated=True, dense=True, pointwise=False, scale_direction=(1.0, -1.0, 0.0)),
     "mpp": ResidualStrategy("mpp", diagonal=True, kriges=True, keeps_whitened=False, block_scheme=True,
-                            correlated=False),
+                            correlated=False, dense=False, pointwise=False, scale_direction=(1.0, -1.0, 0.0)),
     "pp": ResidualStrategy("pp", diagonal=True, kriges=False, keeps_whitened=False, block_scheme=True,
-                           correlated=False),
+                           correlated=False, dense=False, pointwise=False, scale_direction=(1.0, 0.0, 0.0)),
     "vecchia": ResidualStrategy("vecchia", diagonal=False, kriges=True, keeps_whitened=False, block_scheme=False,
-                                correlated=True),
+                                correlated=True, dense=False, pointwise=True, scale_direction=(1.0, -1.0, 0.0)),
 }
 
 
@@ -77,7 +80,7 @@ def residual_strategy(name: str) -> ResidualStrategy:
 
 def may_be_vecchia(name: str) -> bool:
     """Whether sites of a fit with this residual (possibly "auto", resolved per site) may use Vecchia."""
-    return str(name) == "auto" or residual_strategy(name).name == "vecchia"
+    return str(name) == "auto" or residual_strategy(name).pointwise
 
 
 def resolve_sites(residual: str, sizes, block: bool) -> str:

@@ -62,13 +62,13 @@ def site_statistics(lm: LocalModel, params) -> dict:
     u = _u_of(params)
     delta, sigma2, beta = (float(v) for v in np.exp(u))
     m, p, n = lm.m, lm.p, lm.n
-    c = np.array([1.0, 0.0, 0.0]) if lm.residual == "pp" else np.array([1.0, -1.0, 0.0])
+    c = np.array(lm.strategy.scale_direction)
     head = {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p)}
-    if lm.residual == "vecchia":  # SPEC §2c: point by point, no n_j × n_j array
+    if lm.strategy.pointwise:  # SPEC §2c: point by point, no n_j × n_j array
         kf = vecchia.KnotFactors(lm.kernel, lm.d_K, lm.locs, lm.knots, beta)
         return {**head, **vecchia.statistics(lm, lm.vecchia_plan, kf, sigma2, 1.0 / delta, beta)}
     key = Params(np.zeros(m), np.eye(m), np.zeros(p), delta, sigma2, beta)
-    fz = lm._factorise(key, whiten=False)
+    fz = lm.factorise(key, whiten=False)
     kb, eps, s2 = fz.kb, fz.eps, fz.sigma2
     G = inverse_in_place(fz.factor)  # P = R⁻¹, dense (full, in the factor's storage) or its diagonal (mpp, pp)
     k = m + p + 1
