@@ -24,28 +24,14 @@ from spatialfed.model import theta as theta_step
 from spatialfed.model.basis import KnotBasis, check_knots
 from spatialfed.model.linalg import DenseFactor, DiagFactor, inner
 from spatialfed.model.matern import Matern, check_points
-from spatialfed.model.names import BLOCK_STEPS, RESIDUAL_CHOICES, Residual
+from spatialfed.model.names import BLOCK_STEPS
 from spatialfed.model.params import Params
-from spatialfed.model.residuals import ResidualStrategy, residual_strategy
+from spatialfed.model.residuals import ResidualStrategy, check_residual, resolve_residual, residual_strategy  # noqa: F401
 from spatialfed.model.variogram import binned_semivariogram
 from spatialfed.model.vecchia_order import (PREDICT_FACTOR, VECCHIA_AUTO_N, VECCHIA_K, VecchiaPlan, check_k,
                                            check_ordering, vecchia_plan)
 
 STEPS = BLOCK_STEPS
-
-
-def check_residual(residual: str) -> str:
-    """Validate the residual structure name of Remark 3 (or "auto", SPEC §2c)."""
-    if residual not in RESIDUAL_CHOICES:
-        raise ValueError(f"residual must be one of {RESIDUAL_CHOICES} (Remark 3, SPEC §2c), got {residual!r}")
-    return residual if residual == "auto" else Residual(residual)
-
-
-def resolve_residual(residual: str, n: int) -> Residual:
-    """The structure a site of n points uses: "auto" is `full` up to VECCHIA_AUTO_N points, `vecchia` above."""
-    if check_residual(residual) == "auto":
-        return Residual.VECCHIA if n > VECCHIA_AUTO_N else Residual.FULL
-    return Residual(residual)
 
 
 class _Whitened:

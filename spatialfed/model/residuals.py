@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spatialfed.model.names import RESIDUAL_CHOICES, Residual
 from spatialfed.model.vecchia_order import VECCHIA_AUTO_N
 
 # the batched small products of a Vecchia site run at about a quarter of the dense residual's rate (model/stats.py)
@@ -76,6 +77,20 @@ def residual_strategy(name: str) -> ResidualStrategy:
         return _STRATEGIES[str(name)]
     except KeyError:
         raise ValueError(f"residual must be one of {tuple(_STRATEGIES)} once resolved, got {name!r}") from None
+
+
+def check_residual(residual: str) -> str:
+    """Validate the residual structure name of Remark 3 (or "auto", SPEC §2c)."""
+    if residual not in RESIDUAL_CHOICES:
+        raise ValueError(f"residual must be one of {RESIDUAL_CHOICES} (Remark 3, SPEC §2c), got {residual!r}")
+    return residual if str(residual) == "auto" else Residual(residual)
+
+
+def resolve_residual(residual: str, n: int) -> Residual:
+    """The structure a site of n points uses: "auto" is `full` up to VECCHIA_AUTO_N points, `vecchia` above."""
+    if check_residual(residual) == "auto":
+        return Residual.VECCHIA if n > VECCHIA_AUTO_N else Residual.FULL
+    return Residual(residual)
 
 
 def may_be_vecchia(name: str) -> bool:
