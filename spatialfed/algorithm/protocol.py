@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spatialfed.algorithm.privacy import GaussianMechanism, task_nonce
-from spatialfed.model.names import BLOCK_STEPS, Residual, Step
+from spatialfed.model.names import BLOCK_STEPS, Step
 from spatialfed.model.params import Params
 
 #: Sub-steps of one iteration, in their cyclic order (Eq. 12).
@@ -71,7 +71,7 @@ def evaluate(lm, p: Augmented, worker: int) -> Quantity:
             xi = site_statistics(lm, p.params)
         else:  # the subsample's statistics, and 1 if the site's residual is diagonal (mpp/pp: algorithm/pilot.py)
             xi = {**site_statistics(lm.pilot(p.extra["points"]), p.params),
-                  "diagonal": float(lm.residual in (Residual.MPP, Residual.PP))}
+                  "diagonal": float(lm.strategy.diagonal)}
     else:
         xi = lm.quantity(p.step, p.params)
         for step in p.extra.get("with", ()):

@@ -13,7 +13,7 @@ import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
 from spatialfed.model import transform
-from spatialfed.model.local import resolve_residual
+from spatialfed.model.residuals import resolve_sites
 from spatialfed.model.names import RESIDUAL_CHOICES
 from spatialfed.model.vecchia_order import VECCHIA_K, check_k
 from spatialfed.runtime.factory import runtime_name
@@ -95,17 +95,7 @@ def site_residual(gp, config, sizes) -> str:
     resolves to, or stays "auto" when the sizes straddle VECCHIA_AUTO_N (each site then resolves its own)."""
     if gp.method != "lowrank":
         return "full"
-    block = getattr(config, "scheme", "stats") == "block"
-    if gp.residual == "vecchia" and block:
-        raise ValueError("residual='vecchia' needs the statistics scheme (preset='stats' / --preset stats, the "
-                         "default): the block scheme's theta step has no Vecchia form; drop the preset or use "
-                         "residual='full'")
-    if gp.residual != "auto":
-        return gp.residual
-    if block:
-        return "full"
-    kinds = {str(resolve_residual("auto", int(n))) for n in sizes}
-    return kinds.pop() if len(kinds) == 1 else "auto"
+    return resolve_sites(gp.residual, sizes, getattr(config, "scheme", "stats") == "block")
 
 
 def config(gp, n_workers: int):

@@ -78,9 +78,9 @@ def dense_residual(lm, kb: KnotBasis, sigma2: float, eps: float) -> np.ndarray:
 
 def residual_unit(lm, kb: KnotBasis) -> np.ndarray:
     """The diagonal of W̃: 1 − diag(Q̃) (mpp) or 0 (pp); the full residual's dense W̃ is `dense_residual`'s."""
-    if lm.residual == "pp":
+    if not lm.strategy.kriges:  # pp: no residual
         return np.zeros(lm.n)
-    if lm.residual == "mpp":
+    if lm.strategy.diagonal:  # mpp
         F = kb.lowrank_sqrt()
         return 1.0 - np.einsum("ij,ij->i", F, F)
     raise ValueError("the full residual's W̃ is dense: use dense_residual")
@@ -89,10 +89,10 @@ def residual_unit(lm, kb: KnotBasis) -> np.ndarray:
 def residual_beta(lm, kb: KnotBasis, sigma2: float) -> np.ndarray:
     """σ² ∂W̃/∂log β: dense (full, the one n_j × n_j array it allocates, built by column blocks of its lower
     triangle) or its diagonal (mpp, pp)."""
-    if lm.residual == "pp":
+    if not lm.strategy.kriges:  # pp: no residual
         return np.zeros(lm.n)
     U1, V1 = kb.lowrank_d1_factors()
-    if lm.residual == "mpp":
+    if lm.strategy.diagonal:  # mpp
         # the diagonal of C̃_jj is 1 for every β, so only the low-rank part moves
         return -sigma2 * rowsum2(U1, V1)
     Wb = np.empty((lm.n, lm.n), order="F")
@@ -107,10 +107,10 @@ def residual_beta(lm, kb: KnotBasis, sigma2: float) -> np.ndarray:
 def residual_beta2_terms(lm, kb: KnotBasis, G: np.ndarray, Y: np.ndarray):
     """∂²W̃/∂log β² = D₂ − (U₂V₂ᵀ + V₂U₂ᵀ): returns (⟨G, D₂⟩, YᵀD₂Y, U₂, V₂), with the dense D₂ = ρ̈_jj of the
     full residual visited by column blocks (never formed); for mpp/pp D₂ is diagonal and U₂ = V₂ = None."""
-    if lm.residual == "pp":
+    if not lm.strategy.kriges:  # pp: no residual
         return 0.0, np.zeros((Y.shape[1], Y.shape[1])), None, None
     U2, V2 = kb.lowrank_d2_factors()
-    if lm.residual == "mpp":
+    if lm.strategy.diagonal:  # mpp
         D2 = -rowsum2(U2, V2)
         return inner(G, D2), Y.T @ apply(D2, Y), None, None
     tGD2, YD2Y = 0.0, np.zeros((Y.shape[1], Y.shape[1]))

@@ -20,6 +20,7 @@ from spatialfed.model.blocks import _spd_inverse
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.linalg import cholesky_with_jitter
 from spatialfed.model.names import pairs
+from spatialfed.model.residuals import residual_strategy
 
 
 def _knot_blocks(family: MaternFamily, knots, kappa):
@@ -42,10 +43,10 @@ def _residual_pieces(family, locs, knots, kappa, residual):
     Bk = [right(djs[k] - B @ dK[k]) for k in range(K)]
     Bkl = {(k, l): right(d2js[k, l] - Bk[k] @ dK[l] - Bk[l] @ dK[k] - B @ d2K[k, l]) for k, l in d2K}
     U = [djs[k] - 0.5 * B @ dK[k] for k in range(K)]
-    if residual == "pp":
+    if not residual_strategy(residual).kriges:  # pp
         zero = np.zeros(n)
         return B, Bk, Bkl, zero, [zero] * K, {kl: zero for kl in Bkl}
-    if residual == "full":
+    if residual_strategy(residual).dense:
         rjj, djj, d2jj = family.derivatives(locs, locs, kappa)
 
         def sym(A, C):
@@ -85,7 +86,7 @@ def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u)
     eps, s2, kappa = float(np.exp(-u[0])), float(np.exp(u[1])), u[2:]
     n, m, p = len(z), len(knots), X.shape[1]
     B, Bk, Bkl, W, Wk, Wkl = _residual_pieces(family, locs, knots, kappa, residual)
-    dense = residual == "full"
+    dense = residual_strategy(residual).dense
     eye = np.eye(n) if dense else np.ones(n)
     R = s2 * W + (eps * np.eye(n) if dense else eps)
     if dense:
@@ -148,8 +149,7 @@ def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u)
         d2d[i] = tr_ab - (float(np.sum(PR[a] * PR[b].T)) if dense else float(np.sum(PR[a] * PR[b])))
     c = np.zeros(q)
     c[0] = 1.0
-    if residual != "pp":
-        c[1] = -1.0
+    c[1] = residual_strategy(residual).scale_direction[1]  # −1 unless pp (SPEC §2b)
     return {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p), "S": 0.5 * (S + S.T), "dS": dS, "d2S": d2S,
             "d": logdet, "dd": dd, "d2d": d2d}
 

@@ -23,10 +23,10 @@ KRIGING_BYTES = 32 * 2**20
 
 def residual_cross(lm, locs0: np.ndarray, kb: KnotBasis, sigma2: float) -> np.ndarray:
     """cov(w̃(s₀), w̃_j) (n₀ × n_j) of Remark 3; zero off coincident points for mpp, zero for pp."""
-    if lm.residual == "full":
+    if lm.strategy.dense:
         return residual_covariance(lm.kernel, lm.knots, kb.beta, sigma2, locs0, lm.locs)
     cross = np.zeros((locs0.shape[0], lm.n))
-    if lm.residual == "mpp":
+    if lm.strategy.kriges:  # mpp: white, only coincident points share it
         b0 = kb._right_solve(lm.kernel.correlation(cdist(locs0, lm.knots), kb.beta))
         i, k = np.nonzero(cdist(locs0, lm.locs) == 0.0)
         cross[i, k] = sigma2 * (1.0 - np.einsum("ij,ij->i", b0[i], kb.rjs[k]))

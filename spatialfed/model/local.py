@@ -24,27 +24,14 @@ from spatialfed.model import theta as theta_step
 from spatialfed.model.basis import KnotBasis, check_knots
 from spatialfed.model.linalg import DenseFactor, DiagFactor, inner
 from spatialfed.model.matern import Matern, check_points
-from spatialfed.model.names import BLOCK_STEPS, RESIDUAL_CHOICES, Residual
+from spatialfed.model.names import BLOCK_STEPS
 from spatialfed.model.params import Params
+from spatialfed.model.residuals import ResidualStrategy, check_residual, resolve_residual, residual_strategy  # noqa: F401
 from spatialfed.model.variogram import binned_semivariogram
 from spatialfed.model.vecchia_order import (PREDICT_FACTOR, VECCHIA_AUTO_N, VECCHIA_K, VecchiaPlan, check_k,
                                            check_ordering, vecchia_plan)
 
 STEPS = BLOCK_STEPS
-
-
-def check_residual(residual: str) -> str:
-    """Validate the residual structure name of Remark 3 (or "auto", SPEC §2c)."""
-    if residual not in RESIDUAL_CHOICES:
-        raise ValueError(f"residual must be one of {RESIDUAL_CHOICES} (Remark 3, SPEC §2c), got {residual!r}")
-    return residual if residual == "auto" else Residual(residual)
-
-
-def resolve_residual(residual: str, n: int) -> Residual:
-    """The structure a site of n points uses: "auto" is `full` up to VECCHIA_AUTO_N points, `vecchia` above."""
-    if check_residual(residual) == "auto":
-        return Residual.VECCHIA if n > VECCHIA_AUTO_N else Residual.FULL
-    return Residual(residual)
 
 
 class _Whitened:
@@ -66,7 +53,7 @@ class _Factorised:
         self.eps = 1.0 / delta
         self.sigma2 = sigma2
         self.anchor_weights = None  # R⁻¹k̃(S, U) of a Vecchia site's exchange points (its anchor model; first use)
-        if model.residual == "vecchia":  # no factor: the whitened data come point by point (model/vecchia.py)
+        if model.strategy.pointwise:  # no factor: the whitened data come point by point (model/vecchia.py)
             self.kb = self.factor = None
             kf = vecchia.KnotFactors(model.kernel, model.d_K, model.locs, model.knots, beta, derivatives=False)
             self.logdet, W = vecchia.whitened(model, model.vecchia_plan, kf, sigma2, self.eps, beta)
@@ -75,7 +62,7 @@ class _Factorised:
             return
         self.kb = model._basis(beta)
         what = f"R_j of worker data (n={model.n})"
-        if model.residual == "full":
+        if model.strategy.dense:
             self.factor = DenseFactor(dense.dense_residual(model, self.kb, sigma2, self.eps), what)  # in place
         else:
             self.factor = DiagFactor(sigma2 * dense.residual_unit(model, self.kb) + self.eps, what)
@@ -177,7 +164,7 @@ class LocalModel:
     def _basis(self, beta: float) -> KnotBasis:
         return KnotBasis(self.kernel, self.d_K, self.locs, self.knots, beta)
 
-    def _factorise(self, params: Params, whiten: bool = True) -> _Factorised:
+    def factorise(self, params: Params, whiten: bool = True) -> _Factorised:
         """A fresh factorisation of R_j at params' (δ, θ); with `whiten`, its whitened data become the kept
         `_white` (the statistics route needs no whitened data: whiten=False)."""
         fz = _Factorised(self, *params.theta_key, whiten=whiten)
@@ -190,7 +177,7 @@ class LocalModel:
     def _whitened(self, params: Params) -> _Whitened:
         """The kept whitened data at params' (δ, θ), factorising R_j (then dropping the factor) on a miss."""
         if self._white is None or self._white.key != params.theta_key:
-            self._factorise(params)
+            self.factorise(params)
         return self._white
 
     def _check_params(self, params: Params) -> None:
@@ -240,6 +227,11 @@ class LocalModel:
             raise ValueError(f"max_points={max_points}: the variogram subsample needs at least 2 points (one pair)")
         return np.sort(np.random.default_rng(seed).choice(n, size=int(max_points), replace=False))
 
+    @property
+    def strategy(self) -> ResidualStrategy:
+        """This site's residual structure as a strategy (model/residuals.py)."""
+        return residual_strategy(self.residual)
+
     def pilot(self, points: int) -> "LocalModel":
         """This site's model on a seeded uniform subsample of `points` observations (itself when n_j ≤ points) for
         the pilot start (algorithm/pilot.py); kept. Same knots and kernel; mpp/pp stay, a full or Vecchia residual is
@@ -248,7 +240,7 @@ class LocalModel:
             return self
         if self._pilot is None or self._pilot.n != points:
             idx = self.variogram_subsample(self.n, int(points), self.VARIOGRAM_SEED)
-            residual = self.residual if self.residual in (Residual.MPP, Residual.PP) else "auto"
+            residual = self.residual if self.strategy.diagonal else "auto"
             self._pilot = LocalModel(self.locs[idx], self.z[idx], self.X[idx], self.knots, self.kernel, residual,
                                      self.vecchia_k, self.vecchia_ordering)
         return self._pilot
@@ -290,11 +282,11 @@ class LocalModel:
 
     def theta(self, params: Params) -> dict:
         """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16): model/theta.py."""
-        if self.residual == "vecchia":
+        if not self.strategy.block_scheme:
             raise ValueError("residual='vecchia' answers the statistics scheme (preset 'stats', the default) and the "
                              "mu_sigma/gamma/value sub-steps, not the block scheme's theta step: use preset='stats' "
                              "or residual='full'")
-        return theta_step.theta(self, self._factorise(params), params)
+        return theta_step.theta(self, self.factorise(params), params)
 
     # --- prediction (federated kriging): the residual part, computed where the data live -------------
     def nearest_distance(self, locs0) -> np.ndarray:
@@ -320,7 +312,7 @@ class LocalModel:
         """
         self._check_params(params)
         locs0 = check_points(locs0, "prediction locations")
-        if self.residual == "vecchia":  # the residual conditioned on the k nearest points of the site
+        if self.strategy.pointwise:  # the residual conditioned on the k nearest points of the site
             out = vecchia.kriging(self, locs0, params, PREDICT_FACTOR * self.vecchia_k, self._neighbours())
             if anchors is not None:  # through R⁻¹k̃(N, U), kept: O(n₀ |N| (m + |U|)) per request
                 sub, anchors = self._anchor_model(anchors)
@@ -350,9 +342,9 @@ class LocalModel:
         """(the model the exchange points are conditioned on, the checked points): this site for the dense
         residual; for Vecchia the dense residual on the union of their nearest neighbours (kept for the batches)."""
         anchors = check_points(anchors, "exchange points")
-        if self.residual == "full":
+        if self.strategy.dense:
             return self, anchors
-        if self.residual != "vecchia":
+        if not self.strategy.pointwise:
             raise ValueError(f"the boundary exchange needs a correlated residual (full or vecchia), not "
                              f"{self.residual!r}")
         key = anchors.tobytes()

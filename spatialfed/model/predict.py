@@ -19,6 +19,7 @@ from spatialfed.model.basis import check_knots
 from spatialfed.model.local import check_residual
 from spatialfed.model.matern import Matern, check_points
 from spatialfed.model.params import Params
+from spatialfed.model.residuals import residual_strategy
 
 
 def assign_owners(distances: np.ndarray) -> np.ndarray:
@@ -56,7 +57,7 @@ def combine_prediction(locs0, X0, params: Params, knots, kernel: Matern, residua
         mean[idx] += part["mean"]
         a[idx] -= part["BRk"]
         explained[idx] += part["kRk"]
-    if residual == "pp":
+    if not residual_strategy(residual).kriges:
         prior_res = np.zeros_like(prior_res)
     var = np.einsum("ij,jk,ik->i", a, params.Sigma, a) + np.clip(prior_res - explained, 0.0, None)
     var = np.clip(var, 0.0, None)
@@ -67,7 +68,7 @@ def federated_predict(models, locs0, X0, params: Params, knots, kernel: Matern, 
     """Low-rank prediction with every worker computing its own residual part (in-process driver of the protocol)."""
     locs0 = check_points(locs0, "prediction locations")
     owned = {}
-    if residual != "pp":
+    if residual_strategy(residual).kriges:
         owners = assign_owners([lm.nearest_distance(locs0) for lm in models])
         for j, lm in enumerate(models):
             idx = np.flatnonzero(owners == j)

@@ -13,6 +13,7 @@ from scipy.spatial.distance import cdist
 from spatialfed.model.blocks import LOG_2PI, _spd_inverse
 from spatialfed.model.local import check_residual
 from spatialfed.model.matern import Matern
+from spatialfed.model.residuals import residual_strategy
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray]  # (locs, z, X) of one worker
 
@@ -35,9 +36,10 @@ def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residu
     C_js = kernel.cross(locs, knots, sigma2, beta)
     K = kernel.cross(knots, knots, sigma2, beta)
     Q = C_js @ linalg.solve(K, C_js.T, assume_a="pos")
-    if residual == "full":
+    rs = residual_strategy(residual)
+    if rs.dense:
         W = kernel.cross(locs, locs, sigma2, beta) - Q
-    elif residual == "mpp":
+    elif rs.kriges:  # mpp
         W = np.diag(sigma2 - np.diag(Q))
     else:
         W = np.zeros_like(Q)
@@ -183,13 +185,13 @@ def lowrank_kriging(parts: list[Part], owners, locs0, X0, knots, kernel: Matern,
     for j, (loc_j, _, _) in enumerate(parts):
         rows, cols = np.flatnonzero(np.asarray(owners) == j), np.arange(start, start + len(loc_j))
         start += len(loc_j)
-        if residual == "pp" or rows.size == 0:
+        if not residual_strategy(residual).kriges or rows.size == 0:
             continue
         full = kernel.cross(locs0[rows], loc_j, sigma2, beta)
-        if residual == "mpp":  # the residual is white: only coincident points share it
+        if residual_strategy(residual).diagonal:  # mpp: the residual is white: only coincident points share it
             full = np.where(cdist(locs0[rows], loc_j) == 0.0, full, cross[np.ix_(rows, cols)])
         cross[np.ix_(rows, cols)] = full
-    if residual != "pp":
+    if residual_strategy(residual).kriges:
         prior = np.full(len(locs0), float(sigma2))
     cf = _cho(cov, "the low-rank covariance")
     mean = X0 @ np.asarray(gamma) + cross @ linalg.cho_solve(cf, z - X @ np.asarray(gamma), check_finite=False)

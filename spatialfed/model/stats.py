@@ -28,10 +28,9 @@ from spatialfed.model.linalg import apply, inner, matmul, trace, transpose
 from spatialfed.model.local import LocalModel
 from spatialfed.model.names import PAIRS
 from spatialfed.model.params import Params
+from spatialfed.model.residuals import VECCHIA_RATE_FACTOR, residual_strategy  # noqa: F401 (re-exported)
 from spatialfed.model.vecchia_order import VECCHIA_K
 
-#: the Vecchia statistics' flops are charged this many times over (stats_flops)
-VECCHIA_RATE_FACTOR = 4.0
 #: keys of a statistics message (site_statistics) that are summed over sites
 SUMMED = ("n", "S", "dS", "d2S", "d", "dd", "d2d")
 
@@ -63,13 +62,13 @@ def site_statistics(lm: LocalModel, params) -> dict:
     u = _u_of(params)
     delta, sigma2, beta = (float(v) for v in np.exp(u))
     m, p, n = lm.m, lm.p, lm.n
-    c = np.array([1.0, 0.0, 0.0]) if lm.residual == "pp" else np.array([1.0, -1.0, 0.0])
+    c = np.array(lm.strategy.scale_direction)
     head = {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p)}
-    if lm.residual == "vecchia":  # SPEC §2c: point by point, no n_j × n_j array
+    if lm.strategy.pointwise:  # SPEC §2c: point by point, no n_j × n_j array
         kf = vecchia.KnotFactors(lm.kernel, lm.d_K, lm.locs, lm.knots, beta)
         return {**head, **vecchia.statistics(lm, lm.vecchia_plan, kf, sigma2, 1.0 / delta, beta)}
     key = Params(np.zeros(m), np.eye(m), np.zeros(p), delta, sigma2, beta)
-    fz = lm._factorise(key, whiten=False)
+    fz = lm.factorise(key, whiten=False)
     kb, eps, s2 = fz.kb, fz.eps, fz.sigma2
     G = inverse_in_place(fz.factor)  # P = R⁻¹, dense (full, in the factor's storage) or its diagonal (mpp, pp)
     k = m + p + 1
@@ -147,23 +146,5 @@ def message_size(stats: dict) -> int:
 
 
 def stats_flops(n: int, m: int, p: int, residual: str, vecchia_k: int = VECCHIA_K) -> float:
-    """Floating-point operations of site_statistics (standard counts: a product of n×a by a×b is 2nab).
-
-    full: R_j (n²m), Cholesky (n³/3), inverse (2n³/3), PR_β (2n³), seven n×n by n×k products, ~14 n×k by k×k
-    Gram products. mpp/pp: R_j (2nm²) and the Gram products. vecchia (k neighbours, model/vecchia.py): the
-    whitened knot basis (12nm²) and per point four (k+1)×m by m×(k+1) products, three LU solves of k × k with ten
-    right-hand sides, the local kernel and 10 × (k+1) by (k+1) × q coefficients, 19 rank-one q × q Gram terms;
-    counted VECCHIA_RATE_FACTOR times, as these batched small products run at about a quarter of the rate of the
-    dense residual's large ones (one core: 7–8 against 22–42 GFLOP/s, docs/results.md), so that the virtual clock
-    charges both structures their measured time.
-    """
-    k = m + p + 1
-    grams = 14 * 2.0 * n * k * k
-    if residual == "vecchia":
-        c = min(int(vecchia_k), max(n - 1, 1)) + 1
-        per_point = (8.0 * c * c * m + 2.0 * (c - 1) ** 3 + 40.0 * c * c + 20.0 * c * k + 8.0 * c * m
-                     + 10.0 * m * m + 38.0 * k * k)
-        return VECCHIA_RATE_FACTOR * (12.0 * n * m * m + n * per_point)
-    if residual == "full":
-        return 2.0 * n * n * m + n**3 / 3 + 2 * n**3 / 3 + 2.0 * n**3 + 7 * 2.0 * n * n * k + grams
-    return 2.0 * n * m * m + 6 * 2.0 * n * m * m + grams
+    """Floating-point operations of site_statistics for this residual (model/residuals.py: stats_flops)."""
+    return residual_strategy(residual).stats_flops(n, m, p, vecchia_k)

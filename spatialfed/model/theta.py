@@ -17,7 +17,7 @@ from spatialfed.model.params import Params
 def theta(lm, fz, params: Params) -> dict:
     """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16).
 
-    `fz`: a fresh factorisation of R_j at params (LocalModel._factorise), consumed here. Full residual: at most
+    `fz`: a fresh factorisation of R_j at params (LocalModel.factorise), consumed here. Full residual: at most
     three n_j × n_j arrays at once (R⁻¹ in the factor's storage, W_b, then R⁻¹W_b in place of nothing: W_b is
     dropped as soon as the product exists); ∂²W̃/∂log β² is visited by blocks.
     """

@@ -28,6 +28,7 @@ import numpy as np
 from spatialfed.atomic import staged_entries
 from spatialfed.data.store import zarr_writes_settled
 from spatialfed.errors import OutputError, StoreError, option, warn
+from spatialfed.model.residuals import may_be_vecchia
 
 FIT_JSON = "fit.json"
 MODEL_ZARR = "model.zarr"
@@ -92,7 +93,7 @@ class FitResult:
             doc["variogram_params"] = dict(self.extra["variogram_params"])
         if (self.extra or {}).get("boundary"):  # beyond SPEC §6: parameters left on a bound, e.g. {"delta": "upper"}
             doc["boundary"] = dict(self.extra["boundary"])
-        if self.residual in ("vecchia", "auto") and (self.extra or {}).get("vecchia_k"):  # beyond SPEC §6 (§2c)
+        if may_be_vecchia(self.residual) and (self.extra or {}).get("vecchia_k"):  # beyond SPEC §6 (§2c)
             doc["vecchia_k"] = int(self.extra["vecchia_k"])
         return doc
 

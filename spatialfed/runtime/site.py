@@ -96,7 +96,7 @@ def answer(spec: SiteSpec, p: Augmented, slowdown: float = 1.0, delay_s: float =
     lm = local_model(spec)
     tic, wall = time.thread_time(), time.perf_counter()  # CPU seconds of this task are not inflated by the load
     q = evaluate(lm, p, spec.worker)
-    if lm.residual != "full":
+    if not lm.strategy.keeps_whitened:
         # mpp/pp (vecchia): the whitened data cost O(n_j m²) (O(n_j k(k² + m))) to rebuild, less than keeping them
         # for every site (0.86 GB at 10⁶ points over 100 sites); the full residual keeps them (a rebuild is a
         # factorisation of R_j); the Vecchia neighbours (locations only) stay

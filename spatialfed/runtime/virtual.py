@@ -82,9 +82,7 @@ class FlopCost:
             sub = lm if p.step == STATS_STEP else lm.pilot(p.extra["points"])
             flops = stats_flops(sub.n, m, k, sub.residual, sub.vecchia_k)
         else:
-            flops = n**3 / 3 + n * n * m if lm.residual == "full" else n * m * m
-            if lm.residual == "vecchia":  # the whitened data point by point: about the statistics' share without
-                flops = stats_flops(n, m, k, lm.residual, lm.vecchia_k) / 4  # the derivatives
+            flops = lm.strategy.solve_flops(n, m, k, lm.vecchia_k)
             if p.step == "theta":
                 flops *= self.theta_factor
         return flops / self.rate

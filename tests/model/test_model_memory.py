@@ -106,7 +106,7 @@ def test_the_full_residual_is_factorised_and_inverted_in_its_own_storage():
     from spatialfed.model.linalg import DenseFactor
 
     lm, par = make(n=60)
-    kb = lm._factorise(par, whiten=False).kb
+    kb = lm.factorise(par, whiten=False).kb
     R = dense.dense_residual(lm, kb, par.sigma2, 1.0 / par.delta)
     assert R.flags.f_contiguous
     want = np.linalg.inv(np.tril(R) + np.tril(R, -1).T)

@@ -12,6 +12,7 @@ from spatialfed.data.store import StoreInfo
 from spatialfed.errors import DataError, WorkerTaskError, option
 from spatialfed.model import transform
 from spatialfed.model.predict import assign_owners, combine_prediction
+from spatialfed.model.residuals import residual_strategy
 from spatialfed.outputs import exchange, nearest, seamless
 from spatialfed.outputs.bars import counting
 from spatialfed.outputs.prediction.model import FittedModel, check_predictor
@@ -125,7 +126,7 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
     # the seamless band: one number per site, asked once (pp has no residual part and mpp's is uncorrelated between
     # distinct locations, a surface without seams: nothing to blend)
     band, boxes = None, None if predictor == "personal" else nearest.site_boxes(workers)
-    if predictor == "seamless" and model.residual not in ("pp", "mpp"):
+    if predictor == "seamless" and residual_strategy(model.residual).correlated:
         spacing = seamless.sampling_spacing(workers)
         band = (seamless.BAND * spacing, exchange.build(workers, model, spacing, boxes), boxes)
     for i in range(0, len(locs0), batch):
@@ -169,7 +170,7 @@ def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worke
     groups = _groups(owners)
     if predictor in ("lowrank", "seamless"):
         owned = {}
-        if model.residual != "pp":
+        if residual_strategy(model.residual).kriges:
             parts = workers.call("residual_kriging", {j: (locs0[idx], par) for j, idx in groups.items()})
             owned = {j: (groups[j], part) for j, part in parts.items()}
         out = combine_prediction(locs0, X0, par, model.knots, model.kernel, model.residual, owned)
