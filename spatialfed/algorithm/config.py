@@ -197,7 +197,7 @@ class FitConfig:
                               or (J is not None and A > J)):
             where = "1..J" if J is None else f"1..J = 1..{J} (the store has {J} workers)"
             raise ValueError(f"agg_threshold must be an integer in {where}, got {A!r}")
-        if self.mode == "sync" and None not in (A, J) and A != J:
+        if self.mode is Mode.SYNC and None not in (A, J) and A != J:
             raise ValueError(f"mode='sync' aggregates all J = {J} workers; agg_threshold={A} needs mode='async' "
                              "(or leave agg_threshold unset)")
         if self.alpha is not None and not 0 < self.alpha <= 1:
@@ -274,7 +274,7 @@ class FitConfig:
                 raise ValueError(f"{', '.join(block)} set(s) the block scheme's strategies, which preset 'stats' does "
                                  f"not use: add {option(TUNED, '--preset tuned')} or drop them")
             config = cls.stats(mode=mode, **settings)
-        elif name == "paper" or mode == "sync":
+        elif name == "paper" or mode == Mode.SYNC:
             config = cls(mode=mode, **settings)
         else:
             config = getattr(cls, name)(**settings)
@@ -284,13 +284,13 @@ class FitConfig:
         """Copy with concrete agg_threshold, alpha (0.5·A/J async, 1 sync) and strategy flags for J workers."""
         J = replace(self, n_workers=n_workers).n_workers  # the constructor checks J and agg_threshold against it
         A = self.agg_threshold
-        if self.mode == "sync":
+        if self.mode is Mode.SYNC:
             A = J
         elif A is None:  # the statistics scheme aggregates every answer (each is a whole site's statistics)
             A = 1 if self.scheme == "stats" else max(1, math.ceil(0.2 * J))
-        on = self.mode == "async"
+        on = self.mode is Mode.ASYNC
         flags = {s: on if getattr(self, s) is None else bool(getattr(self, s)) for s in STRATEGIES}
-        alpha = self.alpha if self.alpha is not None else (1.0 if self.mode == "sync" else 0.5 * A / J)
+        alpha = self.alpha if self.alpha is not None else (1.0 if self.mode is Mode.SYNC else 0.5 * A / J)
         return replace(self, agg_threshold=int(A), alpha=float(alpha), n_workers=int(J), **flags)
 
     def as_dict(self) -> dict:

@@ -24,7 +24,7 @@ import numpy as np
 
 from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.boundary import BoundaryProbe
-from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.config import FitConfig, Mode
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.likelihood import (NotPositiveDefinite, Profile, TrustStep, at_bound, default_bounds, distance,
@@ -65,10 +65,9 @@ class StatsServer(FederatedServer):
         if config is not None and config.privacy is not None:
             raise ValueError("the statistics server does not add privacy noise (its messages are second-order "
                              "statistics): use FederatedServer for a fit with privacy")
-        threshold = None if config is None else config.agg_threshold
+        # resolved once, as the statistics scheme: asynchronous aggregation then takes every answer (agg_threshold 1)
+        config = FitConfig.stats() if config is None else dataclasses.replace(config, scheme="stats")
         super().__init__(n_workers, knots, kernel, config, start)
-        if self.config.mode == "async" and threshold is None:  # aggregating is cheap here: every answer counts
-            self.config = dataclasses.replace(self.config, agg_threshold=1)
         self.policy = self.config.stats_policy
         self.stale_tol = self.policy.stale_tol_for(self.config.tol)
         self.records = SiteRecords(self.policy)
@@ -169,7 +168,7 @@ class StatsServer(FederatedServer):
     def _loop_task(self, j: int, free: bool) -> Augmented | None:
         if j in self._owed:
             return self._epoch
-        if self.config.mode == "sync" or not self.policy.explore or self._explore is None or not free:
+        if self.config.mode is Mode.SYNC or not self.policy.explore or self._explore is None or not free:
             return None
         if not self._step_due() and self.records.answered_at(j, self._explore.params.u):
             return None  # nothing new to ask (no step due): not worth the pacing's O(J) look
@@ -290,7 +289,7 @@ class StatsServer(FederatedServer):
             self._stop("time_budget", now)
 
     def _step_due(self) -> bool:
-        return self.config.mode == "async" and self._new >= min(self.config.agg_threshold, len(self.active))
+        return self.config.mode is Mode.ASYNC and self._new >= min(self.config.agg_threshold, len(self.active))
 
     def _exact_profile(self, u) -> Profile | None:
         """ℓ_LR at u from every active site's exact statistics there (None: not positive definite)."""

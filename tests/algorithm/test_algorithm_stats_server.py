@@ -422,3 +422,14 @@ def test_a_round_that_quadratic_convergence_predicts_to_stop_is_skipped(problem,
     parts = [(lm.locs, lm.z, lm.X) for lm in models]
     exact = lowrank_loglik(parts, knots, kernel, residual, skipping.params.gamma, *np.exp(u))
     assert skipping.loglik == pytest.approx(exact, rel=1e-10)  # the second-order model's ℓ at u + p is exact there
+
+
+def test_config_resolved_once_as_the_statistics_scheme():
+    # an async config without agg_threshold aggregates every answer; one given is kept; sync aggregates all J
+    _, knots, kernel = simulate(J=4, n=20, side=4, residual="full", seed=3)
+    unset = StatsServer(4, knots, kernel, FitConfig(mode="async")).config
+    assert (unset.scheme, unset.agg_threshold, unset.n_workers) == ("stats", 1, 4)
+    assert unset == FitConfig.stats(mode="async").resolved(4)
+    assert StatsServer(4, knots, kernel, FitConfig(mode="async", agg_threshold=3)).config.agg_threshold == 3
+    assert StatsServer(4, knots, kernel, FitConfig(mode="sync")).config.agg_threshold == 4
+    assert StatsServer(4, knots, kernel).config.scheme == "stats"
