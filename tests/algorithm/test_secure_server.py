@@ -16,6 +16,11 @@ from tests.support import simulate
 CONFIG = dict(mode="sync", scheme="stats", max_iter=100, tol=1e-8)
 
 
+def _plain(models, knots, kernel):
+    """The plain synchronous statistics fit of `models`."""
+    return run_virtual(models, knots, kernel, server=StatsServer(len(models), knots, kernel, FitConfig(**CONFIG)))
+
+
 @pytest.fixture(scope="module")
 def problem():
     return simulate(J=4, n=50, side=4, residual="full", seed=5)
@@ -23,8 +28,7 @@ def problem():
 
 @pytest.fixture(scope="module")
 def plain(problem):
-    models, knots, kernel = problem
-    return run_virtual(models, knots, kernel, server=StatsServer(len(models), knots, kernel, FitConfig(**CONFIG)))
+    return _plain(*problem)
 
 
 class Recording(SecureStatsServer):
@@ -75,7 +79,7 @@ def test_a_site_dropped_mid_round_redoes_the_round_over_the_others(problem):
     """The round is redone over the three others with fresh masks: the fit ends at the maximiser of their data."""
     models, knots, kernel = problem
     rest = [m for j, m in enumerate(models) if j != DropsSite.victim]
-    ref = run_virtual(rest, knots, kernel, server=StatsServer(len(rest), knots, kernel, FitConfig(**CONFIG)))
+    ref = _plain(rest, knots, kernel)
     server = DropsSite(len(models), knots, kernel, FitConfig(**CONFIG, secure_aggregation=True))
     run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 1.0, 1.0, 4.0])
     assert server.dropped_at is not None and server.active == [0, 1, 3] and server.converged
