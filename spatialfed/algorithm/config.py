@@ -187,7 +187,7 @@ class FitConfig:
                              "'paper' (scheme='block') with privacy=, or name no preset (privacy then selects 'tuned')")
         if self.secure_aggregation and self.mode != "sync":
             raise ValueError("secure aggregation sums the statistics over every site, which mode='async' never waits "
-                             "for (it keeps per-site models): use mode='sync'")
+                             f"for (it keeps per-site models): use {option('mode=' + repr('sync'), '--mode sync')}")
         if self.secure_aggregation and self.n_workers is not None and self.n_workers < 3:
             raise ValueError(f"secure aggregation needs at least 3 sites (with {self.n_workers} the sum reveals the "
                              "others' statistics): add sites or fit without secure aggregation")

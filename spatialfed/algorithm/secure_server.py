@@ -135,9 +135,19 @@ class SecureStatsServer(StatsServer):
             del r.tasks[j]
             self._redo()
 
+    def snapshot(self) -> dict:
+        """StatsServer.snapshot without the round in progress (masked answers: a resumed fit asks again) and with
+        the public keys as hex text (checkpoints hold data)."""
+        snap = super().snapshot()
+        state = snap["stats_server"]
+        state.update(_round=None, _sent={}, _keys={j: key.hex() for j, key in self._keys.items()},
+                     _fit_id=self._fit_id.hex())
+        return snap
+
     @classmethod
     def restore(cls, snapshot) -> SecureStatsServer:
-        """StatsServer.restore; the round in progress is opened again (its requests are re-sent)."""
+        """StatsServer.restore; the round in progress is opened again under a new fit id (fresh masks)."""
         server = super().restore(snapshot)
-        server._round, server._sent = None, {}
+        server._round, server._sent, server._fit_id = None, {}, os.urandom(16)
+        server._keys = {int(j): bytes.fromhex(key) for j, key in server._keys.items()}
         return server

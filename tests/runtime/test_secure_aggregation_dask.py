@@ -69,7 +69,7 @@ def test_async_and_too_few_sites_are_refused_with_one_line(demo_store, tmp_path,
     assert main(["fit", str(demo_store), "--out", str(tmp_path / "fit"), "--mode", "async", "--secure-aggregation",
                  "--runtime", "simulated", "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "mode='sync'" in err[0], err
+    assert len(err) == 1 and "--mode sync" in err[0], err
 
 
 class Watch:
