@@ -48,7 +48,7 @@ def _pair(store, client, **extra):
     return plain, secure
 
 
-@pytest.mark.parametrize("name", ["demo", "meuse"])
+@pytest.mark.parametrize("name", ["demo", pytest.param("meuse", marks=pytest.mark.slow)])
 def test_secure_sync_fit_reaches_the_plain_estimate(name, cluster, demo_store, meuse_store):
     store = demo_store if name == "demo" else meuse_store
     plain, secure = _pair(store, cluster.client)
@@ -84,6 +84,7 @@ class Watch:
             self.armed = True
 
 
+@pytest.mark.slow  # the fast form: tests/algorithm/test_secure_server.py (a site dropped mid-round)
 def test_a_site_killed_mid_round_is_rekeyed_and_the_fit_matches(demo_store, monkeypatch):
     """SIGKILL the worker process holding sites while a masked round is half answered: its sites reload on the live
     worker with new keys, the round is redone with fresh masks, and the estimate is the undisturbed one."""
