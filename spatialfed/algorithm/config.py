@@ -168,6 +168,7 @@ class FitConfig:
     n_workers: int | None = None  # J, once known (resolved): the constructor then checks agg_threshold against it
     scheme: str = "block"  # "block" (Algorithms 1–3) | "stats" (one round trip per iteration, SPEC §2b)
     policy: StatsPolicy | None = None  # the statistics scheme's settings (None: StatsPolicy()); a dict is accepted
+    secure_aggregation: bool = False  # sync statistics scheme: the server decodes only Σ_j (algorithm/secagg.py)
 
     def __post_init__(self):
         if isinstance(self.policy, dict):
@@ -184,6 +185,12 @@ class FitConfig:
         if self.scheme == "stats" and self.privacy is not None:
             raise ValueError("privacy noise is calibrated for the block scheme's messages; use preset 'tuned' or "
                              "'paper' (scheme='block') with privacy=, or name no preset (privacy then selects 'tuned')")
+        if self.secure_aggregation and self.mode != "sync":
+            raise ValueError("secure aggregation sums the statistics over every site, which mode='async' never waits "
+                             f"for (it keeps per-site models): use {option('mode=' + repr('sync'), '--mode sync')}")
+        if self.secure_aggregation and self.n_workers is not None and self.n_workers < 3:
+            raise ValueError(f"secure aggregation needs at least 3 sites (with {self.n_workers} the sum reveals the "
+                             "others' statistics): add sites or fit without secure aggregation")
         if self.hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {self.hessian!r}")
         if self.alpha_rule not in ALPHA_RULES:

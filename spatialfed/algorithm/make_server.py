@@ -14,6 +14,11 @@ def server_for(n_workers: int, knots, kernel, config: FitConfig | None = None, s
     """A new server for `config` (FitConfig() when None: the block scheme, synchronous)."""
     config = config or FitConfig()
     cls = StatsServer if config.scheme == "stats" else FederatedServer
+    if config.secure_aggregation:
+        if config.scheme != "stats":
+            raise ValueError("secure aggregation sums the statistics scheme's messages: use the default preset "
+                             "'stats', not a block-scheme preset")
+        from spatialfed.algorithm.secure_server import SecureStatsServer as cls
     return cls(n_workers, knots, kernel, config, start)
 
 
@@ -23,4 +28,8 @@ def restore_server(snapshot: Mapping):
         from spatialfed.algorithm.fgpr import FgprServer
 
         return FgprServer.restore(snapshot)
+    if "_fit_id" in snapshot.get("stats_server", {}):  # secure aggregation's state (algorithm/secure_server.py)
+        from spatialfed.algorithm.secure_server import SecureStatsServer
+
+        return SecureStatsServer.restore(snapshot)
     return (StatsServer if "stats_server" in snapshot else FederatedServer).restore(snapshot)

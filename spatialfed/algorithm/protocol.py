@@ -55,7 +55,14 @@ class Quantity:
 
 
 def evaluate(lm, p: Augmented, worker: int) -> Quantity:
-    """L_j(p) of Eq. (13) (with G_j of Eq. 16 for theta) computed by worker `worker` on its LocalModel `lm`."""
+    """L_j(p) of Eq. (13) (with G_j of Eq. 16 for theta) computed by worker `worker` on its LocalModel `lm`; masked
+    for secure aggregation when p.extra has "secagg" (algorithm/secagg.py: only the sum over the round decodes)."""
+    if "secagg" in p.extra:
+        from spatialfed.algorithm import secagg
+
+        rest = Augmented(p.params, p.t, p.step, {k: v for k, v in p.extra.items() if k != "secagg"})
+        xi = secagg.site_answer(lm, p.extra["secagg"], worker, lambda: evaluate(lm, rest, worker).xi)
+        return Quantity(xi=xi, t=p.t, step=p.step, worker=worker)
     if p.step == "moments":
         xi = lm.moments()
     elif p.step == "variogram":

@@ -125,7 +125,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     privacy : opt-in Gaussian mechanism on everything the workers send (docs/privacy.md): a
         ``spatialfed.algorithm.privacy.GaussianMechanism`` or a dict of its settings ``{"noise_multiplier": z,
         "clip": c or {key: c_k}, "delta": 1e-5, "seed": None}``; the privacy loss is in ``privacy_report_`` and fit.json.
-        Not with method="fgpr".
+        Not with method="fgpr". ``secure_aggregation=True`` (sync statistics fits, ≥ 3 sites): the server decodes
+        only the sum of the sites' statistics, never one site's (docs/secure-aggregation.md).
     delays, activations : experiment delay models (docs/delays.md): a ``runtime.delays`` object or its command-line
         string (``"exponential:0.5"``, ``"poisson:2:0.1"``; activations ``"poisson:RATE"``); drawn with ``seed``.
     crs : CRS of in-memory coordinates without one (arrays, DataFrame columns), e.g. "EPSG:4326" for lon/lat (then
@@ -169,7 +170,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                  strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
                  tls=None, insecure=False, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
                  privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None,
-                 covariates=None, transform=None):
+                 covariates=None, transform=None, secure_aggregation=False):
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -208,6 +209,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.vecchia_k = vecchia_k
         self.covariates = covariates
         self.transform = transform
+        self.secure_aggregation = secure_aggregation
 
     # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
     def __sklearn_clone__(self) -> "FederatedGP":

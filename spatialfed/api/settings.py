@@ -113,6 +113,8 @@ def config(gp, n_workers: int):
     extra = dict(gp.strategies or {})
     if gp.privacy is not None:
         extra["privacy"] = gp.privacy
+    if gp.secure_aggregation:
+        extra["secure_aggregation"] = True
     return FitConfig.preset(gp.preset, gp.mode, agg_threshold=gp.agg_threshold, max_iter=gp.max_iter,
                             tol=gp.tol, time_budget=gp.time_budget, n_workers=J, **extra)
 

@@ -28,7 +28,7 @@ LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"  # the same format under its earlier n
 #: options handed to FederatedGP under their own name when given
 ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "agg_threshold", "preset", "max_iter", "tol",
                      "time_budget", "profile", "slowdown", "domain", "seed", "on_worker_error", "delays",
-                     "activations", "checkpoint_every", "vecchia_k")
+                     "activations", "checkpoint_every", "vecchia_k", "secure_aggregation")
 #: FgprConfig settings (--method fgpr)
 FGPR_OPTIONS = ("local_steps", "batch_size", "optimizer", "lr", "batching", "participation")
 
@@ -138,6 +138,9 @@ def register(subparsers) -> None:
                          "of `spatialfed pilot-clip`")
     pv.add_argument("--privacy-delta", type=float, default=None, metavar="DELTA",
                     help="δ at which ε is reported (default 1e-5)")
+    pv.add_argument("--secure-aggregation", action="store_true", default=None,
+                    help="mask every site's statistics so that the server decodes only their sum, never one site's "
+                         "(--mode sync, at least 3 sites; docs/secure-aggregation.md)")
     p.add_argument("--domain", default=None, metavar="FILE",
                    help="polygon file (GeoPackage, GeoJSON, shapefile) bounding the study region: knots are laid out "
                         "inside it (default: [0,1]² for simulated stores, else the workers' bounding boxes)")

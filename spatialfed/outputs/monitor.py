@@ -136,8 +136,9 @@ class FitMonitor:
     # --- runtime hooks ------------------------------------------------------------------------------
     def on_result(self, j: int, p, q) -> None:
         """A quantity from worker j for task p reached the client (p None: the partition-load summary)."""
-        if p is not None and p.step == "variogram" and isinstance(getattr(q, "xi", None), dict):
-            self.variogram.add(p.extra["edges"], q.xi)
+        xi = getattr(q, "xi", None)
+        if p is not None and p.step == "variogram" and isinstance(xi, dict) and "secagg" not in xi:
+            self.variogram.add(p.extra["edges"], xi)  # masked answers: the decoded sum arrives in on_event
         if p is not None:
             self._pending.append({"worker": int(j), "step": p.step, "iter": int(p.t),
                                   "staleness": max(self._server_t - int(p.t), 0),
@@ -150,6 +151,9 @@ class FitMonitor:
         self.arrivals.extend(self._pending)
         self._pending = []
         self._server_t = int(server.t)
+        pooled = getattr(server, "pooled_variogram", None)  # secure aggregation: only the sum was decoded
+        if pooled is not None and self.variogram.edges is None:
+            self.variogram.add(*pooled)
         self.nu = getattr(getattr(server, "kernel", None), "nu", self.nu)
         new = server.trace[len(self.trace_rows):]
         self.trace_rows.extend(dict(row) for row in new)

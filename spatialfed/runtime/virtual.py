@@ -97,14 +97,23 @@ class MeasuredCost:
 
 
 def message_bytes(message) -> int:
-    """Size of the arrays in a p (its φ) or a q (its ξ)."""
+    """Size of the arrays in a p (its φ) or a q (its ξ); keys and masked integers (secure aggregation) included."""
     if isinstance(message, Augmented):
         phi = message.params
         arrays = [] if phi is None else [phi.mu, phi.Sigma, phi.gamma, phi.u]
         arrays += [v for v in message.extra.values() if isinstance(v, np.ndarray)]
+        arrays += [message.extra["secagg"]["peers"]] if "secagg" in message.extra else []
     else:
         arrays = list(message.xi.values())
-    return int(sum(np.asarray(a, dtype=float).nbytes for a in arrays))
+    return int(sum(_nbytes(a) for a in arrays))
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (bytes, type(None), tuple)):  # a key or round id; a masked message's shapes
+        return len(value) if isinstance(value, bytes) else 0
+    return value.nbytes if isinstance(value, np.ndarray) else np.asarray(value, dtype=float).nbytes
 
 
 class VirtualRuntime(Runtime):
