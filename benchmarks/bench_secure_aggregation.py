@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from spatialfed.algorithm.config import FitConfig
-from spatialfed.algorithm.servers import server_for
+from spatialfed.algorithm.make_server import server_for
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.runtime.blas import limit_blas_threads

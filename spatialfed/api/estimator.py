@@ -17,11 +17,8 @@ gets the store's path. DataFrames, GeoDataFrames and arrays are a convenience fo
 cross-validation: they are written to a temporary store (``api.inputs``), kept while the estimator lives.
 A script may fit at top level without ``if __name__ == "__main__":`` (``api.scripts``).
 
-Runtimes: ``"auto"`` (default: ``"simulated"`` for small jobs without Dask options, else ``"dask"``;
-``runtime.factory.choose_runtime``), ``"dask"`` (an embedded LocalCluster on 127.0.0.1, a running scheduler via
-``scheduler=``, a dask-jobqueue cluster via ``jobqueue=``, or an existing ``client=``) keeps every partition on the
-Dask worker that loaded it; ``"simulated"`` runs the same server on a virtual clock in this process (loads all partitions here: for
-experiments on simulated data, not for private data).
+Runtimes (the class docstring's ``runtime``): ``"auto"``, ``"dask"`` (every partition stays on the Dask worker
+that loaded it), ``"simulated"`` (a virtual clock in this process: for experiments, not for private data).
 """
 
 from __future__ import annotations
@@ -35,17 +32,18 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401 (MODES, PRESETS: the CLI's choices)
+# noqa F401 below: MODES, PRESETS, METHODS, RESIDUAL_CHOICES, RESIDUALS, RUNTIMES, PROFILES are the CLI's choices
+from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401
 from spatialfed.algorithm.likelihood import U_NAMES
 from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings, signals
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
+from spatialfed.api.settings import METHODS  # noqa: F401
 from spatialfed.api.units import variogram_params
 from spatialfed.model.matern import Matern
-from spatialfed.api.settings import METHODS  # noqa: F401 (the CLI's choices)
-from spatialfed.model.names import RESIDUAL_CHOICES, RESIDUALS  # noqa: F401 (the CLI's choices)
-from spatialfed.runtime.factory import RUNTIMES, open_runtime  # noqa: F401 (RUNTIMES: the CLI's choices)
-from spatialfed.runtime.heterogeneity import PROFILES  # noqa: F401 (the CLI's choices)
+from spatialfed.model.names import RESIDUAL_CHOICES, RESIDUALS  # noqa: F401
+from spatialfed.runtime.factory import RUNTIMES, open_runtime  # noqa: F401
+from spatialfed.runtime.heterogeneity import PROFILES  # noqa: F401
 from spatialfed.runtime.interface import Runtime
 
 log = logging.getLogger("spatialfed.api")

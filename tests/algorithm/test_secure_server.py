@@ -7,7 +7,7 @@ import pytest
 from spatialfed.algorithm import secagg
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.secure_server import SecureStatsServer
-from spatialfed.algorithm.servers import server_for
+from spatialfed.algorithm.make_server import server_for
 from spatialfed.algorithm.stats_server import StatsServer
 from spatialfed.errors import SpatialFedError
 from spatialfed.runtime.virtual import run_virtual
@@ -111,7 +111,7 @@ def test_a_checkpoint_mid_fit_resumes_to_the_same_estimate(problem, plain, tmp_p
     """Written mid-loop (public keys as text, no masked answers), read back, continued on fresh sites: the round in
     progress is asked again under new keys and the fit ends where the plain one does."""
     from spatialfed.algorithm.checkpoint import read_checkpoint, write_checkpoint
-    from spatialfed.algorithm.servers import restore_server
+    from spatialfed.algorithm.make_server import restore_server
 
     models, knots, kernel = problem
     path = tmp_path / "ck.pkl"
