@@ -291,6 +291,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     def _fit_store(self, store, resume) -> "FederatedGP":
         """fit() on a store path."""
+        from spatialfed.data.partition import check_site_sizes, store_minimum
         from spatialfed.data.store import open_store
         from spatialfed.outputs.monitor import FitMonitor
         from spatialfed.runtime import site
@@ -299,6 +300,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         signals.stop_as_interrupt()  # SIGTERM, SIGHUP stop the fit as Ctrl-C does: checkpoint kept, temp store removed
         tic = time.perf_counter()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
+        check_site_sizes(info.sizes, info.worker_labels, store_minimum(info.attrs))  # also stores not from ingest
         self.transform_ = settings.store_transform(self, info)
         self.runtime_used_, self.runtime_reason_ = self._choose_runtime(info)
         server = resuming.restored_server(self, resume, info.n_workers)
