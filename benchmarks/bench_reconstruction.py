@@ -15,7 +15,8 @@ attacker uses besides them is public: the knots, the kernel, u at each request, 
 - The same with the block scheme's Gaussian noise on each array (algorithm/privacy.py: σ = z·2c·n_j, z the
   documented multipliers, c the smallest clip that leaves this site's arrays unclipped) and with only the sum over
   the 3 sites (what secure aggregation releases), the attacker still knowing site 0's locations.
-- **A published map** (`map_minima`, Meuse): the local minima of the sd raster of `spatialfed map` on a 20 m grid
+- **A published map** (`map_minima`, Meuse): the local minima of the predicted sd (the default predictor, as
+  `spatialfed map` draws it) on 20 m cells
   against the observation points, and the mean there against the observed values.
 
     python benchmarks/bench_reconstruction.py [--quick] [--out rows.jsonl]
