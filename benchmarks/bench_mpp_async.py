@@ -162,7 +162,7 @@ def compare(store, meta: dict, presets, profiles, knots, emit, traces_out, agg_t
 
 def ozone_stores(tmp: Path, days, partitions):
     """(store path, meta) per day and partition: intercept only, projected lon/lat, readings < 1 ppb dropped."""
-    from spatialfed.data.datasets import ozone_frame
+    from spatialfed.data.datasets import OZONE_MIN_SITE_ROWS, ozone_frame
     from spatialfed.data.ingest import ingest_frame
 
     for day in days:
@@ -173,7 +173,8 @@ def ozone_stores(tmp: Path, days, partitions):
             path = tmp / f"ozone-{day}-{part.replace(':', '_')}.zarr"
             info, _ = ingest_frame(frame, path, value="ozone", x="lon", y="lat", crs="EPSG:4326", partition=scheme,
                                    n_workers=int(n_workers) if n_workers else None, overwrite=True,
-                                   extra_attrs={"dataset": "ozone2", "date": str(day)})
+                                   extra_attrs={"dataset": "ozone2", "date": str(day)},
+                                   min_site_rows=OZONE_MIN_SITE_ROWS)
             yield path, {"dataset": f"ozone:{day}", "partition": part, "J": info.n_workers, "n": int(sum(info.sizes))}
 
 

@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     implausible = day["ozone"] < 1.0  # 8-hour averages below 1 ppb in summer: monitor faults, treated as missing
     info, _ = ingest_frame(day.loc[~implausible], store, value="ozone", x="lon", y="lat", crs="EPSG:4326",
                            target_crs=CRS, partition="column:state", test_fraction=args.test_fraction,
-                           seed=args.seed, overwrite=True, extra_attrs={"dataset": "ozone2", "date": args.date})
+                           seed=args.seed, overwrite=True, extra_attrs={"dataset": "ozone2", "date": args.date},
+                           min_site_rows=datasets.OZONE_MIN_SITE_ROWS)
     stations = day[["lon", "lat"]].to_numpy()
     sites = geometry.to_projected(stations, "EPSG:4326", CRS)[0]    # the monitored region: every station of the day
     domain = geometry.domain_from_points(sites, buffer=1000 * args.buffer_km, crs=CRS)

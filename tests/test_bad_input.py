@@ -96,6 +96,8 @@ def _write_data(d: Path) -> None:
     lonlat = [[f"{5.0 + float(r[0]) / 4000:.5f}", f"{51.0 + float(r[1]) / 12000:.5f}", *r[2:]] for r in rows]
     _csv(d / "lonlat.csv", HEADER, lonlat)
     _csv(d / "few.csv", HEADER, rows[:4])
+    for k in (1, 5):  # a site (group "d") of k rows: its start-pass moments would nearly give its values
+        _csv(d / f"site_of_{k}.csv", HEADER, _with(rows, 5, "d", which=set(range(k))))
     _csv(d / "const_z.csv", HEADER, _with(rows, 2, "3.25"))
     _csv(d / "dups.csv", HEADER, rows + rows[:3])
     # prediction locations and map covariates
@@ -223,6 +225,13 @@ def world(tmp_path_factory):
                     partition="random", crs="EPSG:28992", covariate_names=["intercept", "c1"])
     (base / "file.txt").write_text("a file, not a directory\n")
     w["FILE"] = str(base / "file.txt")
+    from spatialfed.data.store import write_store
+
+    rng = np.random.default_rng(3)  # a store not made by ingest, one worker of 5 rows
+    write_store(base / "small_site.zarr", [(rng.uniform(0, 1, (n, 2)), rng.normal(size=n), np.ones((n, 1)))
+                                           for n in (30, 30, 5)], partition="random", crs=None,
+                covariate_names=["intercept"])
+    w["SMALLSITE"] = str(base / "small_site.zarr")
     (base / "emptydir").mkdir()
     w["EMPTYDIR"] = str(base / "emptydir")
     w["TLS"] = _bad_tls(base / "tls")
@@ -456,6 +465,11 @@ CLI_CASES = [
     ("ingest-geographic-target-crs", ["ingest", "{D}/lonlat.csv", "{T}/out.zarr", "--x", "x", "--y", "y",
                                       "--value", "z", "--crs", "EPSG:4326", "--target-crs", "EPSG:4326"],
      r"--target-crs EPSG:4326 is geographic", None),
+    ("ingest-site-of-1-row", ["ingest", "{D}/site_of_1.csv", *INGEST_GOOD[2:], "--partition", "column:g"],
+     r"1 of 4 sites have fewer than 10 rows \('d' has 1\).*reveals its values.*merge the small groups of 'g'",
+     None),
+    ("ingest-site-of-5-rows", ["ingest", "{D}/site_of_5.csv", *INGEST_GOOD[2:], "--partition", "column:g"],
+     r"1 of 4 sites have fewer than 10 rows \('d' has 5\)", None),
     ("ingest-workers-0", [*INGEST_GOOD, "--workers", "0"], r"--workers must be a positive integer", None),
     ("ingest-workers-neg", [*INGEST_GOOD, "--workers", "-3"], r"--workers must be a positive integer", None),
     ("ingest-workers-more-than-rows", [*INGEST_GOOD, "--workers", "100"], r"only 40 rows .* 100 workers", None),
@@ -490,6 +504,8 @@ CLI_CASES = [
     # fit: the store
     ("fit-missing-store", ["fit", "{T}/nope.zarr", "--out", "{T}/out", *FIT],
      r"nope\.zarr is not a Zarr v3 store", None),
+    ("fit-store-small-site", ["fit", "{SMALLSITE}", "--out", "{T}/out", *FIT],
+     r"1 of 3 sites have fewer than 10 rows \(w2 has 5\): a site that small reveals its values", None),
     ("fit-store-is-file", ["fit", "{FILE}", "--out", "{T}/out", *FIT], r"file\.txt is not a Zarr v3 store", None),
     ("fit-store-is-empty-dir", ["fit", "{EMPTYDIR}", "--out", "{T}/out", *FIT], r"emptydir.*not a Zarr", None),
     ("fit-store-is-csv", ["fit", "{D}/good.csv", "--out", "{T}/out", *FIT], r"good\.csv is not a Zarr v3 store", None),

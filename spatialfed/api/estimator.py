@@ -97,9 +97,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         statistics per iteration (SPEC §2b), exact profile-likelihood Newton steps in sync mode, stale sites as
         second-order models in async mode; with ``privacy`` the default is "tuned". "tuned" (``FitConfig.tuned()``):
         the block scheme of Algorithms 1–3 with gradient correction, uniform weights and a staleness-scaled step;
-        "paper" (the paper's strategies and Remark 8 defaults, for reproducing its experiments: it does not settle to
-        1e-3 when sites are equal); "basic" (every strategy off, the ablation baseline); "section5". docs/algorithm.md
-        compares them; ``strategies`` entries override the preset.
+        "paper" (Remark 8's, to reproduce the paper), "basic", "section5" (docs/algorithm.md); ``strategies`` override.
     live : serve a live Bokeh page (parameters, log-likelihood, arrivals, staleness) on 127.0.0.1 during a Dask fit;
         its address is printed. Every fit keeps the same plots; ``save`` writes them as ``report.html``.
     tls : encrypt and authenticate every Dask connection (``runtime.security.tls_security``): True = a temporary
@@ -292,6 +290,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     def _fit_store(self, store, resume) -> "FederatedGP":
         """fit() on a store path."""
+        from spatialfed.data.partition import check_site_sizes, store_minimum
         from spatialfed.data.store import open_store
         from spatialfed.outputs.monitor import FitMonitor
         from spatialfed.runtime import site
@@ -300,6 +299,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         signals.stop_as_interrupt()  # SIGTERM, SIGHUP stop the fit as Ctrl-C does: checkpoint kept, temp store removed
         tic = time.perf_counter()
         info = open_store(store)  # validates the layout, metadata only: missing or empty worker groups raise here
+        check_site_sizes(info.sizes, info.worker_labels, store_minimum(info.attrs))  # also stores not from ingest
         self.transform_ = settings.store_transform(self, info)
         self.runtime_used_, self.runtime_reason_ = self._choose_runtime(info)
         server = resuming.restored_server(self, resume, info.n_workers)

@@ -36,6 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int,
                    help="number of sites J (default: about 500 rows per site, 4 to 64 sites, none under 20 rows, as "
                         "in Python; not used with column:NAME); sites under 20 rows are warned about")
+    p.add_argument("--min-site-rows", type=int, default=None, metavar="N",
+                   help="refuse sites with fewer than N rows (default 10: smaller sites reveal their values in the "
+                        "start pass, docs/privacy.md); a lower N is recorded in the store and applied by fit")
     p.add_argument("--sizes", type=int_list, help="unequal rows per worker, e.g. 50,100 (random/area/neighbor)")
     p.add_argument("--test-fraction", type=float, default=0.0, help="share of rows held out as test group")
     p.add_argument("--duplicates", choices=["error", "merge", "keep"], default="error",
@@ -57,7 +60,8 @@ def run(args) -> None:
                           partition=args.partition, n_workers=args.workers, sizes=args.sizes,
                           test_fraction=args.test_fraction, seed=args.seed, intercept=not args.no_intercept,
                           duplicates=args.duplicates, overwrite=args.overwrite,
-                          transform=args.transform)
+                          transform=args.transform,
+                          **({} if args.min_site_rows is None else {"min_site_rows": args.min_site_rows}))
     for line in report.warnings():
         print(f"spatialfed ingest: warning: {line}", file=sys.stderr)
     for line in report.lines(warnings=False):

@@ -36,9 +36,11 @@ def register(subparsers) -> None:
     p.add_argument("--overlay-label", default="", metavar="TEXT", help="legend entry of the overlay, e.g. 'river'")
     p.add_argument("--units", default="", help="units of the mapped variable for the colour bars, e.g. ppb")
     p.add_argument("--title", default=None, help="figure title")
-    p.add_argument("--no-sites", action="store_true",
-                   help="do not draw observation sites (drawing them sends the site coordinates, not the values, "
-                        "from the workers)")
+    p.add_argument("--sites", choices=["outlines", "points", "none"], default="outlines",
+                   help="what map.png shows of the observations: outlines (default: each site's hull, which the "
+                        "default domain already uses), points (the raw coordinates, sent by the sites: only with "
+                        "the owners' consent, docs/privacy.md) or none")
+    p.add_argument("--no-sites", dest="sites", action="store_const", const="none", help="shorthand for --sites none")
     p.add_argument("--show-owners", action="store_true",
                    help="draw the boundaries between the sites' regions (the owner of each cell) as thin lines")
     add_batch(p)
@@ -53,7 +55,7 @@ def run(args) -> None:
     tic = time.perf_counter()
     paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
                      units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
-                     sites=not args.no_sites, show_owners=args.show_owners, batch=args.batch,
+                     sites=args.sites, show_owners=args.show_owners, batch=args.batch,
                      progress=not args.quiet, overwrite=args.overwrite, **point_columns(args), **fitted_settings(args))
     summary = json.loads(paths["json"].read_text())
     print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "

@@ -254,11 +254,13 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
                  crs=None, target_crs=None, partition: str = "area", n_workers: int | None = None, sizes=None,
                  test_fraction: float = 0.0, seed=0, intercept: bool = True, duplicates: str = "error",
                  overwrite: bool = False, extra_attrs: dict | None = None,
-                 sites_option: str | None = None, transform=None) -> tuple[StoreInfo, IngestReport]:
+                 sites_option: str | None = None, transform=None,
+                 min_site_rows: int = partitions.MIN_PRIVATE_ROWS) -> tuple[StoreInfo, IngestReport]:
     """Validate, project, split and write a table (DataFrame/GeoDataFrame) as the store `out`; J defaults to
     `partition.default_sites` (about 500 rows per site, 4 to 64 sites), and a chosen J (not a column partition) that
     leaves sites under `partition.MIN_SITE_ROWS` rows is warned about once, naming `sites_option` (the caller's name
-    for J). `transform` "log" writes log `value` (model.transform; positive values checked) and records it in the
+    for J); a site under `min_site_rows` rows (default `partition.MIN_PRIVATE_ROWS`) is refused, and a
+    non-default minimum is recorded in the store so that fits apply the same one. `transform` "log" writes log `value` (model.transform; positive values checked) and records it in the
     store's "transform" attribute, so fits and predictions know the scale."""
     out = Path(out)
     refuse_existing(out, overwrite, error=DataError)
@@ -272,6 +274,9 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
         frame, value=value, x=x, y=y, covariates=covariates, crs=crs, target_crs=target_crs, intercept=intercept,
         duplicates=duplicates, group=column)
     z = value_transform.forward(z, transform, what=f"column {value!r}")
+    if isinstance(min_site_rows, bool) or int(min_site_rows) != min_site_rows or min_site_rows < 1:
+        raise DataError(f"{option('min_site_rows', '--min-site-rows')} must be a positive integer, "
+                        f"got {min_site_rows!r}")
     rng = np.random.default_rng(seed)
     n_test = int(round(test_fraction * len(z)))
     held = np.zeros(len(z), dtype=bool)
@@ -279,6 +284,8 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
     test = (locs[held], z[held], X[held]) if n_test else None
     locs, z, X = locs[~held], z[~held], X[~held]
     attrs = dict(extra_attrs or {}, **({"transform": transform} if transform != "none" else {}))
+    if min_site_rows != partitions.MIN_PRIVATE_ROWS:
+        attrs["min_site_rows"] = int(min_site_rows)  # the owners' choice: fit applies it instead of the default
     if report.crs_note:
         attrs["crs_note"] = report.crs_note          # why this CRS (UTM zone or centred equal-area), for reports
     if report.crs_in != report.crs_out:
@@ -307,6 +314,9 @@ def ingest_frame(frame: pd.DataFrame, out, *, value: str, x: str | None = None, 
         labels = partitions.partition(locs, partition, n_workers, sizes=sizes, seed=rng)
     parts = [(locs[i], z[i], X[i]) for i in partitions.split(labels, labels.max() + 1)]
     report.n_test, report.sizes = n_test, [len(p[1]) for p in parts]
+    partitions.check_site_sizes(report.sizes, attrs.get("worker_labels"), int(min_site_rows), fix=(
+        f"merge the small groups of '{column}' into neighbouring ones or leave their rows out" if kind == "column"
+        else f"use fewer sites ({sites_option or option('n_workers', '--workers')})"))
     small = None if kind == "column" else partitions.small_sites_warning(
         report.sizes, sites_option or option("n_workers=", "--workers"))
     if small:  # a column partition is the data's real ownership (one agency per site), not a chosen J

@@ -20,6 +20,9 @@ DEFAULT_SITES = (4, 64)
 #: (20 rows give 190 pairs, over 10 for each of its 15 bins), and its summaries (XᵀX, Xᵀz, the local covariance
 #: blocks) should not be as many numbers as the p + 3 rows they summarise
 MIN_SITE_ROWS = 20
+#: the fewest rows a site takes part with (ingest and fit refuse fewer): the start pass sends XᵀX and Xᵀz, which for
+#: a 1-row site give its value exactly (Xᵀz / XᵀX) and for a few rows pin the values down with the variogram bins
+MIN_PRIVATE_ROWS = 10
 
 
 def default_sites(n: int) -> int:
@@ -39,6 +42,24 @@ def small_sites_warning(sizes, flag: str = "--workers") -> str | None:
             f"such sites add almost no pairs to the starting variogram and their summaries nearly reveal their rows; "
             f"use at most {max(1, int(sizes.sum()) // MIN_SITE_ROWS)} sites ({flag}), or leave it out for the "
             f"default of about {ROWS_PER_SITE} rows per site")
+
+
+def check_site_sizes(sizes, labels=None, minimum: int = MIN_PRIVATE_ROWS,
+                     fix: str = "merge it with a neighbouring site or leave its rows out") -> None:
+    """Refuse (one DataError line) sites with fewer than `minimum` rows; `labels` name the sites (else w<j>)."""
+    sizes = np.asarray(sizes)
+    small = np.flatnonzero(sizes < minimum)
+    if small.size:
+        names = [repr(labels[j]) if labels is not None and j < len(labels) else f"w{j}" for j in small]
+        listed = ", ".join(f"{name} has {int(sizes[j])}" for name, j in zip(names[:5], small[:5]))
+        raise DataError(f"{small.size} of {sizes.size} sites have fewer than {minimum} rows ({listed}"
+                        f"{', ...' if small.size > 5 else ''}): a site that small reveals its values in the start "
+                        f"pass; {fix}")
+
+
+def store_minimum(attrs: dict) -> int:
+    """The smallest site a store's owners agreed to (its "min_site_rows" attribute, set at ingest), else the default."""
+    return int(attrs.get("min_site_rows", MIN_PRIVATE_ROWS))
 
 
 def worker_sizes(n: int, n_workers: int | None = None, sizes=None) -> np.ndarray:

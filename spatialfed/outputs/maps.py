@@ -6,7 +6,9 @@ in `prediction.predict_at`) and writes into the output directory:
 - `map.nc`: the same mean and sd as one georeferenced NetCDF (CF grid mapping and GeoTransform written by
   rioxarray; `xarray.open_dataset(path, decode_coords="all").rio.crs` gives the CRS back), for xarray/GDAL/QGIS users;
 - `grid.gpkg`: the cells as polygons with columns mean, sd, sd_latent, owner (layer "prediction"), for GIS users;
-- `map.png`: mean and sd side by side with the domain outline, observation sites, optional overlays (e.g. a river),
+- `map.png`: mean and sd side by side with the domain outline, the sites' outlines (their hulls; the observation
+  points themselves only on request, `sites="points"`, as they are raw data the sites then send), optional overlays
+  (e.g. a river),
   on request (`show_owners`) the boundaries between the sites' regions as thin lines, the CRS's short name on the
   axes and colour bars labelled "mean (units)" and "sd (units)";
 - `map.json`: predictor, number of cells, resolution, CRS (as stored and its short name) and the ranges of mean and sd.
@@ -194,10 +196,11 @@ def map_figure(path, grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
 
 
 def build_map_figure(grid: geometry.PredictionGrid, mean, sd, domain: geometry.Domain, *, sites=None, owner=None,
-                     overlays: gpd.GeoDataFrame | None = None, overlay_label: str = "", units: str = "",
-                     title: str = ""):
-    """Matplotlib Figure with the predicted mean and sd side by side, domain outline, sites, the owners' areas,
-    overlays, axes naming the CRS and colour bars labelled "mean (units)" and "sd (units)"."""
+                     outlines=None, overlays: gpd.GeoDataFrame | None = None, overlay_label: str = "",
+                     units: str = "", title: str = ""):
+    """Matplotlib Figure with the predicted mean and sd side by side, domain outline, sites (points) or the sites'
+    `outlines` (polygons), the owners' areas, overlays, axes naming the CRS and colour bars labelled "mean (units)"
+    and "sd (units)"."""
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -224,6 +227,11 @@ def build_map_figure(grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
         if owner is not None:
             ax.add_collection(LineCollection(owner_edges(grid, owner), colors="white", linewidths=0.5, alpha=0.6,
                                              zorder=3, label="boundaries between the sites' regions"))
+        if outlines is not None and len(outlines):
+            edges = gpd.GeoSeries(list(outlines)).boundary
+            edges.plot(ax=ax, color="white", linewidth=0.7, linestyle="--", zorder=4)
+            ax.plot([], [], color="white", linewidth=0.7, linestyle="--",
+                    label=f"observation areas of the {len(outlines)} sites")
         if sites is not None and len(sites):
             ax.scatter(sites[:, 0], sites[:, 1], s=9, facecolor="white", edgecolor="black", linewidth=0.5,
                        zorder=4, label=f"observation sites (n = {len(sites)})")
@@ -260,17 +268,20 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 
 
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, x=None, y=None, crs=None,
-             units="", title=None, overlay=None, overlay_label="", sites=True, show_owners=False, predictor=None,
+             units="", title=None, overlay=None, overlay_label="", sites="outlines", show_owners=False, predictor=None,
              worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, insecure=False,
              batch=None, progress: bool = False, overwrite: bool = False) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
     `x`, `y`, `crs`: the coordinate columns and CRS of the `covariates` table (default: detected, its own CRS or
     the store's). `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin
-    lines.
+    lines. `sites`: what map.png shows of the observations, "outlines" (each site's hull, the polygon it already
+    sends for the default domain), "points" (the raw coordinates, fetched from the sites: only with the owners'
+    consent) or "none" (True / False: "points" / "none").
 
     Cells are predicted in batches (`prediction.predict_batches`, `batch` cells per round; default `batch_size`),
     each batch's cells appended to grid.gpkg in the staged output directory as it finishes, with a tqdm bar and ETA
     when `progress`; the rasters keep one float per cell."""
+    sites = site_drawing(sites)
     model = load_model(fit_dir)
     info = open_store(store)
     check_store(model, info)
@@ -290,12 +301,33 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
             X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs})
             pred = _predict_grid(workers, model, grid, X0, predictor, worker,
                                  batch_size(len(model.knots), batch), tmp / GRID_GPKG, progress)
-            locs = np.vstack(list(workers.call("sites", {j: () for j in range(workers.n_workers)}).values())) \
-                if sites else None
+            locs = _site_marks(workers, sites)
         if not show_owners:
             pred = {**pred, "owner": np.full(len(pred["owner"]), -1)}  # the rasters/PNG only: grid.gpkg has them
         paths = _write_map_files(tmp, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units, title)
     return {key: out / Path(path).name for key, path in paths.items()}
+
+
+SITE_DRAWINGS = ("outlines", "points", "none")
+
+
+def site_drawing(sites) -> str:
+    """The `sites` option of make_map as one of SITE_DRAWINGS (True / False: "points" / "none")."""
+    sites = {True: "points", False: "none"}.get(sites, sites) if isinstance(sites, bool) else sites
+    if sites not in SITE_DRAWINGS:
+        raise DataError(f"{option('sites', '--sites')} must be one of {', '.join(SITE_DRAWINGS)}, got {sites!r}")
+    return sites
+
+
+def _site_marks(workers, sites: str):
+    """What map.png draws of the sites: ("points", their coordinates: a "sites" call, raw data), ("outlines", their
+    hulls: the "hull" call of the default domain, polygons) or None."""
+    if sites == "none":
+        return None
+    every = {j: () for j in range(workers.n_workers)}
+    if sites == "points":
+        return "points", np.vstack(list(workers.call("sites", every).values()))
+    return "outlines", [shapely.from_wkb(h) for h in workers.call("hull", every).values()]
 
 
 def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg: Path, progress: bool) -> dict:
@@ -340,7 +372,8 @@ def _write_map_files(tmp: Path, grid, pred, dom, info, predictor, locs, overlays
             "sd": write_geotiff(tmp / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
             "netcdf": write_netcdf(tmp / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
             "gpkg": tmp / GRID_GPKG,
-            "png": map_figure(tmp / MAP_PNG, grid, pred["mean"], pred["sd"], dom, sites=locs, owner=owner,
+            "png": map_figure(tmp / MAP_PNG, grid, pred["mean"], pred["sd"], dom, owner=owner,
+                              **({} if locs is None else {"sites" if locs[0] == "points" else "outlines": locs[1]}),
                               overlays=overlays, overlay_label=overlay_label, units=units, title=title),
             "json": write_text(tmp / "map.json", json.dumps(summary, indent=1) + "\n")}
 

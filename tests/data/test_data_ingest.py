@@ -77,27 +77,27 @@ def test_missing_values_are_reported_and_dropped(out):
 
 
 def test_column_partition_and_test_fraction(out):
-    frame = table()
+    frame = table(80)  # about 20 training rows per agency: every site above partition.MIN_PRIVATE_ROWS
     info, report = ingest_frame(frame, out, x="lon", y="lat", value="ozone", crs="EPSG:4326",
                                 partition="column:agency", test_fraction=0.25, seed=3)
     assert info.partition == "column:agency" and info.n_workers == 3 and info.has_test
-    assert sum(info.sizes) == 30 and len(load_test(out)[1]) == 10
+    assert sum(info.sizes) == 60 and len(load_test(out)[1]) == 20
     assert zarr.open_group(out, mode="r").attrs["worker_labels"] == ["IL", "IN", "WI"]
-    assert report.n_test == 10
+    assert report.n_test == 20
 
 
 def test_duplicates_merge_and_keep(tmp_path):
-    frame = table(6)
+    frame = table(12)  # one site of 11 or 12 rows, above partition.MIN_PRIVATE_ROWS
     frame.loc[3, ["lon", "lat"]] = frame.loc[0, ["lon", "lat"]]
     info, report = ingest_frame(frame, tmp_path / "m.zarr", x="lon", y="lat", value="ozone", n_workers=1,
                                 duplicates="merge", crs="planar")
-    assert sum(info.sizes) == 5 and report.n_duplicates == 2
+    assert sum(info.sizes) == 11 and report.n_duplicates == 2
     locs, z, _ = load_worker(tmp_path / "m.zarr", 0)
     row = np.flatnonzero((locs == frame.loc[0, ["lon", "lat"]].to_numpy(dtype=float)).all(axis=1))
     assert z[row] == pytest.approx((frame.ozone[0] + frame.ozone[3]) / 2)
     info, _ = ingest_frame(frame, tmp_path / "k.zarr", x="lon", y="lat", value="ozone", n_workers=1,
                            duplicates="keep", crs="planar")
-    assert sum(info.sizes) == 6
+    assert sum(info.sizes) == 12
 
 
 def test_geopackage_and_geoparquet_points_use_the_files_crs(tmp_path):
@@ -174,3 +174,21 @@ def test_unreadable_or_missing_table(tmp_path, out):
                                         r"columns: east, north, ozone"):
         ingest_frame(table().rename(columns={"lon": "east", "lat": "north"}), out, value="ozone")
     assert_no_store(out)
+
+
+def test_a_site_under_the_minimum_is_refused_and_a_chosen_minimum_is_recorded(tmp_path):
+    from spatialfed.data.partition import MIN_PRIVATE_ROWS, check_site_sizes, store_minimum
+
+    frame = table(60)
+    frame.loc[:4, "agency"] = "MI"  # a 5-row agency
+    with pytest.raises(DataError, match=rf"1 of 4 sites have fewer than {MIN_PRIVATE_ROWS} rows \('MI' has 5\)"):
+        ingest_frame(frame, tmp_path / "a.zarr", x="lon", y="lat", value="ozone", crs="EPSG:4326",
+                     partition="column:agency")
+    assert not (tmp_path / "a.zarr").exists()
+    info, _ = ingest_frame(frame, tmp_path / "b.zarr", x="lon", y="lat", value="ozone", crs="EPSG:4326",
+                           partition="column:agency", min_site_rows=5)
+    attrs = open_store(tmp_path / "b.zarr").attrs
+    assert attrs["min_site_rows"] == 5 and store_minimum(attrs) == 5 and min(info.sizes) == 5
+    check_site_sizes(info.sizes, info.worker_labels, store_minimum(attrs))  # what fit checks: the owners' choice
+    with pytest.raises(DataError, match="must be a positive integer"):
+        ingest_frame(frame, tmp_path / "c.zarr", x="lon", y="lat", value="ozone", crs="EPSG:4326", min_site_rows=0)
