@@ -92,8 +92,7 @@ def _coefficients(lm, u) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
     from spatialfed.model.params import Params
 
     delta, sigma2, beta = np.exp(np.asarray(u, float))
-    factorise = getattr(lm, "factorise", None) or lm._factorise  # public as LocalModel.factorise on newer trees
-    fz = factorise(Params(np.zeros(lm.m), np.eye(lm.m), np.zeros(lm.p), delta, sigma2, beta), whiten=False)
+    fz = lm.factorise(Params(np.zeros(lm.m), np.eye(lm.m), np.zeros(lm.p), delta, sigma2, beta), whiten=False)
     P = np.array(inverse_in_place(fz.factor), dtype=float)
     P = np.triu(P) + np.triu(P, 1).T if not np.allclose(P, P.T) else P  # the factor's storage: upper triangle
     W1 = np.hstack([fz.kb.B, lm.X])
