@@ -17,7 +17,6 @@ import pytest
 
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
-from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import WorkerTaskError
 from spatialfed.runtime.cluster import local_cluster
 
@@ -49,13 +48,6 @@ def kill_on_site(j: int, step: str = "", after_s: float = 0.1):
                 self.worker.executors["default"].submit(die)
 
     return KillOnSite()
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("killing") / "s.zarr"
-    simulate_store(path, 3, 60, seed=4, test_size=0)
-    return path
 
 
 @pytest.fixture(scope="module")
