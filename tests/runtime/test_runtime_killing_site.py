@@ -129,6 +129,7 @@ def test_a_site_dropped_before_a_resume_is_not_loaded_again(cluster, store):
     assert cluster.worker_addresses() == before and runtime.lost_workers == []
 
 
+@pytest.mark.slow  # the fast form: test_a_site_dropped_before_a_resume_is_not_loaded_again
 def test_cli_resume_of_a_site_killing_workers_mid_fit_ends(store, tmp_path, capsys):
     """The site kills its worker at its request of iteration 2: `fit` stops after 2 deaths with one line naming the
     site and the resume; `--resume --on-worker-error drop` drops it after 2 more and finishes: bounded both times."""
