@@ -245,7 +245,7 @@ def fit_stats(store, setting, mode, profile, max_iter=300, tol=1e-5, time_budget
     kernel = Matern(setting.nu)
     specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, kernel, setting.residual)
     settings = {"agg_threshold": agg_threshold, **(options or {})}
-    config = FitConfig(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget, **settings)
+    config = FitConfig.of(mode=mode, max_iter=max_iter, tol=tol, time_budget=time_budget, **settings)
     class TimedServer(StatsServer):
         """StatsServer logging every answer of the loop (its arrival, site, kind and the epochs before it)."""
 
@@ -414,8 +414,8 @@ def fit_stats_dask(store, client, setting, mode, profile, max_iter=100, tol=1e-5
     cpu1, here = client.run(time.process_time), time.process_time() - here
     if not np.array_equal(gp.knots_, knots):
         raise RuntimeError("the estimator laid out other knots than the virtual-clock run's; the references differ")
-    if gp.config_.scheme != "stats":
-        raise RuntimeError(f"preset 'stats' resolved to scheme {gp.config_.scheme!r}")
+    if gp.config_.scheme_name != "stats":
+        raise RuntimeError(f"preset 'stats' resolved to scheme {gp.config_.scheme_name!r}")
     answers, task_wall = [0] * J, []
     for task in ts.data:
         key = str(task["key"])

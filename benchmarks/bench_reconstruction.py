@@ -68,7 +68,7 @@ def record_fit(n: int, m: int, J: int = 3, seed: int = 0, max_iter: int | None =
         simulate_store(store, J, n, seed=seed, test_size=0, nu=NU, partition="area")
         info = open_store(store)
         knots, kernel = jittered_unit_grid(m, seed=0), Matern(NU)
-        config = FitConfig(mode="sync", **({} if max_iter is None else {"max_iter": max_iter}))
+        config = FitConfig.of(mode="sync", **({} if max_iter is None else {"max_iter": max_iter}))
         server = StatsServer(J, knots, kernel, config)
         messages = {j: [] for j in range(J)}
         specs = site.site_specs(uuid.uuid4().hex[:12], info.path, J, knots, kernel, "full")

@@ -40,7 +40,7 @@ def sites(J: int, n: int, side: int, seed: int = 0):
 
 
 def fit(models, knots, secure: bool) -> dict:
-    config = FitConfig(mode="sync", scheme="stats", max_iter=60, tol=1e-8, secure_aggregation=secure)
+    config = FitConfig.of(mode="sync", scheme="stats", max_iter=60, tol=1e-8, secure_aggregation=secure)
     server = server_for(len(models), knots, Matern(0.5), config)
     sent = {"requests": 0, "answers": 0}
 

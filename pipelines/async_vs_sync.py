@@ -228,7 +228,7 @@ def run_dask(tasks, workers):
                     info = simulate_store(store, task["J"], task["n"], **kw)
                 parts = [load_worker(info.path, j) for j in range(info.n_workers)]
                 ref = run_virtual(ex._parts_models(parts, knots, kernel), knots, kernel,
-                                  FitConfig(mode="sync", max_iter=100, tol=1e-10)).params
+                                  FitConfig.of(mode="sync", max_iter=100, tol=1e-10)).params
                 refs[task["panel"]] = (info.n_workers, {"gamma": ref.gamma, "delta": ref.delta,
                                                         "sigma2": ref.sigma2, "beta": ref.beta})
             J, ref = refs[task["panel"]]

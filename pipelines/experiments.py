@@ -270,7 +270,7 @@ def fit_pair(*, nu: float, beta: float, J: int, n: int, m: int, seed: int, group
     sim = simulate(J, n, nu=nu, beta=beta, sigma2=SIGMA2, noise_sd=NOISE_SD, seed=seed)
     parts = sim.parts()
     knots = jittered_unit_grid(m, seed=seed + 10_000)
-    cfg = FitConfig(mode="sync", max_iter=max_iter, tol=1e-6)
+    cfg = FitConfig.of(mode="sync", max_iter=max_iter, tol=1e-6)
     rows = []
     tic = time.perf_counter()
     lr = run_virtual(_parts_models(parts, knots, kernel), knots, kernel, cfg)
@@ -323,7 +323,7 @@ def sync_config(preset: str, max_iter: int, tol: float):
         return FitConfig.preset("stats", mode="sync", max_iter=max_iter, tol=tol)
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {PRESETS}")
-    return FitConfig(mode="sync", max_iter=max_iter, tol=tol)
+    return FitConfig.of(mode="sync", max_iter=max_iter, tol=tol)
 
 
 def async_config(preset: str, agg_threshold: int | None, max_iter: int, tol: float, **changes):
@@ -343,7 +343,7 @@ def async_config(preset: str, agg_threshold: int | None, max_iter: int, tol: flo
     if preset == "tuned":
         return FitConfig.tuned(**common)
     if preset == "paper":
-        return FitConfig(mode="async", **common)
+        return FitConfig.of(mode="async", **common)
     if preset == "basic":
         return FitConfig.basic(**common)
     raise ConfigError(f"unknown preset {preset!r}; choose one of {PRESETS}")
@@ -425,7 +425,7 @@ def convergence_run(*, experiment: str, panel: str, J: int | None = None, n: int
     J = len(parts)
     knots = jittered_unit_grid(m, seed=seed + 10_000)
     models = _parts_models(parts, knots, kernel)
-    ref_server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10))
+    ref_server = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=100, tol=1e-10))
     rp = ref_server.params
     ref = {"gamma": rp.gamma, "delta": rp.delta, "sigma2": rp.sigma2, "beta": rp.beta}
     slowdowns = slowdowns_from_cores(cores if cores is not None else np.full(J, float(MAX_CORES)))

@@ -215,7 +215,7 @@ def test_every_worker_killed_ends_after_the_wait_for_a_worker(store, subprocess_
             killed.append(time.perf_counter())
 
     with pytest.raises(ClusterLostError, match=r"every Dask worker left the cluster .* none joined within 2 s") as err:
-        run_dask(subprocess_cluster.client, store, 3, grid_knots(3), 0.5, "full", FitConfig(mode="sync", max_iter=40),
+        run_dask(subprocess_cluster.client, store, 3, grid_knots(3), 0.5, "full", FitConfig.of(mode="sync", max_iter=40),
                  on_event=kill_at_t3, worker_wait_s=2.0)
     took = time.perf_counter() - killed[0]
     print(f"every worker killed, worker_wait_s = 2: kill -> error {took:.1f} s")

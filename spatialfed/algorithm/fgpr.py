@@ -112,7 +112,7 @@ class FgprServer(ServerState):
         self.config = (config or FgprConfig()).resolved(J)
         self.kernel = kernel
         self.knots = np.empty((0, 2))
-        self._init: FederatedServer | None = FederatedServer(J, self.knots, kernel, FitConfig(mode="sync"), start)
+        self._init: FederatedServer | None = FederatedServer(J, self.knots, kernel, FitConfig.of(mode="sync"), start)
         self._start_state(J)
         self._n_j: dict[int, int] = {}
         self._pending: dict[int, Augmented] = {}   # tasks of the current round or pass, not yet sent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spatialfed.algorithm.config import FitConfig
+from spatialfed.algorithm.config import FitConfig, StatsPolicy
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.stats_server import StatsServer
 
@@ -13,11 +13,8 @@ from spatialfed.algorithm.stats_server import StatsServer
 def server_for(n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None):
     """A new server for `config` (FitConfig() when None: the block scheme, synchronous)."""
     config = config or FitConfig()
-    cls = StatsServer if config.scheme == "stats" else FederatedServer
-    if config.secure_aggregation:
-        if config.scheme != "stats":
-            raise ValueError("secure aggregation sums the statistics scheme's messages: use the default preset "
-                             "'stats', not a block-scheme preset")
+    cls = StatsServer if isinstance(config.scheme, StatsPolicy) else FederatedServer
+    if config.secure_aggregation:  # FitConfig holds it for the statistics scheme only
         from spatialfed.algorithm.secure_server import SecureStatsServer as cls
     return cls(n_workers, knots, kernel, config, start)
 

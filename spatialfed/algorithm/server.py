@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from spatialfed.algorithm import start as starting
-from spatialfed.algorithm.config import FitConfig, retire
+from spatialfed.algorithm.config import BlockScheme, FitConfig
 from spatialfed.algorithm.privacy import PrivacyAccountant, project_spd
 from spatialfed.algorithm.protocol import FINAL_STEP, STEPS, Augmented, Quantity
 from spatialfed.algorithm.server_base import Phase, ServerState  # noqa: F401 (ServerState: the servers' shared base)
@@ -70,6 +70,12 @@ class FederatedServer(ServerState):
     def __init__(self, n_workers: int, knots, kernel, config: FitConfig | None = None, start: Mapping | None = None):
         self.n_workers = J = int(n_workers)
         self.config = (config or FitConfig()).resolved(J)
+        if isinstance(self.config.scheme, BlockScheme):
+            self.block = self.config.scheme
+        elif type(self) is FederatedServer:
+            raise ValueError("a statistics-scheme config runs on StatsServer (algorithm.make_server.server_for)")
+        else:  # StatsServer shares the state; the block settings it never reads keep their defaults
+            self.block = BlockScheme()
         self.knots = np.asarray(knots, dtype=float)
         self.kernel = kernel
         self.start = _check_start(start)
@@ -84,7 +90,7 @@ class FederatedServer(ServerState):
         self._Q: dict[tuple[int, str], tuple[Quantity, Params]] = {}  # ℚ: (j, step) -> (q, φ it was computed at)
         self._num = dict.fromkeys(STEPS, 0)  # Num.step
         self._collected: dict[int, dict] = {}  # synchronous passes: worker -> ξ
-        self._history = {step: deque(maxlen=self.config.t_M) for step in STEPS}  # block updates, newest first
+        self._history = {step: deque(maxlen=self.block.t_M) for step in STEPS}  # block updates, newest first
         self._grad_norm = 0.0  # ‖g^{t−1}‖ of Eq. (18)
         self._loglik_estimate: float | None = None  # −(J Σ_j w_j f_j + h) − (N/2) log 2π of the last theta step
         self._step = 0  # index of the current step in STEPS
@@ -175,7 +181,7 @@ class FederatedServer(ServerState):
     @staticmethod
     def snapshot_attributes() -> set[str]:
         """The attributes FederatedServer.snapshot covers (copied, or rebuilt by restore)."""
-        return set(_SNAPSHOT_STATE.values()) | {"config", "_P", "_in_flight", "_obsolete", "_history"}
+        return set(_SNAPSHOT_STATE.values()) | {"config", "block", "_P", "_in_flight", "_obsolete", "_history"}
 
     @classmethod
     def restore(cls, snapshot: Mapping) -> FederatedServer:
@@ -194,16 +200,15 @@ class FederatedServer(ServerState):
         for key, attr in _SNAPSHOT_STATE.items():
             setattr(server, attr, snap[key])
         server.phase = Phase(server.phase)
-        config = dict(snap["config"])
-        if isinstance(config.get("policy"), dict):  # a fit of an earlier version continues without retired settings
-            config["policy"] = retire(config["policy"], refuse=False)
-        server.config = FitConfig(**config)
+        server.config = FitConfig.from_dict(snap["config"])
+        server.block = server.config.scheme if isinstance(server.config.scheme, BlockScheme) else BlockScheme()
         if len(snap["buffers"]) != server.n_workers:
             raise ValueError(f"snapshot has {len(snap['buffers'])} worker buffers for n_workers={server.n_workers}")
         server._P = [list(buffer) for buffer in snap["buffers"]]
         server._in_flight = {}
         server._obsolete = set()
-        server._history = {step: deque(snap["history"].get(step, []), maxlen=server.config.t_M) for step in STEPS}
+        server._history = {step: deque(snap["history"].get(step, []), maxlen=server.block.t_M)
+                           for step in STEPS}
         return server
 
     def drop_worker(self, j: int, step: str, cause: str, now: float) -> None:
@@ -246,7 +251,7 @@ class FederatedServer(ServerState):
 
     def _too_stale(self, t_j: int) -> bool:
         """Staleness t − t_j above the bound D (VAFL's uniformly bounded delay; never without a bound)."""
-        D = self.config.staleness_bound
+        D = self.block.staleness_bound
         return D is not None and self.t - t_j > D
 
     def _discard(self, j: int, step: str) -> None:
@@ -272,13 +277,13 @@ class FederatedServer(ServerState):
         while (self.phase == Phase.LOOP and self._num[STEPS[self._step]] >= self._threshold
                and self._fresh(STEPS[self._step])):
             self._aggregate(now)
-        budget = self.config.time_budget
+        budget = self.config.stopping.time_budget
         if self.phase == Phase.LOOP and budget is not None and now >= budget:
             self._stop("time_budget", now)
 
     def _aggregate(self, now: float) -> None:
         """Aggregate the current step (Eq. 17), update its block (Eqs. 8–10), smooth it (Eq. 19) and publish."""
-        cfg, step = self.config, STEPS[self._step]
+        cfg, step = self.block, STEPS[self._step]
         self._num[step] = 0
         entries = [self._Q[(j, step)] for j in self.active]
         t_js = [q.t for q, _ in entries]
@@ -303,12 +308,12 @@ class FederatedServer(ServerState):
 
     def _task(self, step: str) -> Augmented:
         """p = (φ, t, step); under mean_step="joint" the mu_sigma task also asks for the gamma quantity at φ."""
-        joint = step == "mu_sigma" and self.config.mean_step == "joint"
+        joint = step == "mu_sigma" and self.block.mean_step == "joint"
         return Augmented(self.params, self.t, step, {"with": ("gamma",)} if joint else {})
 
     def _update_mean(self, entries, w) -> dict:
         """The mu_sigma block: (μ, Σ) given γ (Eq. 8, mean_step="block") or (μ, Σ, γ) given θ ("joint")."""
-        if self.config.mean_step == "joint":
+        if self.block.mean_step == "joint":
             return self._update_mu_sigma_gamma(entries, w)
         return self._update_mu_sigma(entries, w)
 
@@ -349,7 +354,7 @@ class FederatedServer(ServerState):
 
     def _update_theta(self, entries, w) -> dict:
         """One Newton step on u (Eq. 10) with the corrected gradients of Eq. (15) and the profile or block Hessian."""
-        cfg, phi = self.config, self.params
+        cfg, phi = self.block, self.params
         xis = [q.xi for q, _ in entries]
         if cfg.correction:
             rec = max(entries, key=lambda e: e[0].t)[1]
@@ -365,14 +370,15 @@ class FederatedServer(ServerState):
         staleness = [self.t - q.t for q, _ in entries]
         rule = {"staleness": staleness_step_size, "section5": section5_step_size}.get(cfg.alpha_rule)
         alpha = cfg.alpha if rule is None else rule(cfg.alpha, w, staleness)
-        u = blocks.newton_step(phi.u, total["grad"], H, alpha=alpha, bound=cfg.step_bound, floor=cfg.eig_floor)
+        u = blocks.newton_step(phi.u, total["grad"], H, alpha=alpha, bound=self.config.step_bound,
+                               floor=cfg.eig_floor)
         return {"u": u}
 
     def _moving_average(self, step: str, block: dict) -> dict:
         """Eq. (19) on the block just updated, over it and its last M = min(t, t_M) updates (not their averages)."""
-        previous = list(self._history[step])[: min(self.t, self.config.t_M)]
+        previous = list(self._history[step])[: min(self.t, self.block.t_M)]
         self._history[step].appendleft(block)
-        return {key: moving_average([value] + [old[key] for old in previous], self.config.omega)
+        return {key: moving_average([value] + [old[key] for old in previous], self.block.omega)
                 for key, value in block.items()}
 
     def _end_iteration(self, now: float) -> None:
@@ -382,7 +388,7 @@ class FederatedServer(ServerState):
         stalest quantity in ℚ is old, so the fixed point includes fresh input from every worker (in the
         synchronous algorithm staleness is 0 and this is the plain rule).
         """
-        cfg = self.config
+        cfg = self.config.stopping
         if self.t >= 1:
             self.iterations = self.t
             change = relative_change(self._end_of_last_iteration, self.params)

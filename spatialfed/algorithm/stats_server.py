@@ -24,7 +24,7 @@ import numpy as np
 
 from spatialfed.algorithm import start as starting
 from spatialfed.algorithm.boundary import BoundaryProbe
-from spatialfed.algorithm.config import FitConfig, Mode
+from spatialfed.algorithm.config import BlockScheme, FitConfig, Mode, StatsPolicy
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
 from spatialfed.algorithm.likelihood import (NotPositiveDefinite, Profile, TrustStep, at_bound, default_bounds, distance,
@@ -66,10 +66,16 @@ class StatsServer(FederatedServer):
             raise ValueError("the statistics server does not add privacy noise (its messages are second-order "
                              "statistics): use FederatedServer for a fit with privacy")
         # resolved once, as the statistics scheme: asynchronous aggregation then takes every answer (agg_threshold 1)
-        config = FitConfig.stats() if config is None else dataclasses.replace(config, scheme="stats")
+        if config is None:
+            config = FitConfig.stats()
+        elif isinstance(config.scheme, BlockScheme):
+            if config.scheme != BlockScheme():
+                raise ValueError("the statistics server takes no block-scheme settings: give FitConfig.stats(...) "
+                                 "(or FitConfig.of(...) without them)")
+            config = dataclasses.replace(config, scheme=StatsPolicy())
         super().__init__(n_workers, knots, kernel, config, start)
-        self.policy = self.config.stats_policy
-        self.stale_tol = self.policy.stale_tol_for(self.config.tol)
+        self.policy = self.config.policy
+        self.stale_tol = self.policy.stale_tol_for(self.config.stopping.tol)
         self.records = SiteRecords(self.policy)
         self.pacing = Pacing()
         self._user_bounds = None if bounds is None else tuple(np.asarray(b, dtype=float) for b in bounds)
@@ -241,15 +247,15 @@ class StatsServer(FederatedServer):
         self._record("init", now, 0)
         n_s = pilot_size(self._n_j, self.policy.pilot_points, self.policy.pilot_share)
         if n_s is not None:
-            self._pilot = Pilot(self._u, self.bounds, self.policy, self.config.step_bound, self.config.tol,
-                                self.config.max_iter, n_s, self.n_obs)
+            self._pilot = Pilot(self._u, self.bounds, self.policy, self.config.step_bound, self.config.stopping.tol,
+                                self.config.stopping.max_iter, n_s, self.n_obs)
             self.phase = Phase.PILOT
             return
         self._start_loop(now)
 
     def _pilot_round(self, now: float) -> None:
         """After a pilot answer or a drop: the pilot's next point (a "pilot" trace row) or, once done, the loop."""
-        budget = self.config.time_budget  # spent: the pilot ends at its accepted point
+        budget = self.config.stopping.time_budget  # spent: the pilot ends at its accepted point
         if self._pilot.complete(self.active, lambda st: self._evaluate(lambda _: st, st["u"], True),
                                 budget is not None and now >= budget):
             self.params = self.params.with_u(self._pilot.u)
@@ -284,7 +290,7 @@ class StatsServer(FederatedServer):
             elif (self._step_due() and any(j not in self._crowded for j in self.active if not self.busy(j))
                   and self._idle_for_step(now)):
                 self._surrogate_step(now)
-        budget = self.config.time_budget
+        budget = self.config.stopping.time_budget
         if self.phase == Phase.LOOP and budget is not None and now >= budget:
             self._stop("time_budget", now)
 
@@ -328,7 +334,7 @@ class StatsServer(FederatedServer):
             dgamma = float(np.max(np.abs(new.gamma - base.gamma)) / max(np.max(np.abs(base.gamma)), 1e-300))
         self.iterations = self.t + 1
         newton = None if worse else newton_length(step, base.hess, self._radius, self.policy.eig_floor)
-        end = stop_point(base, new, step, dgamma, before, newton, self.config.tol, self.policy.loglik_tol)
+        end = stop_point(base, new, step, dgamma, before, newton, self.config.stopping.tol, self.policy.loglik_tol)
         if end is not None:
             self._finish(end, "tol", now)
             return
@@ -342,7 +348,7 @@ class StatsServer(FederatedServer):
         self._set_params(new)
         self._record(STATS_STEP, now, 0, new.loglik)
         self.epochs += 1
-        if self.rounds > self.config.max_iter:
+        if self.rounds > self.config.stopping.max_iter:
             self._stop("max_iter", now)
             return
         self.t += 1
@@ -365,7 +371,7 @@ class StatsServer(FederatedServer):
         self._check_promise(at, base.loglik, exact_for)
         new, step = self._maximise(at, base, radius)
         move = distance(new.u, base.u)
-        if move <= self.config.tol:
+        if move <= self.config.stopping.tol:
             new, move = base, 0.0
         self._promise = Promise(tuple(new.u.tolist()), tuple(base.u.tolist()), new.loglik - base.loglik,
                                 base.loglik, None if exact_for is None else tuple(exact_for)) if move > 0 else None
@@ -384,7 +390,7 @@ class StatsServer(FederatedServer):
     def _maximise(self, at, base: Profile, max_move: float) -> tuple[Profile, TrustStep]:
         """likelihood.maximise on the surrogate u ↦ ℓ(at(u)) within the box."""
         return maximise(lambda u: self._evaluate(at, u, derivatives=True), base, max_move, *self.bounds,
-                        self.policy.inner_steps, self.policy.eig_floor, self.config.tol)
+                        self.policy.inner_steps, self.policy.eig_floor, self.config.stopping.tol)
 
     def _check_promise(self, at, loglik: float, exact_for: list | None = None) -> None:
         """The surrogate steps' trust region: the last one promised ℓ(u_new) − ℓ(u_old); the newer model `at`

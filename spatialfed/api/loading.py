@@ -153,7 +153,7 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     gp.dropped_workers_, gp.privacy_report_ = list(fit.dropped_workers), fit.privacy
     gp.discarded_stale_ = int(extra.get("discarded_stale", 0))
     gp.slowdowns_ = np.asarray(extra.get("slowdowns", np.ones(fit.n_workers)), dtype=float)
-    gp.config_ = SavedConfig(extra.get("config") or {})
+    gp.config_ = saved_config(extra.get("config") or {})
     gp.runtime_used_, gp.runtime_reason_ = extra.get("runtime", "simulated"), extra.get("runtime_reason", "")
     gp.groups_column_ = extra.get("groups_column")
     gp.covariates_inferred_ = bool(extra.get("covariates_inferred", False))
@@ -189,6 +189,16 @@ def _trace(rows, d: Path) -> list[dict]:
         if np.isfinite(ll):
             row["loglik"] = float(ll)
     return rows
+
+
+def saved_config(settings: dict):
+    """The FitConfig of fit.json's "config" (FitConfig.from_dict), or for FGPR fits its settings as a SavedConfig."""
+    from spatialfed.algorithm.config import FitConfig
+
+    try:
+        return FitConfig.from_dict(settings)
+    except (TypeError, ValueError):
+        return SavedConfig(settings)
 
 
 class SavedConfig(dict):

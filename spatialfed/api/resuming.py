@@ -89,7 +89,10 @@ def restored_server(gp, resume, n_workers: int):
         raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
     if float(server.kernel.nu) != float(gp.nu):
         raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={gp.nu}")
-    server.config = dataclasses.replace(server.config, max_iter=gp.max_iter, tol=gp.tol,
-                                        time_budget=gp.time_budget)
+    rules = {"max_iter": gp.max_iter, "tol": gp.tol, "time_budget": gp.time_budget}
+    config = server.config
+    stopping = getattr(config, "stopping", None)  # FitConfig's Stopping; FgprConfig holds its rules flat
+    server.config = (dataclasses.replace(config, stopping=dataclasses.replace(stopping, **rules)) if stopping
+                     else dataclasses.replace(config, **rules))
     server.wall_time_s = float((snap.get("meta") or {}).get("wall_time_s", 0.0))  # the fit's real seconds so far
     return server

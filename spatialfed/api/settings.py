@@ -95,7 +95,7 @@ def site_residual(gp, config, sizes) -> str:
     resolves to, or stays "auto" when the sizes straddle VECCHIA_AUTO_N (each site then resolves its own)."""
     if gp.method != "lowrank":
         return "full"
-    return resolve_sites(gp.residual, sizes, getattr(config, "scheme", "stats") == "block")
+    return resolve_sites(gp.residual, sizes, getattr(config, "scheme_name", "stats") == "block")
 
 
 def config(gp, n_workers: int):

@@ -26,5 +26,5 @@ def pilot_clip(models, knots, kernel, *, margin: float = 4.0, max_iter: int = 10
             if key not in EXEMPT_KEYS:
                 norms[key] = max(norms.get(key, 0.0), float(np.linalg.norm(value)) / models[j].n)
 
-    run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=max_iter), on_result=record)
+    run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=max_iter), on_result=record)
     return {key: margin * max(value, np.finfo(float).tiny) for key, value in sorted(norms.items())}

@@ -16,7 +16,7 @@ def test_independence_fit_reaches_the_maximiser_of_eq3():
     parts = simulate_parts(J=3, n=60, nu=0.5, seed=5)
     kernel, no_knots = Matern(0.5), np.zeros((0, 2))
     models = [LocalModel(*p, no_knots, kernel, "full") for p in parts]
-    server = run_virtual(models, no_knots, kernel, FitConfig(mode="sync", max_iter=30))
+    server = run_virtual(models, no_knots, kernel, FitConfig.of(mode="sync", max_iter=30))
     assert server.converged
     p = server.params
     assert server.loglik == pytest.approx(ref.independent_loglik(parts, kernel, p.gamma, p.delta, p.sigma2, p.beta))

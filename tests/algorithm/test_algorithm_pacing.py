@@ -67,7 +67,7 @@ def test_the_asynchronous_server_reads_each_round_trip_a_bounded_number_of_times
     reads = []
     original = Pacing.round_trip
     monkeypatch.setattr(Pacing, "round_trip", lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=100, tol=1e-8))
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="async", max_iter=100, tol=1e-8))
     done = run_virtual(models, knots, kernel, server=server, slowdowns=[1.0 + 0.5 * j for j in range(24)])
     assert done.converged
     per_answer = len(reads) / sum(done.answers) / len(models)  # 0.87 J per answer; 2.7 J when every ask recomputes

@@ -26,7 +26,7 @@ def fit(problem, pilot=None, mode="sync", on_event=None, server=None, start=FAR,
     """A statistics fit of `problem` from FAR; the pilot's subsamples hold a fifth of the data unless `pilot` says."""
     pilot = problem[0][0].n // 5 if pilot is None else pilot
     models, knots, kernel = problem
-    config = FitConfig(mode=mode, scheme="stats", tol=1e-8, max_iter=60,
+    config = FitConfig.of(mode=mode, scheme="stats", tol=1e-8, max_iter=60,
                        policy=StatsPolicy(pilot_points=pilot), **config)
     server = server or StatsServer(len(models), knots, kernel, config, start=start)
     return run_virtual(models, knots, kernel, server=server, on_event=on_event,
@@ -75,7 +75,7 @@ def test_the_pilot_starts_the_loop_within_its_standard_error_and_the_loop_needs_
 
 def test_pilot_requests_are_the_statistics_of_a_fixed_seeded_subsample(problem):
     models, knots, kernel = problem
-    server = StatsServer(4, knots, kernel, FitConfig(mode="sync", scheme="stats", policy={"pilot_points": POINTS}),
+    server = StatsServer(4, knots, kernel, FitConfig.of(mode="sync", scheme="stats", policy={"pilot_points": POINTS}),
                          start=FAR)
     tasks = []
     while server.phase in ("moments", "variogram", "pilot") and len(tasks) < 4:

@@ -81,12 +81,12 @@ def test_runtime_protocol_errors(data):
     with pytest.raises(ValueError, match="unknown starting value"):
         FederatedServer(3, knots, kernel, start={"range": 0.3})
     with pytest.raises(ValueError, match="agg_threshold must be an integer in 1..J"):
-        FederatedServer(3, knots, kernel, FitConfig(mode="async", agg_threshold=4))
+        FederatedServer(3, knots, kernel, FitConfig.of(mode="async", agg_threshold=4))
 
 
 def test_agg_threshold_J_is_the_synchronous_algorithm(data):
     models, knots, kernel = data
-    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=6))
+    sync = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=6))
     as_async = run_virtual(models, knots, kernel, FitConfig.basic(agg_threshold=3, alpha=1.0, max_iter=6),
                            slowdowns=[1.0, 7.0, 2.5])
     drop_time = lambda trace: [{k: v for k, v in row.items() if k != "time_s"} for row in trace]  # noqa: E731
@@ -98,7 +98,7 @@ def test_agg_threshold_J_is_the_synchronous_algorithm(data):
 def test_sync_trajectory_equals_direct_block_iteration(data):
     """Section 3.1 written out centrally: per iteration μ,Σ → γ → Newton on u with the profile Hessian."""
     models, knots, kernel = data
-    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", mean_step="block", max_iter=4, tol=1e-12),
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", mean_step="block", max_iter=4, tol=1e-12),
                          start=START)
     phi = starting.initial_params(START["gamma"], START["delta"], START["sigma2"], START["beta"], knots, kernel)
     rows = [row for row in server.trace if row["step"] == "theta"]
@@ -122,7 +122,7 @@ def test_sync_trajectory_equals_direct_block_iteration(data):
 
 def test_data_driven_start_and_final_loglik_belongs_to_params(data):
     models, knots, kernel = data
-    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=3))
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=3))
     first = server.trace[0]
     X = np.vstack([lm.X for lm in models])
     z = np.concatenate([lm.z for lm in models])
@@ -137,7 +137,7 @@ def test_data_driven_start_and_final_loglik_belongs_to_params(data):
 
 def test_time_budget_stops_and_still_reports_loglik_at_params(data):
     models, knots, kernel = data
-    server = run_virtual(models, knots, kernel, FitConfig(mode="async", agg_threshold=1, time_budget=1e-3),
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="async", agg_threshold=1, time_budget=1e-3),
                          slowdowns="straggler")
     assert server.done and server.stop_reason == "time_budget" and not server.converged
     assert server.trace[-1]["time_s"] >= 1e-3
@@ -163,7 +163,7 @@ def test_variogram_rule_recovers_an_exact_semivariogram():
 def test_trace_loglik_estimate_and_exact_final_row(data):
     """Synchronously every f_j is fresh, so a theta row's estimate is ℓ_LR at the (γ, θ) that step started from."""
     models, knots, kernel = data
-    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=3))
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=3))
     parts = [(lm.locs, lm.z, lm.X) for lm in models]
     rows = server.trace
     thetas = [i for i, row in enumerate(rows) if row["step"] == "theta"]

@@ -32,7 +32,7 @@ def same(a, b) -> bool:
 
 
 def servers(knots, kernel):
-    yield FederatedServer(4, knots, kernel, FitConfig(mode="async", max_iter=40))
+    yield FederatedServer(4, knots, kernel, FitConfig.of(mode="async", max_iter=40))
     yield StatsServer(4, knots, kernel, FitConfig.stats(mode="sync", max_iter=40))
     yield StatsServer(4, knots, kernel, FitConfig.stats(mode="async", max_iter=40, policy=StatsPolicy()))
     yield FgprServer(4, kernel, FgprConfig(max_iter=6, seed=0))

@@ -90,7 +90,7 @@ def test_dominance_correction_applies_in_eq18_window_and_keeps_the_optimum(data5
     assert server._arrivals[0] > 3 * server._arrivals[4]  # the fast worker reports far more often
     first = [row["beta"] for row in server.trace if row["step"] == "theta"][:T_c]
     assert first != [row["beta"] for row in plain.trace if row["step"] == "theta"][:T_c]  # the weights differ
-    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=60, tol=1e-9), start=START)
+    sync = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=60, tol=1e-9), start=START)
     assert server.loglik == pytest.approx(sync.loglik, abs=1e-5)  # uniform after T_c: the same optimum
 
 
@@ -104,7 +104,8 @@ def test_section5_is_the_basic_algorithm_and_converges_linearly(data5):
     """Theorem 12: with α_t ∝ (τ̄+1)⁻¹(τ+1)⁻¹ the basic algorithm converges linearly; its error contracts."""
     models, knots, kernel = data5
     cfg = FitConfig.section5(agg_threshold=2, max_iter=300, tol=1e-9)
-    assert not (cfg.correction or cfg.adaptive_weights or cfg.moving_average) and cfg.alpha_rule == "section5"
+    b = cfg.block
+    assert not (b.correction or b.adaptive_weights or b.moving_average) and b.alpha_rule == "section5"
     server = run_virtual(models, knots, kernel, cfg, slowdowns=GRADED, start=START)
     best = server.params
     rows = [row for row in server.trace if row["step"] == "theta"]
@@ -114,12 +115,12 @@ def test_section5_is_the_basic_algorithm_and_converges_linearly(data5):
     parts = [(lm.locs, lm.z, lm.X) for lm in models]
     expected = lowrank_loglik(parts, knots, kernel, "pp", best.gamma, best.delta, best.sigma2, best.beta)
     assert server.loglik == pytest.approx(expected, abs=1e-8)
-    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=60, tol=1e-9), start=START)
+    sync = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=60, tol=1e-9), start=START)
     assert server.loglik == pytest.approx(sync.loglik, abs=1e-5)
 
 
 def test_staleness_bound_is_validated():
     with pytest.raises(ValueError, match="staleness_bound"):
-        FitConfig(mode="async", staleness_bound=-1)
+        FitConfig.of(mode="async", staleness_bound=-1)
     with pytest.raises(ValueError, match="staleness_bound"):
-        FitConfig(mode="async", staleness_bound=1.5)
+        FitConfig.of(mode="async", staleness_bound=1.5)

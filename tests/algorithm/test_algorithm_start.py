@@ -37,7 +37,7 @@ def test_server_start_equals_the_all_pairs_rule_on_small_workers():
     kernel, knots = Matern(0.5), grid_knots(4)
     parts = simulate_parts(J=3, n=150, p=2, nu=0.5, sigma2=1.0, beta=0.15, delta=4.0, seed=7)
     models = [LocalModel(*pt, knots, kernel, "pp") for pt in parts]
-    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=1))
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=1))
     row = server.trace[0]
     assert row["step"] == "init"
     delta, sigma2, beta, gamma = all_pairs_phi0(parts, knots, kernel)
@@ -67,7 +67,7 @@ def test_start_resolves_a_small_nugget_on_area_sites(seed):
     sim = simulate(16, 200, beta=0.2, noise_sd=0.1, partition="area", seed=seed)
     models = [LocalModel(sim.locs[sim.labels == j], sim.z[sim.labels == j], sim.X[sim.labels == j], knots, kernel,
                          "full") for j in range(16)]
-    server = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=1))
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=1))
     row = server.trace[0]
     assert row["step"] == "init" and 25.0 <= row["delta"] <= 400.0, row["delta"]
 

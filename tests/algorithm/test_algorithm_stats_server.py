@@ -32,7 +32,7 @@ def reference(problem):
 
 def fit(problem, mode, slowdowns="balanced", **config):
     models, knots, kernel, _ = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode=mode, max_iter=300, **config))
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode=mode, max_iter=300, **config))
     return run_virtual(models, knots, kernel, server=server, slowdowns=slowdowns)
 
 
@@ -87,7 +87,7 @@ def test_async_with_equal_sites_is_the_synchronous_run(problem, sync):
 
 def test_requests_carry_u_and_answers_are_statistics(problem):
     models, knots, kernel, _ = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="sync"),
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="sync"),
                          start={"delta": 4.0, "sigma2": 1.0, "beta": 0.1})
     for j, p in server.dispatch():  # moments first (φ₀ summaries), then statistics at u
         server.receive(evaluate(models[j], p, j), 0.0)
@@ -103,7 +103,7 @@ def test_snapshot_restore_ends_where_the_uninterrupted_fit_does(problem, tmp_pat
     from spatialfed.algorithm.checkpoint import read_checkpoint, write_checkpoint
 
     models, knots, kernel, _ = problem
-    config = FitConfig(mode="async", tol=1e-8, max_iter=100)
+    config = FitConfig.of(mode="async", tol=1e-8, max_iter=100)
     whole = run_virtual(models, knots, kernel, server=StatsServer(4, knots, kernel, config), slowdowns=SLOW)
     snaps = []
 
@@ -120,7 +120,7 @@ def test_snapshot_restore_ends_where_the_uninterrupted_fit_does(problem, tmp_pat
 
 def test_dropped_site_leaves_the_sums(problem):
     models, knots, kernel, _ = problem
-    server = StatsServer(4, knots, kernel, FitConfig(mode="sync", tol=1e-8))
+    server = StatsServer(4, knots, kernel, FitConfig.of(mode="sync", tol=1e-8))
     dropped = []
 
     def on_event(server, now):
@@ -130,7 +130,7 @@ def test_dropped_site_leaves_the_sums(problem):
 
     run_virtual(models, knots, kernel, server=server, on_event=on_event)
     assert server.converged and server.n_obs == sum(lm.n for lm in models[:3])
-    alone = StatsServer(3, knots, kernel, FitConfig(mode="sync", tol=1e-8))
+    alone = StatsServer(3, knots, kernel, FitConfig.of(mode="sync", tol=1e-8))
     three = run_virtual(models[:3], knots, kernel, server=alone)
     assert server.loglik == pytest.approx(three.loglik, abs=1e-6)
 
@@ -139,7 +139,7 @@ def test_a_range_running_to_its_bound_is_reported():
     """β boxed in below the maximiser: the fit stops on the bound, names it, and keeps ℓ increasing."""
     models, knots, kernel = simulate(J=3, n=60, side=4, residual="pp", seed=3)
     lo, hi = np.log([1e-3, 1e-3, 1e-3]), np.log([1e3, 1e3, 0.05])
-    server = StatsServer(3, knots, kernel, FitConfig(mode="sync", tol=1e-8, max_iter=30), bounds=(lo, hi))
+    server = StatsServer(3, knots, kernel, FitConfig.of(mode="sync", tol=1e-8, max_iter=30), bounds=(lo, hi))
     run_virtual(models, knots, kernel, server=server)
     assert server.phase == "done" and server.boundary == ("beta",)
     assert server.params.beta == pytest.approx(0.05)
@@ -150,7 +150,7 @@ def test_a_range_running_to_its_bound_is_reported():
 def test_privacy_is_refused(problem):
     models, knots, kernel, _ = problem
     with pytest.raises(ValueError, match="privacy"):
-        StatsServer(4, knots, kernel, FitConfig(mode="sync", privacy={"noise_multiplier": 1.0, "clip": 1.0}))
+        StatsServer(4, knots, kernel, FitConfig.of(mode="sync", privacy={"noise_multiplier": 1.0, "clip": 1.0}))
 
 
 class Recording(StatsServer):
@@ -169,7 +169,7 @@ class Recording(StatsServer):
 
 def fit_recorded(problem, slowdowns, **policy):
     models, knots, kernel, _ = problem
-    config = FitConfig(mode="async", max_iter=300, tol=1e-8, policy=policy or None)
+    config = FitConfig.of(mode="async", max_iter=300, tol=1e-8, policy=policy or None)
     server = Recording(len(models), knots, kernel, config)
     return run_virtual(models, knots, kernel, server=server, slowdowns=slowdowns)
 
@@ -192,7 +192,7 @@ def test_the_slowest_site_is_never_idle_and_answers_at_the_epochs(problem, sync)
 
 def fit_recorded_sync(problem, slowdowns):
     models, knots, kernel, _ = problem
-    server = Recording(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8))
+    server = Recording(len(models), knots, kernel, FitConfig.of(mode="sync", max_iter=300, tol=1e-8))
     return run_virtual(models, knots, kernel, server=server, slowdowns=slowdowns)
 
 
@@ -202,7 +202,7 @@ def test_async_ends_no_later_than_sync(problem, sync, slowdowns):
     least the synchronous step, so async ends no later than sync, up to a fast site's round trip."""
     models, knots, kernel, _ = problem
     runs = {mode: run_virtual(models, knots, kernel, slowdowns=slowdowns,
-                              server=StatsServer(len(models), knots, kernel, FitConfig(mode=mode, max_iter=300,
+                              server=StatsServer(len(models), knots, kernel, FitConfig.of(mode=mode, max_iter=300,
                                                                                        tol=1e-8)))
             for mode in ("sync", "async")}
     durations = runs["async"].pacing.durations[STATS_STEP].values()
@@ -277,7 +277,7 @@ def test_async_with_equal_sites_and_jittered_answers_keeps_the_synchronous_pace(
     round_trip = sync.trace[-1]["time_s"] / sync.answers[0]
     jitter = ExponentialDelay(0.05 * round_trip)
     runs = {mode: run_virtual(models, knots, kernel, server=StatsServer(len(models), knots, kernel,
-                                                                        FitConfig(mode=mode, max_iter=300, tol=1e-8)),
+                                                                        FitConfig.of(mode=mode, max_iter=300, tol=1e-8)),
                               delays=jitter, seed=1)
             for mode in ("sync", "async")}
     assert runs["async"].converged and runs["async"].loglik == pytest.approx(sync.loglik, abs=1e-6)
@@ -300,7 +300,7 @@ def test_sites_answering_along_the_path_get_third_order_models(problem, sync):
             return model
 
     models, knots, kernel, _ = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8))
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="async", max_iter=300, tol=1e-8))
     server.records = Kept(server.policy)
     run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 2.0, 4.0, 8.0])
     assert secants
@@ -321,7 +321,7 @@ def test_a_step_cut_at_the_smallest_radius_is_judged_so_the_radius_can_grow(prob
 
     models, knots, kernel, _ = problem
     old = np.log([4.0, 1.0, 0.1])
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async"))
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="async"))
     settle = server.policy.settle_tol
     r = 0.8 * settle  # a radius below settle_tol (after a rejected step) and a step that reached it
     new = old + np.array([r, 0.0, 0.0])
@@ -341,7 +341,7 @@ def test_an_error_inside_an_aggregation_enters_the_error_phase(problem):
     from spatialfed.errors import SpatialFedError
 
     models, knots, kernel, _ = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="sync"),
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="sync"),
                          start={"delta": 4.0, "sigma2": 1.0, "beta": 0.1})
     for j, p in server.dispatch():
         server.receive(evaluate(models[j], p, j), 0.0)
@@ -359,7 +359,7 @@ def test_an_error_inside_an_aggregation_enters_the_error_phase(problem):
 def test_a_batch_with_one_bad_quantity_changes_nothing(problem):
     """Every quantity of a batch is checked before any is applied."""
     models, knots, kernel, _ = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="async"),
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="async"),
                          start={"delta": 4.0, "sigma2": 1.0, "beta": 0.1})
     for j, p in server.dispatch():
         server.receive(evaluate(models[j], p, j), 0.0)
@@ -375,7 +375,7 @@ def test_a_time_budget_that_ends_during_the_initialisation_stops_with_an_exact_e
     """A budget shorter than the φ₀ passes: the fit stops at its first point with ℓ exact there (no TypeError)."""
     models, knots, kernel, _ = problem
     for mode in ("sync", "async"):
-        server = StatsServer(len(models), knots, kernel, FitConfig(mode=mode, time_budget=1e-9))
+        server = StatsServer(len(models), knots, kernel, FitConfig.of(mode=mode, time_budget=1e-9))
         run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
         assert server.done and server.stop_reason == "time_budget" and not server.converged
         assert np.isfinite(server.loglik) and server.trace[-1]["step"] == "final"
@@ -393,7 +393,7 @@ def test_async_without_a_free_processor_asks_only_the_synchronous_points(problem
     """Spare work (explorations) and the surrogate steps that place it wait for a free processor
     (runtime.free): with none, the asynchronous fit asks every site exactly the synchronous fit's points."""
     models, knots, kernel, _ = problem
-    config = FitConfig(mode="async", max_iter=300, tol=1e-8)
+    config = FitConfig.of(mode="async", max_iter=300, tol=1e-8)
     shared = drive(Recording(len(models), knots, kernel, config), SharedCores(models, slowdowns))
     sync = fit_recorded_sync(problem, slowdowns)
     asked = sorted((j, u.tolist()) for j, u, _ in shared.requests)
@@ -418,7 +418,7 @@ def test_a_round_that_quadratic_convergence_predicts_to_stop_is_skipped(problem,
     assert skipping.epochs <= confirming.epochs - (1 if mode == "sync" else 0)
     assert skipping.time_s < confirming.time_s or mode == "async"
     u = np.log([skipping.params.delta, skipping.params.sigma2, skipping.params.beta])
-    assert np.max(np.abs(u - np.log(reference[1]))) <= FitConfig().tol  # within the fit's tolerance of the maximiser
+    assert np.max(np.abs(u - np.log(reference[1]))) <= FitConfig().stopping.tol  # within the fit's tolerance of the maximiser
     parts = [(lm.locs, lm.z, lm.X) for lm in models]
     exact = lowrank_loglik(parts, knots, kernel, residual, skipping.params.gamma, *np.exp(u))
     assert skipping.loglik == pytest.approx(exact, rel=1e-10)  # the second-order model's ℓ at u + p is exact there
@@ -427,9 +427,11 @@ def test_a_round_that_quadratic_convergence_predicts_to_stop_is_skipped(problem,
 def test_config_resolved_once_as_the_statistics_scheme():
     # an async config without agg_threshold aggregates every answer; one given is kept; sync aggregates all J
     _, knots, kernel = simulate(J=4, n=20, side=4, residual="full", seed=3)
-    unset = StatsServer(4, knots, kernel, FitConfig(mode="async")).config
-    assert (unset.scheme, unset.agg_threshold, unset.n_workers) == ("stats", 1, 4)
+    unset = StatsServer(4, knots, kernel, FitConfig.of(mode="async")).config
+    assert (unset.scheme_name, unset.agg_threshold, unset.n_workers) == ("stats", 1, 4)
     assert unset == FitConfig.stats(mode="async").resolved(4)
-    assert StatsServer(4, knots, kernel, FitConfig(mode="async", agg_threshold=3)).config.agg_threshold == 3
-    assert StatsServer(4, knots, kernel, FitConfig(mode="sync")).config.agg_threshold == 4
-    assert StatsServer(4, knots, kernel).config.scheme == "stats"
+    assert StatsServer(4, knots, kernel, FitConfig.of(mode="async", agg_threshold=3)).config.agg_threshold == 3
+    assert StatsServer(4, knots, kernel, FitConfig.of(mode="sync")).config.agg_threshold == 4
+    assert StatsServer(4, knots, kernel).config.scheme_name == "stats"
+    with pytest.raises(ValueError, match="takes no block-scheme settings"):
+        StatsServer(4, knots, kernel, FitConfig.of(mode="async", correction=True))

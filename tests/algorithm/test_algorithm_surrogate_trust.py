@@ -25,7 +25,7 @@ def problem():
 @pytest.fixture(scope="module")
 def sync(problem):
     models, knots, kernel = problem
-    server = StatsServer(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8))
+    server = StatsServer(len(models), knots, kernel, FitConfig.of(mode="sync", max_iter=300, tol=1e-8))
     return run_virtual(models, knots, kernel, server=server)
 
 
@@ -69,7 +69,7 @@ FAR_START = {"delta": 24.16750606990266, "sigma2": 0.8585626020801143, "beta": 0
 
 def fit_with(problem, records, start=None):
     models, knots, kernel = problem
-    server = Watched(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), start)
+    server = Watched(len(models), knots, kernel, FitConfig.of(mode="async", max_iter=300, tol=1e-8), start)
     server.records = records(server.policy)
     return run_virtual(models, knots, kernel, server=server, slowdowns=SLOW)
 
@@ -81,7 +81,7 @@ def test_every_epoch_point_is_sync_s_step_whatever_the_surrogate(problem, record
     models, knots, kernel = problem
     shift = (0.0, 0.0, 0.0) if records == "exact" else (0.0, 0.0, 0.4)
     fit_ = fit_with(problem, exact_records(models, shift=shift), FAR_START)
-    ref = Watched(len(models), knots, kernel, FitConfig(mode="sync", max_iter=300, tol=1e-8), FAR_START)
+    ref = Watched(len(models), knots, kernel, FitConfig.of(mode="sync", max_iter=300, tol=1e-8), FAR_START)
     ref = run_virtual(models, knots, kernel, server=ref, slowdowns=SLOW)
     assert len(fit_.points) == len(ref.points) >= 3
     np.testing.assert_allclose(np.array(fit_.points), np.array(ref.points), rtol=0, atol=1e-9)
@@ -111,7 +111,7 @@ def test_an_estimate_rests_mostly_on_answers_newer_than_the_epoch_point(problem,
                 self.spreads.append((spread, len(self.trace) > rows))
 
     models, knots, kernel = problem
-    server = Spread(len(models), knots, kernel, FitConfig(mode="async", max_iter=300, tol=1e-8), FAR_START)
+    server = Spread(len(models), knots, kernel, FitConfig.of(mode="async", max_iter=300, tol=1e-8), FAR_START)
     server.spreads = []
     fit_ = run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 1.0, 6.0, 6.0])
     assert any(s > 0.5 for s, _ in fit_.spreads)  # the rule was tested: such steps happened

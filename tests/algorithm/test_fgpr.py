@@ -37,7 +37,7 @@ def problem():
     parts = simulate_parts(J=J, n=N_J, p=P, nu=0.5, sigma2=1.0, beta=0.1, delta=4.0, seed=3)
     kernel = Matern(0.5)
     models = [LocalModel(*part, NO_KNOTS, kernel, "full") for part in parts]
-    mle = run_virtual(models, NO_KNOTS, kernel, FitConfig(mode="sync", max_iter=50, tol=1e-9))
+    mle = run_virtual(models, NO_KNOTS, kernel, FitConfig.of(mode="sync", max_iter=50, tol=1e-9))
     assert mle.converged
     return parts, kernel, models, mle
 

@@ -241,7 +241,7 @@ def public_clip():
 
 def fit(lms, knots, mechanism):
     """A synchronous fit driven by hand, the mechanism put into every task, each arrival recorded by an accountant."""
-    server = FederatedServer(len(lms), knots, KERNEL, FitConfig(mode="sync", max_iter=15), start=START)
+    server = FederatedServer(len(lms), knots, KERNEL, FitConfig.of(mode="sync", max_iter=15), start=START)
     accountant = PrivacyAccountant(mechanism) if mechanism else None
     tasks = {j: [] for j in range(len(lms))}
     while not server.done:

@@ -19,7 +19,7 @@ SLOWDOWNS = [1.0, 1.5, 3.0, 7.0]
 #: traces written on this data by the code of commit 2a01c1f (before staleness bounds, dominance and privacy) with
 #: its moving average changed to average block updates (docs/algorithm.md, "Moving average per block")
 BEFORE = Path(__file__).parent / "traces_before_options.json"
-CONFIGS = {"sync": FitConfig(mode="sync", max_iter=8), "paper": FitConfig(mode="async", agg_threshold=2, max_iter=25),
+CONFIGS = {"sync": FitConfig.of(mode="sync", max_iter=8), "paper": FitConfig.of(mode="async", agg_threshold=2, max_iter=25),
            "tuned": FitConfig.tuned(agg_threshold=1, max_iter=25)}
 
 
@@ -61,7 +61,7 @@ def reference_epsilon(mu: float, delta: float) -> float:
 def test_with_privacy_noise_the_fit_converges_and_the_budget_is_the_formula(data):
     models, knots, kernel = data
     clip = pilot_clip(models, knots, kernel, margin=4.0)  # a noise-free pilot
-    exact = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=40, tol=1e-8), slowdowns=SLOWDOWNS)
+    exact = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=40, tol=1e-8), slowdowns=SLOWDOWNS)
     mechanism = GaussianMechanism(noise_multiplier=1e-4, clip=clip, delta=1e-5, seed=3)
     released = dict.fromkeys(range(4), 0)
 
@@ -93,11 +93,11 @@ def test_noise_changes_the_fit_and_the_seed_reproduces_it(data):
     models, knots, kernel = data
     clip = pilot_clip(models, knots, kernel, margin=4.0)  # a noise-free pilot
     fits = [run_virtual(models, knots, kernel,
-                        FitConfig(mode="sync", max_iter=5, privacy={"noise_multiplier": 1e-3, "clip": clip,
+                        FitConfig.of(mode="sync", max_iter=5, privacy={"noise_multiplier": 1e-3, "clip": clip,
                                                                     "seed": seed}), slowdowns=SLOWDOWNS)
             for seed in (1, 1, 2)]
     assert fits[0].trace == fits[1].trace and fits[0].trace != fits[2].trace
-    assert fits[0].config.as_dict()["privacy"]["noise_multiplier"] == 1e-3
+    assert fits[0].config.as_dict()["block"]["privacy"]["noise_multiplier"] == 1e-3
 
 
 def test_inconsistent_noisy_moments_are_named_at_the_start():

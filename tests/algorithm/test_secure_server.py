@@ -18,7 +18,7 @@ CONFIG = dict(mode="sync", scheme="stats", max_iter=100, tol=1e-8)
 
 def _plain(models, knots, kernel):
     """The plain synchronous statistics fit of `models`."""
-    return run_virtual(models, knots, kernel, server=StatsServer(len(models), knots, kernel, FitConfig(**CONFIG)))
+    return run_virtual(models, knots, kernel, server=StatsServer(len(models), knots, kernel, FitConfig.of(**CONFIG)))
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ class Recording(SecureStatsServer):
 
 def test_secure_fit_is_the_plain_fit(problem, plain):
     models, knots, kernel = problem
-    server = server_for(len(models), knots, kernel, FitConfig(**CONFIG, secure_aggregation=True))
+    server = server_for(len(models), knots, kernel, FitConfig.of(**CONFIG, secure_aggregation=True))
     assert isinstance(server, SecureStatsServer)
     secure = run_virtual(models, knots, kernel, server=server)
     assert secure.converged and plain.converged
@@ -53,7 +53,7 @@ def test_secure_fit_is_the_plain_fit(problem, plain):
 
 def test_the_server_receives_only_masked_numbers(problem):
     models, knots, kernel = problem
-    server = Recording(len(models), knots, kernel, FitConfig(**CONFIG, secure_aggregation=True))
+    server = Recording(len(models), knots, kernel, FitConfig.of(**CONFIG, secure_aggregation=True))
     run_virtual(models, knots, kernel, server=server)
     stats = [q.xi for q in server.seen if secagg.MASKED in q.xi and q.step == "stats"]
     assert stats and all(set(xi) <= {*secagg.PUBLIC, secagg.MASKED} for xi in stats)
@@ -80,7 +80,7 @@ def test_a_site_dropped_mid_round_redoes_the_round_over_the_others(problem):
     models, knots, kernel = problem
     rest = [m for j, m in enumerate(models) if j != DropsSite.victim]
     ref = _plain(rest, knots, kernel)
-    server = DropsSite(len(models), knots, kernel, FitConfig(**CONFIG, secure_aggregation=True))
+    server = DropsSite(len(models), knots, kernel, FitConfig.of(**CONFIG, secure_aggregation=True))
     run_virtual(models, knots, kernel, server=server, slowdowns=[1.0, 1.0, 1.0, 4.0])
     assert server.dropped_at is not None and server.active == [0, 1, 3] and server.converged
     assert server.redone == 2  # the keys' round and the dropped one
@@ -91,9 +91,9 @@ def test_a_site_dropped_mid_round_redoes_the_round_over_the_others(problem):
 def test_too_few_sites_are_refused(problem):
     models, knots, kernel = problem
     with pytest.raises(ValueError, match="at least 3 sites"):
-        FitConfig(**CONFIG, secure_aggregation=True, n_workers=2)
+        FitConfig.of(**CONFIG, secure_aggregation=True, n_workers=2)
     with pytest.raises(ValueError, match="mode='sync'"):
-        FitConfig(mode="async", scheme="stats", secure_aggregation=True)
+        FitConfig.of(mode="async", scheme="stats", secure_aggregation=True)
     three = models[:3]
 
     class Drop(SecureStatsServer):
@@ -102,7 +102,7 @@ def test_too_few_sites_are_refused(problem):
             if self.phase == "loop":
                 self.drop_worker(0, "stats", "test", now)
 
-    server = Drop(3, knots, kernel, FitConfig(**CONFIG, secure_aggregation=True))
+    server = Drop(3, knots, kernel, FitConfig.of(**CONFIG, secure_aggregation=True))
     with pytest.raises(SpatialFedError, match="only 2 remain"):
         run_virtual(three, knots, kernel, server=server)
 
@@ -121,7 +121,7 @@ def test_a_checkpoint_mid_fit_resumes_to_the_same_estimate(problem, plain, tmp_p
             write_checkpoint(path, server)
 
     run_virtual(models, knots, kernel, server=SecureStatsServer(len(models), knots, kernel,
-                                                                 FitConfig(**CONFIG, secure_aggregation=True)),
+                                                                 FitConfig.of(**CONFIG, secure_aggregation=True)),
                 on_event=save)
     server = restore_server(read_checkpoint(path))
     assert isinstance(server, SecureStatsServer) and server.epochs == 2

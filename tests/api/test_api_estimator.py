@@ -254,8 +254,8 @@ def test_async_presets(store, preset):
         pytest.skip(f"FitConfig.{preset} not available")
     gp = FederatedGP(mode="async", knots=9, agg_threshold=2, runtime="simulated", max_iter=2, preset=preset,
                      strategies={"omega": 0.5}, progress=False).fit(store)
-    assert gp.config_.omega == 0.5  # strategies override the preset
-    assert gp.config_.moving_average == (preset == "paper")
+    assert gp.config_.block.omega == 0.5  # strategies override the preset
+    assert gp.config_.block.moving_average == (preset == "paper")
 
 
 def test_unknown_preset(store):
@@ -267,10 +267,10 @@ def test_the_default_preset_is_the_statistics_scheme(store):
     """No preset: one round trip of statistics per iteration (StatsServer); privacy noise selects the block scheme; a
     block-scheme strategy with the statistics scheme is refused in one line naming the fix."""
     gp = FederatedGP(mode="async", knots=9, runtime="simulated", max_iter=40, progress=False).fit(store)
-    assert gp.config_.scheme == "stats" and gp.config_.agg_threshold == 1 and gp.converged_
+    assert gp.config_.scheme_name == "stats" and gp.config_.agg_threshold == 1 and gp.converged_
     private = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=2, progress=False,
                           privacy={"noise_multiplier": 1e-3, "clip": 1e6, "seed": 0})
-    assert private._config(J).scheme == "block"
+    assert private._config(J).scheme_name == "block"
     with pytest.raises(ValueError, match="staleness_bound .*preset='tuned'"):
         FederatedGP(mode="async", runtime="simulated", strategies={"staleness_bound": 3}, progress=False).fit(store)
 

@@ -24,7 +24,7 @@ def test_async_options_from_the_command_line(store, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     fit = load_fit(out)
     config = fit.extra["config"]
-    assert config["staleness_bound"] == 1 and config["dominance"] is True
+    assert config["block"]["staleness_bound"] == 1 and config["block"]["dominance"] is True
     assert max(row["max_staleness"] for row in fit.trace) <= 1 and fit.extra["discarded_stale"] > 0
     assert "privacy" not in fit_json(out)
 
@@ -48,7 +48,7 @@ def test_privacy_from_the_command_line_reports_the_budget(store, tmp_path, capsy
 def test_section5_preset_and_privacy_object_through_the_estimator(store):
     gp = FederatedGP(mode="async", preset="section5", knots=9, agg_threshold=2, runtime="simulated", max_iter=5,
                      progress=False).fit(store)
-    assert gp.config_.alpha_rule == "section5" and not gp.config_.correction and gp.privacy_report_ is None
+    assert gp.config_.block.alpha_rule == "section5" and not gp.config_.block.correction and gp.privacy_report_ is None
     assert gp.discarded_stale_ == 0
 
 

@@ -73,7 +73,7 @@ def test_a_worker_killed_at_a_drawn_point_leaves_the_estimate_unchanged(guards_s
     from spatialfed.runtime.dask_runtime import run_dask
     from spatialfed.runtime.virtual import run_virtual
 
-    knots, kernel, cfg = grid_knots(3), Matern(0.5), FitConfig(mode="sync", max_iter=40, tol=1e-9)
+    knots, kernel, cfg = grid_knots(3), Matern(0.5), FitConfig.of(mode="sync", max_iter=40, tol=1e-9)
     models = [LocalModel(*load_worker(guards_store, j), knots, kernel, "full") for j in range(3)]
     reference = run_virtual(models, knots, kernel, cfg)
     client = cluster.client

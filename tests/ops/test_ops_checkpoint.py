@@ -41,7 +41,7 @@ def setup():
     parts = simulate_parts(J=J, n=40, nu=0.5, seed=3)
     knots, kernel = grid_knots(3), Matern(0.5)
     models = [LocalModel(*p, knots, kernel, "full") for p in parts]
-    server = FederatedServer(J, knots, kernel, FitConfig(mode="async", agg_threshold=2, max_iter=8))
+    server = FederatedServer(J, knots, kernel, FitConfig.of(mode="async", agg_threshold=2, max_iter=8))
     return models, server
 
 
@@ -122,7 +122,7 @@ def test_snapshot_covers_every_attribute():
     """A new server attribute must be added to the snapshot (or to this list with a reason)."""
     models, server = setup()
     drive(server, models, {}, stop=20)
-    handled = set(_SNAPSHOT_STATE.values()) | {"config", "_P", "_in_flight", "_obsolete", "_history"}
+    handled = set(_SNAPSHOT_STATE.values()) | {"config", "block", "_P", "_in_flight", "_obsolete", "_history"}
     assert set(vars(server)) <= handled, set(vars(server)) - handled
 
 
@@ -377,7 +377,7 @@ def _spatialfed_enums():
 def test_enums_and_dataclasses_of_the_algorithm_layers_round_trip(tmp_path):
     members = _spatialfed_enums()
     snap = {"members": members, "keyed": {m: i for i, m in enumerate(members)},
-            "config": FitConfig(mode="async", agg_threshold=2), "kernel": Matern(2.5)}
+            "config": FitConfig.of(mode="async", agg_threshold=2), "kernel": Matern(2.5)}
     back = round_trip(tmp_path, snap)
     assert_identical(snap, back)
     assert all(type(a) is type(b) and a is b for a, b in zip(members, back["members"]))

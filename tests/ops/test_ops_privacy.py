@@ -23,7 +23,7 @@ def test_scheduler_sees_only_summaries_of_n_independent_size(tmp_path):
             store = tmp_path / f"n{n}.zarr"
             simulate_store(store, 2, n, test_size=0, seed=2)
             views = []
-            run_dask(client, store, 2, knots, 0.5, "full", FitConfig(mode="sync", max_iter=2),
+            run_dask(client, store, 2, knots, 0.5, "full", FitConfig.of(mode="sync", max_iter=2),
                      on_event=lambda server, now: views.append(client.run_on_scheduler(scheduler_view)))
             rows = [row for view in views for row in view]
             assert rows

@@ -45,7 +45,7 @@ def test_fit_over_tls(store):
         # a client without the certificates cannot connect
         with pytest.raises(Exception, match="(?i)tls|ssl"):
             Client(cluster.scheduler_address, timeout=2)
-        server, info = run_dask(client, store, 3, grid_knots(4), 0.5, "full", FitConfig(mode="sync", max_iter=5))
+        server, info = run_dask(client, store, 3, grid_knots(4), 0.5, "full", FitConfig.of(mode="sync", max_iter=5))
     assert server.done and np.isfinite(server.loglik)
     assert server.iterations == 5 and info.sizes == [60, 60, 60]
 

@@ -140,7 +140,7 @@ def test_no_failure_checkpoint_of_a_half_updated_server(tmp_path):
                 raise KeyboardInterrupt  # after the update began: the state may be half-updated
 
     ck = Checkpointer(tmp_path / "c.ckpt", 2, {})
-    server = Interrupted(3, knots, kernel, FitConfig(mode="sync", max_iter=50))
+    server = Interrupted(3, knots, kernel, FitConfig.of(mode="sync", max_iter=50))
     with pytest.raises(KeyboardInterrupt):
         drive(server, VirtualRuntime(models), checkpointer=ck)
     assert ck.writes >= 1 and ck.last_t < server.t and read_checkpoint(tmp_path / "c.ckpt")["t"] == ck.last_t
@@ -150,7 +150,7 @@ def test_no_failure_checkpoint_of_a_half_updated_server(tmp_path):
             raise KeyboardInterrupt
 
     ck = Checkpointer(tmp_path / "d.ckpt", 100, {})
-    server = FederatedServer(3, knots, kernel, FitConfig(mode="sync", max_iter=50))
+    server = FederatedServer(3, knots, kernel, FitConfig.of(mode="sync", max_iter=50))
     with pytest.raises(KeyboardInterrupt):
         drive(server, VirtualRuntime(models), on_event=stop_between, checkpointer=ck)
     assert ck.writes == 1 and read_checkpoint(tmp_path / "d.ckpt")["t"] == server.t

@@ -18,7 +18,7 @@ def run_with_failure(mode: str, fail_worker: int, fail_at_event: int):
     parts = simulate_parts(J=4, n=40, nu=0.5, seed=8)
     knots, kernel = grid_knots(3), Matern(0.5)
     models = [LocalModel(*p, knots, kernel, "full") for p in parts]
-    cfg = FitConfig(mode=mode, agg_threshold=None if mode == "sync" else 2, max_iter=40)
+    cfg = FitConfig.of(mode=mode, agg_threshold=None if mode == "sync" else 2, max_iter=40)
     if mode == "async":
         cfg = FitConfig.tuned(agg_threshold=2, max_iter=200)
     server = FederatedServer(4, knots, kernel, cfg)
@@ -51,7 +51,7 @@ def test_fit_completes_without_the_failed_worker(mode, event):
 
 def test_the_last_worker_cannot_be_dropped():
     knots, kernel = grid_knots(3), Matern(0.5)
-    server = FederatedServer(1, knots, kernel, FitConfig(mode="sync"))
+    server = FederatedServer(1, knots, kernel, FitConfig.of(mode="sync"))
     with pytest.raises(SpatialFedError, match="no other worker"):
         server.drop_worker(0, "theta", "boom", now=0.0)
 

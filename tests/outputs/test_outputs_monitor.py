@@ -30,7 +30,7 @@ def drive(monitor: FitMonitor):
     parts = simulate_parts(J=3, n=40, nu=0.5, seed=3)
     knots, kernel = grid_knots(3), Matern(0.5)
     models = [LocalModel(*p, knots, kernel, "full") for p in parts]
-    server = FederatedServer(3, knots, kernel, FitConfig(mode="async", agg_threshold=2, max_iter=6))
+    server = FederatedServer(3, knots, kernel, FitConfig.of(mode="async", agg_threshold=2, max_iter=6))
     pending = []
     while not server.done:
         pending += server.dispatch()

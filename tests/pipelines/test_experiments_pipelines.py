@@ -94,7 +94,7 @@ def test_stats_preset_refuses_the_block_schemes_settings():
         ex.async_config("stats", None, 10, 1e-6, staleness_bound=10)
     with pytest.raises(ex.ConfigError, match="preset='tuned'"):
         ex.async_config("stats", None, 10, 1e-6, correction=True)
-    assert ex.sync_config("stats", 10, 1e-6).scheme == "stats" and ex.sync_config("paper", 10, 1e-6).scheme == "block"
+    assert ex.sync_config("stats", 10, 1e-6).scheme_name == "stats" and ex.sync_config("paper", 10, 1e-6).scheme_name == "block"
 
 
 def test_parser_default_preset_is_the_librarys():

@@ -73,7 +73,7 @@ def test_the_driver_charges_every_server_call(data):
     """The same sync fit on the charged clock ends at least receives × burn later than on the sites-only clock, and
     the runtime's server_s counts at least that CPU; the estimate is the same."""
     models, knots, kernel = data
-    cfg = FitConfig(mode="sync", max_iter=6)
+    cfg = FitConfig.of(mode="sync", max_iter=6)
     free = run_virtual(models, knots, kernel, server=SlowServer(3, knots, kernel, cfg), cost=FlopCost())
     receives = []
     charged = run_virtual(models, knots, kernel, server=SlowServer(3, knots, kernel, cfg), cost=FlopCost(),

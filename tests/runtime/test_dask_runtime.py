@@ -192,7 +192,7 @@ def _small_store(path, n):
 
 def test_no_worker_result_grows_with_n(cluster, tmp_path):
     knots = jittered_unit_grid(16, seed=0)
-    cfg = FitConfig(mode="sync", max_iter=2)
+    cfg = FitConfig.of(mode="sync", max_iter=2)
     sizes = {}
     for n in (50, 200):
         dask_store = _small_store(tmp_path / f"n{n}.zarr", n)
@@ -227,7 +227,7 @@ def test_client_never_holds_raw_data(cluster, dask_store, monkeypatch):
             held.update(cluster.client.run(registry_keys))
 
     results = []
-    server, info = run_dask(cluster.client, dask_store, J, knots49(), NU, "full", FitConfig(mode="sync", max_iter=2),
+    server, info = run_dask(cluster.client, dask_store, J, knots49(), NU, "full", FitConfig.of(mode="sync", max_iter=2),
                             on_event=peek, on_result=lambda j, p, r: results.append(r))
     assert server.done and site._REGISTRY == {}
     # during the fit the partitions lived in the worker processes, two per process
@@ -304,7 +304,7 @@ def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, dask_store,
             killed.append(now)
             os.kill(victim_pid, signal.SIGKILL)  # a worker process of this test's own LocalCluster
 
-    server, info = run_dask(cluster.client, dask_store, J, knots49(), NU, "full", FitConfig(mode="sync"),
+    server, info = run_dask(cluster.client, dask_store, J, knots49(), NU, "full", FitConfig.of(mode="sync"),
                             slowdowns="straggler", on_event=kill_once, poll_s=0.2)
     assert killed and server.done and info.reassigned >= 1
     assert victim not in info.assignment

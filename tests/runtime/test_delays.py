@@ -182,7 +182,7 @@ def sync_rounds(models, knots, kernel, cfg):
 
 def test_without_models_the_run_is_unchanged_and_draws_nothing(data):
     models, knots, kernel = data
-    cfg = FitConfig(mode="async", agg_threshold=2, max_iter=8)
+    cfg = FitConfig.of(mode="async", agg_threshold=2, max_iter=8)
     base = run_virtual(models, knots, kernel, cfg, slowdowns="graded")
     assert run_virtual(models, knots, kernel, cfg, slowdowns="graded", delays=None, activations=None,
                        seed=5).trace == base.trace
@@ -195,7 +195,7 @@ def test_mean_extra_time_per_round_matches_the_expected_maximum(data, model):
     """Sync rounds with i.i.d. Exp(mean 1) delays — or rate-1 activations, memoryless, so the first activation after
     a round starts is Exp(1) away — on J = 3 workers last E max = 1 + 1/2 + 1/3 longer on average."""
     models, knots, kernel = data
-    cfg = FitConfig(mode="sync", max_iter=30, tol=1e-300)  # never converged: all 30 iterations
+    cfg = FitConfig.of(mode="sync", max_iter=30, tol=1e-300)  # never converged: all 30 iterations
     base, rounds = sync_rounds(models, knots, kernel, cfg)
     kw = {"delays": ExponentialDelay(1.0)} if model == "delays" else {"activations": PoissonActivations(1.0)}
     fit = run_virtual(models, knots, kernel, cfg, seed=2, **kw)
@@ -208,7 +208,7 @@ def test_mean_extra_time_per_round_matches_the_expected_maximum(data, model):
 
 def test_same_seed_reproduces_other_seed_differs(data):
     models, knots, kernel = data
-    cfg = FitConfig(mode="async", agg_threshold=1, max_iter=10)
+    cfg = FitConfig.of(mode="async", agg_threshold=1, max_iter=10)
     kw = {"delays": PoissonDelay([1, 2, 3], 0.1), "activations": PoissonActivations(2.0)}
     one = run_virtual(models, knots, kernel, cfg, seed=1, **kw)
     assert run_virtual(models, knots, kernel, cfg, seed=1, **kw).trace == one.trace
@@ -231,7 +231,7 @@ def test_an_activated_worker_takes_its_newest_task_so_staleness_is_lower_than_wi
 def test_wrong_number_of_values_fails_before_any_task(data):
     models, knots, kernel = data
     with pytest.raises(ValueError, match="got 2 values of activation rate for 3 workers"):
-        run_virtual(models, knots, kernel, FitConfig(mode="sync"), activations=PoissonActivations([1.0, 2.0]))
+        run_virtual(models, knots, kernel, FitConfig.of(mode="sync"), activations=PoissonActivations([1.0, 2.0]))
 
 
 def test_poisson_activations_give_stale_but_geometric_tailed_async_runs_that_converge(data):
@@ -239,7 +239,7 @@ def test_poisson_activations_give_stale_but_geometric_tailed_async_runs_that_con
     Balanced equal workers otherwise finish together (staleness 0); with activations staleness spreads out, its
     frequencies fall from the mode on, and the tuned async fit still reaches the synchronous maximum."""
     models, knots, kernel = data
-    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10))
+    sync = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=100, tol=1e-10))
     cfg = FitConfig.tuned(agg_threshold=1, max_iter=300)
     assert {row["max_staleness"] for row in run_virtual(models, knots, kernel, cfg).trace} == {0}
     fit = run_virtual(models, knots, kernel, cfg, activations=PoissonActivations(1.0), seed=0)
@@ -296,7 +296,7 @@ def test_dask_tasks_sleep_their_sampled_waits(tmp_path):
         client = RecordingClient(handle.client)
         with get_task_stream(handle.client) as ts:
             server, info = run_dask(client, store, 2, simulate(side=3)[1], 0.5, "full",
-                                    FitConfig(mode="sync", max_iter=2), delays=ExponentialDelay([0.01, 0.03]),
+                                    FitConfig.of(mode="sync", max_iter=2), delays=ExponentialDelay([0.01, 0.03]),
                                     activations=PoissonActivations(40.0), seed=1)
     assert server.done
     tasks = {k: args for k, (fn, args) in client.submitted.items() if fn is site.answer}

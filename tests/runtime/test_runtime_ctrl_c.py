@@ -31,7 +31,7 @@ def test_a_ctrl_c_swallowed_by_a_finalizer_still_stops_the_fit():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pytest's "unraisable exception" warning of the swallowed interrupt
         with pytest.raises(KeyboardInterrupt):
-            run_virtual(models, knots, kernel, config=FitConfig(mode="sync", max_iter=100, tol=1e-12),
+            run_virtual(models, knots, kernel, config=FitConfig.of(mode="sync", max_iter=100, tol=1e-12),
                         on_event=on_event)
     assert len(events) <= 2  # stopped at the next batch, not at the end of the fit
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the fit's handler is gone

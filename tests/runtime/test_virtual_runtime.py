@@ -37,7 +37,7 @@ def data():
 
 def test_flop_clock_is_reproducible_and_scales_with_the_slowest_worker(data):
     models, knots, kernel = data
-    cfg = FitConfig(mode="sync", max_iter=4)
+    cfg = FitConfig.of(mode="sync", max_iter=4)
     balanced = run_virtual(models, knots, kernel, cfg)
     again = run_virtual(models, knots, kernel, cfg)
     slowed = run_virtual(models, knots, kernel, cfg, slowdowns="straggler")
@@ -50,7 +50,7 @@ def test_flop_clock_is_reproducible_and_scales_with_the_slowest_worker(data):
 
 def test_network_latency_adds_two_messages_per_synchronous_step(data):
     models, knots, kernel = data
-    cfg = FitConfig(mode="sync", max_iter=2)
+    cfg = FitConfig.of(mode="sync", max_iter=2)
     base = run_virtual(models, knots, kernel, cfg)
     delayed = run_virtual(models, knots, kernel, cfg, network=NetworkDelay(latency_s=0.5))
     # moments + variogram + (t = 0, 1, 2) × 3 steps = 11 synchronous rounds, each two messages; + final pass and value
@@ -64,7 +64,7 @@ def test_async_with_a_straggler_reaches_the_lowrank_maximiser():
     models, knots, kernel = simulate(residual="pp")
     u0 = np.log([TRUTH["delta"], TRUTH["sigma2"], TRUTH["beta"]])
     gamma_hat, theta_hat, ll_hat = LowRankReference(models, knots, kernel, "pp").maximise(u0)
-    server = run_virtual(models, knots, kernel, FitConfig(mode="async", agg_threshold=2, max_iter=500),
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="async", agg_threshold=2, max_iter=500),
                          slowdowns="straggler")
     assert server.converged
     assert_at_maximiser(server, gamma_hat, theta_hat, ll_hat)
@@ -73,7 +73,7 @@ def test_async_with_a_straggler_reaches_the_lowrank_maximiser():
 
 def test_measured_cost_clock_advances_with_real_compute(data):
     models, knots, kernel = data
-    server = run_virtual(models, knots, kernel, FitConfig(mode="async", agg_threshold=2, max_iter=3),
+    server = run_virtual(models, knots, kernel, FitConfig.of(mode="async", agg_threshold=2, max_iter=3),
                          slowdowns="graded", cost=MeasuredCost())
     times = [row["time_s"] for row in server.trace]
     assert server.done and times[0] > 0 and times == sorted(times)
@@ -82,7 +82,7 @@ def test_measured_cost_clock_advances_with_real_compute(data):
 def test_simultaneous_arrivals_are_one_batch_so_tuned_async_is_sync_when_balanced(data):
     """Equal workers finish together; with every quantity fresh, τ̄ = 0 gives α = 1: the synchronous trajectory."""
     models, knots, kernel = data
-    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=5))
+    sync = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=5))
     tuned = run_virtual(models, knots, kernel, FitConfig.tuned(agg_threshold=1, max_iter=5))
     assert tuned.trace == sync.trace and tuned.loglik == sync.loglik
 
@@ -99,7 +99,7 @@ def test_settle_time():
 def ten_workers():
     """J = 10 × 100 points, full residual: the benchmark's design at a test's size."""
     models, knots, kernel = simulate(J=10, n=100, residual="full")
-    reference = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10))
+    reference = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=100, tol=1e-10))
     phi = reference.params
     return (models, knots, kernel), {"delta": phi.delta, "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma}
 
@@ -107,7 +107,7 @@ def ten_workers():
 def settle_ratio(data, reference, config, profile):
     """Time until async settles within 1e-3 of the converged estimate, over the same for sync (the benchmark)."""
     models, knots, kernel = data
-    sync = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10), slowdowns=profile)
+    sync = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=100, tol=1e-10), slowdowns=profile)
     fit = run_virtual(models, knots, kernel, config, slowdowns=profile)
     settled = settle_time(fit.trace, reference)
     return fit, None if settled is None else settled / settle_time(sync.trace, reference)
@@ -125,7 +125,7 @@ def test_strategies_stabilise_what_diverges_without_them(ten_workers):
     data, reference = ten_workers
     none, none_ratio = settle_ratio(data, reference, FitConfig.basic(agg_threshold=2, alpha=1.0, max_iter=150),
                                     "graded")
-    every = FitConfig(mode="async", agg_threshold=2, alpha=1.0, alpha_rule="staleness", T_c=0, omega=0.5, t_M=2,
+    every = FitConfig.of(mode="async", agg_threshold=2, alpha=1.0, alpha_rule="staleness", T_c=0, omega=0.5, t_M=2,
                       max_iter=300, tol=1e-10)
     stable, stable_ratio = settle_ratio(data, reference, every, "graded")
     assert none_ratio is None and stable_ratio is not None
@@ -148,9 +148,9 @@ def test_staleness_bound_wins_where_plain_async_plateaus_with_inverse_sizes():
               for part in simulate_data(sizes=[int(s) for s in sizes], nu=0.5, beta=0.1, seed=0).parts()]
     slowdowns = 62 / np.linspace(62, 3, 10)
     start = {"delta": 0.24826438384316782, "sigma2": 1.675244167153152, "beta": 0.9430600031973192}
-    phi = run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10), start=start).params
+    phi = run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=100, tol=1e-10), start=start).params
     reference = {"delta": phi.delta, "sigma2": phi.sigma2, "beta": phi.beta, "gamma": phi.gamma}
-    sync = settle_time(run_virtual(models, knots, kernel, FitConfig(mode="sync", max_iter=100, tol=1e-10),
+    sync = settle_time(run_virtual(models, knots, kernel, FitConfig.of(mode="sync", max_iter=100, tol=1e-10),
                                    slowdowns=slowdowns, start=start).trace, reference)
     plain, bounded = (run_virtual(models, knots, kernel, FitConfig.tuned(agg_threshold=2, max_iter=600, tol=1e-10,
                                                                          staleness_bound=D), slowdowns=slowdowns,
