@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import emitter  # noqa: E402
 
+from spatialfed import Emulation  # noqa: E402
 from spatialfed.api import FederatedGP  # noqa: E402
 from spatialfed.data import datasets  # noqa: E402
 from spatialfed.outputs import metrics  # noqa: E402
@@ -45,7 +46,7 @@ def held_out(frame: pd.DataFrame, transform, folds: int, repeats: int, knots: in
         for k in range(folds):
             train, test = frame[fold != k], frame[fold == k]
             gp = FederatedGP(mode="sync", knots=knots, runtime="simulated", progress=False, transform=transform,
-                             covariates=covariates, crs="EPSG:28992", n_sites=4, seed=r)
+                             covariates=covariates, crs="EPSG:28992", emulation=Emulation(n_sites=4), seed=r)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # e.g. sites of fewer than 20 rows at high fold counts
                 gp.fit(train, "zinc")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spatialfed import Emulation
 from spatialfed.cli import main
 from spatialfed.errors import SpatialFedError
 
@@ -993,7 +994,7 @@ def _simulate_over_output(w, T):
 
 
 def _fit_scheduler(key):
-    return lambda w, T: _gp(runtime="dask", scheduler=w[key]).fit(w["S"])
+    return lambda w, T: _gp(runtime="dask", cluster=w[key]).fit(w["S"])
 
 
 def _resume_other_store(w, T):
@@ -1061,8 +1062,9 @@ API_CASES = [
     ("api-unknown-mode", _fit("S", mode="semi"), r"mode must be one of"),
     ("api-unknown-method", _fit("S", method="kriging"), r"method must be one of"),
     ("api-unknown-residual", _fit("S", residual="diag"), r"residual must be one of"),
-    ("api-unknown-profile", _fit("S", profile="slow"), r"profile must be one of"),
-    ("api-profile-bad-min-cores", _fit("S", profile="graded:70"), r"the minimum cores must be a number in"),
+    ("api-unknown-profile", _fit("S", emulation=Emulation(profile="slow")), r"profile must be one of"),
+    ("api-profile-bad-min-cores", _fit("S", emulation=Emulation(profile="graded:70")),
+     r"the minimum cores must be a number in"),
     ("api-unknown-preset", _fit("S", preset="fast"), r"preset must be one of .* got 'fast'"),
     ("api-unknown-runtime", _fit("S", runtime="ray"), r"runtime must be one of .* got 'ray'"),
     ("api-knots-0", _fit("S", knots=0), r"knots must be a positive integer m .*got 0"),
@@ -1082,8 +1084,10 @@ API_CASES = [
      r"agg_threshold must be an integer in 1\.\.J = 1\.\.3 .*got 4"),
     ("api-agg-threshold-sync", _fit("S", agg_threshold=4, mode="sync"),
      r"agg_threshold must be an integer in 1\.\.J = 1\.\.3 .*got 4"),
-    ("api-slowdown-count", _fit("S", slowdown=[1, 2]), r"got 2 slowdown factors for 3 workers"),
-    ("api-slowdown-below-1", _fit("S", slowdown=[1, 0.5, 1]), r"slowdown factors must be finite numbers ≥ 1"),
+    ("api-slowdown-count", _fit("S", emulation=Emulation(slowdown=[1, 2])),
+     r"got 2 slowdown factors for 3 workers"),
+    ("api-slowdown-below-1", _fit("S", emulation=Emulation(slowdown=[1, 0.5, 1])),
+     r"slowdown factors must be finite numbers ≥ 1"),
     ("api-max-iter-0", _fit("S", max_iter=0), r"max_iter must be an integer ≥ 1, got 0"),
     ("api-tol-neg", _fit("S", tol=-1), r"tol must be > 0, got -1"),
     ("api-time-budget-0", _fit("S", time_budget=0), r"time_budget must be a number of seconds > 0"),
@@ -1162,9 +1166,9 @@ API_CASES = [
     ("api-ingest-lonlat-without-crs", _ingest_frame(_frame(x=_RNG.uniform(5, 6, 30), y=_RNG.uniform(50, 52, 30))),
      r"look like longitude/latitude .*pass crs='EPSG:4326' .*or crs='planar'"),
     ("api-tls-scheduler-without-tls", _fit_scheduler("TLSADDR"),
-     r"scheduler tls://127\.0\.0\.1:\d+ uses TLS: pass tls='CERT_DIR' with the certificates"),
+     r"scheduler tls://127\.0\.0\.1:\d+ uses TLS: pass Cluster\(tls='CERT_DIR'\) with the certificates"),
     ("api-tcp-address-at-tls-scheduler", _fit_scheduler("TCPADDR"),
-     r"wants TLS: give scheduler='tls://127\.0\.0\.1:\d+' and tls='CERT_DIR'"),
+     r"wants TLS: give cluster='tls://127\.0\.0\.1:\d+' and Cluster\(tls='CERT_DIR'\)"),
 ]
 
 

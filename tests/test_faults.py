@@ -190,7 +190,7 @@ def test_a_killed_worker_process_is_replaced_and_the_fit_matches(store, referenc
         pid = _pid(handle.client, victim)
         ck = tmp_path / "ck.json"
         gp, killed, end = _fit_with_kill(SYNC, store, lambda: os.kill(pid, signal.SIGKILL), _checkpointed(ck), ck,
-                                         client=handle.client)
+                                         cluster=handle.client)
     assert killed is not None and not isinstance(gp, Exception), gp
     print(f"one worker killed: kill -> end {end - killed:.1f} s")
     assert end - killed < ONE_WORKER_S
@@ -230,14 +230,14 @@ def test_every_worker_killed_is_one_clear_error_and_the_checkpoint_resumes(store
                                                                           tmp_path):
     ck = tmp_path / "ck.json"
     err, killed, end = _fit_with_kill(SYNC, store, subprocess_cluster.kill_workers, _checkpointed(ck), ck,
-                                      scheduler=subprocess_cluster.address)
+                                      cluster=subprocess_cluster.address)
     print(f"every worker killed: kill -> error {end - killed:.1f} s")
     assert isinstance(err, ClusterLostError), err
     assert end - killed < CLUSTER_S
     msg = str(err)
     assert "\n" not in msg and "every Dask worker left the cluster" in msg
     assert f"FederatedGP.resume('{ck}')" in msg and "--resume" in msg
-    gp = FederatedGP.resume(ck, scheduler=None, n_dask_workers=2)  # continue on an embedded cluster
+    gp = FederatedGP.resume(ck, cluster=Cluster(n_workers=2))  # continue on an embedded cluster
     assert gp.resumed_from_["t"] >= 1
     _same_estimate(gp, reference["sync"])
 
@@ -260,7 +260,7 @@ def test_a_killed_scheduler_is_one_clear_error_and_the_rescued_state_resumes(sto
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the rescue directory goes
     thread, killed = _when(_theta_step_reached(subprocess_cluster.client, 3), subprocess_cluster.kill_scheduler)
     try:
-        FederatedGP(**SYNC, scheduler=subprocess_cluster.address).fit(store)
+        FederatedGP(**SYNC, cluster=subprocess_cluster.address).fit(store)
         err = None
     except SpatialFedError as exc:
         err = exc
@@ -275,7 +275,7 @@ def test_a_killed_scheduler_is_one_clear_error_and_the_rescued_state_resumes(sto
     rescued = list(tmp_path.glob("spatialfed-rescue-*/checkpoint.zip"))
     assert len(rescued) == 1 and err.checkpoint == rescued[0] and err.iteration >= 2
     assert f"FederatedGP.resume('{rescued[0]}')" in msg and f"spatialfed fit --resume {rescued[0]}" in msg
-    gp = FederatedGP.resume(rescued[0], scheduler=None, n_dask_workers=2)
+    gp = FederatedGP.resume(rescued[0], cluster=Cluster(n_workers=2))
     assert gp.resumed_from_["t"] == err.iteration
     _same_estimate(gp, reference["sync"])
 
@@ -300,7 +300,7 @@ def durations(store, nanny_cluster):
     def duration(mode):
         if mode not in out:
             tic = time.perf_counter()
-            FederatedGP(**(ASYNC if mode == "async" else SYNC), client=nanny_cluster.client).fit(store)
+            FederatedGP(**(ASYNC if mode == "async" else SYNC), cluster=nanny_cluster.client).fit(store)
             out[mode] = time.perf_counter() - tic
         return out[mode]
 
@@ -320,7 +320,7 @@ def test_a_worker_killed_at_a_random_point(mode, trial, store, reference, nanny_
     ck = tmp_path / "ck.json"
     result, killed, end = _fit_with_kill(ASYNC if mode == "async" else SYNC, store,
                                          lambda: os.kill(pid, signal.SIGKILL),
-                                         lambda: time.perf_counter() - start >= delay, ck, client=client)
+                                         lambda: time.perf_counter() - start >= delay, ck, cluster=client)
     outcome = "finished" if not isinstance(result, Exception) else f"failed ({type(result).__name__})"
     took = float("nan") if killed is None else end - killed
     # what the kill cost: the time from the kill to the end beyond the undisturbed fit's remaining work (a long fit
@@ -333,7 +333,7 @@ def test_a_worker_killed_at_a_random_point(mode, trial, store, reference, nanny_
     if isinstance(result, Exception):
         assert isinstance(result, ClusterLostError) and "\n" not in str(result)
         _wait_for(nanny_cluster, 1, excluding=(victim,))
-        result = FederatedGP.resume(ck, client=client)
+        result = FederatedGP.resume(ck, cluster=client)
     print(f"{mode} trial {trial}: {result.n_iter_} iterations ({result.stop_reason_}), largest relative deviation "
           f"from the undisturbed estimate {_deviation(result, reference[mode]):.1e}")
     _same_estimate(result, reference[mode])

@@ -159,6 +159,10 @@ class FitConfig:
         own, stop, mine = _names(cls), _names(Stopping), _names(kind)
         unknown = sorted(set(settings) - set(own) - set(stop) - set(mine) - {"policy"})
         if unknown:
+            other = SCHEMES["block" if scheme == "stats" else "stats"]
+            theirs = {k: settings[k] for k in unknown if k in _names(other)}
+            if theirs:
+                other(**theirs)  # the values' own errors first (e.g. a negative staleness bound)
             raise ValueError(_misplaced(scheme, unknown))
         policy = settings.pop("policy", None)
         if scheme == "block" and policy is not None:

@@ -9,7 +9,7 @@ import importlib
 _EXPORTS = {"FederatedGP": "estimator", "METHODS": "estimator", "MODES": "estimator", "PRESETS": "estimator",
             "PROFILES": "estimator", "RESIDUALS": "estimator", "RESIDUAL_CHOICES": "estimator",
             "RUNTIMES": "estimator",
-            "NotFittedError": "predicting"}
+            "NotFittedError": "predicting", "Cluster": "options", "Emulation": "options"}
 __all__ = list(_EXPORTS)
 
 

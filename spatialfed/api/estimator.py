@@ -5,7 +5,7 @@ A scikit-learn estimator (``BaseEstimator``, ``RegressorMixin``): the constructo
 (SPEC §2–4) on the chosen runtime and returns ``self``; learned state lives in attributes ending in ``_``; methods
 that need them raise ``NotFittedError`` before ``fit``; ``save(out_dir)`` writes the result files of SPEC §6.
 
-    >>> gp = FederatedGP(mode="async", knots=100, agg_threshold=2, profile="straggler").fit("data.zarr")
+    >>> gp = FederatedGP(mode="async", knots=100, emulation=Emulation(profile="straggler")).fit("data.zarr")
     >>> gp.params_, gp.variogram_params_, gp.loglik_
     >>> gp.save("fit_out")
     >>> gp = FederatedGP(crs="EPSG:4326", runtime="simulated").fit(frame[["lon", "lat"]], frame["ozone"],
@@ -35,7 +35,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 # noqa F401 below: MODES, PRESETS, METHODS, RESIDUAL_CHOICES, RESIDUALS, RUNTIMES, PROFILES are the CLI's choices
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401
 from spatialfed.algorithm.likelihood import U_NAMES
-from spatialfed.api import inputs, loading, predicting, resuming, scripts, settings, signals
+from spatialfed.api import inputs, loading, options, predicting, resuming, scripts, settings, signals
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.settings import METHODS  # noqa: F401
@@ -62,8 +62,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     method : "lowrank" (the federated low-rank model), "independent" (the independence model of Eq. 3, fitted by
         the same algorithm with no knots; its loglik is ℓ_ind) or "fgpr" (the same model fitted by FGPR: FedAvg over
         clients running E local SGD/Adam steps on mini-batch exact GP likelihoods, algorithm/fgpr.py, docs/fgpr.md;
-        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `agg_threshold`, `preset` and `strategies` do not
-        apply to it and fit.json records mode "sync".
+        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `agg_threshold` and `preset` do not apply to it
+        and fit.json records mode "sync".
     mode : "sync" | "async".
     residual : "auto" (default: each site uses the dense `full` residual up to 1,000 points and its Vecchia
         approximation above; `full` with the block scheme's presets and for method="independent"/"fgpr") | "full" |
@@ -77,60 +77,26 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
     runtime : "auto" (default: in this process for small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask
         option given; Dask otherwise: ``runtime.factory.choose_runtime``) | "dask" | "simulated".
-    profile : heterogeneity profile "balanced" | "straggler" | "graded" (ignored when slowdown is given).
-    slowdown : explicit per-worker slowdown factors s_1..s_J ≥ 1.
-    scheduler : address of a running Dask scheduler (tcp://host:port); None starts an embedded LocalCluster.
-    seed : seed of the knot jitter.
-    client : an existing ``distributed.Client`` to run on (not closed by the estimator).
-    n_dask_workers : processes of the embedded LocalCluster (default: min(J, usable cores)).
-    jobqueue : dict for ``cluster.jobqueue_cluster`` (``{"kind": "slurm", "cores": 4, "memory": "8GB", ...}``).
+    seed : seed of the knot jitter (and of the emulated delays).
+    preset : how an iteration reaches the sites. None (the default) = "stats": one round trip of sufficient
+        statistics per iteration (SPEC §2b), exact profile-likelihood Newton steps in sync mode, stale sites as
+        second-order models in async mode; with privacy noise the default is "tuned". "tuned" (``FitConfig.tuned()``):
+        the block scheme of Algorithms 1–3 with gradient correction, uniform weights and a staleness-scaled step;
+        "paper" (Remark 8's, to reproduce the paper), "basic", "section5" (docs/algorithm.md); ``strategies`` override.
+    strategies : optional dict of further settings of the scheme: FitConfig's (``FitConfig.of``: e.g.
+        {"correction": False, "hessian": "block"} for the block presets, {"settle_tol": 0.02} for "stats"), or for
+        method="fgpr" FgprConfig's: ``local_steps`` (E, default 5), ``batch_size`` (M, 64), ``optimizer`` ("adam" |
+        "sgd"), ``lr``, ``batching`` ("uniform" | "nearest"), ``participation`` (K_c clients per round), ``floor``,
+        ``patience``. A setting of the other scheme is refused in one line.
+    time_budget : stop after this many seconds (of the runtime's clock).
+    start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀ (with large
+        sites the pilot start still refines it unless it is already as near as the pilot can tell: docs/algorithm.md).
     domain : a ``spatialfed.data.geometry.Domain`` or a vector file (GeoPackage, GeoJSON, shapefile) for the knots,
         reprojected to the store's CRS if needed; default [0,1]² for simulated stores, else the
         union of the workers' bounding boxes (each worker reports only its 4 bbox numbers).
-    start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀ (with large
-        sites the pilot start still refines it unless it is already as near as the pilot can tell: docs/algorithm.md).
-    time_budget : stop after this many seconds (of the runtime's clock).
-    strategies : optional dict of further FitConfig settings (e.g. {"correction": False, "hessian": "block"}).
-    progress : show progress on stderr (iteration, current parameters, max staleness); False = quiet.
-    scheduler_timeout : seconds to wait for the scheduler at ``scheduler`` before giving up.
-    preset : how an iteration reaches the sites. None (the default) = "stats": one round trip of sufficient
-        statistics per iteration (SPEC §2b), exact profile-likelihood Newton steps in sync mode, stale sites as
-        second-order models in async mode; with ``privacy`` the default is "tuned". "tuned" (``FitConfig.tuned()``):
-        the block scheme of Algorithms 1–3 with gradient correction, uniform weights and a staleness-scaled step;
-        "paper" (Remark 8's, to reproduce the paper), "basic", "section5" (docs/algorithm.md); ``strategies`` override.
-    live : serve a live Bokeh page (parameters, log-likelihood, arrivals, staleness) on 127.0.0.1 during a Dask fit;
-        its address is printed. Every fit keeps the same plots; ``save`` writes them as ``report.html``.
-    tls : encrypt and authenticate every Dask connection (``runtime.security.tls_security``): True = a temporary
-        self-signed certificate (embedded LocalCluster, dask-jobqueue), or a directory holding ca.pem/cert.pem/key.pem
-        (a scheduler you started with those files: give ``scheduler="tls://host:port"``). Not with ``client=``
-        (create that client with ``security=`` yourself).
-    insecure : allow a plain-TCP ``scheduler`` (or jobqueue scheduler) off this machine, refused by default: any
-        worker that joins it can run code in this process (docs/hpc.md).
-    checkpoint : path of a checkpoint file (docs/recovery.md) written atomically during a Dask fit: every
-        ``checkpoint_every`` aggregations (default 10 when only ``checkpoint`` is given), when the fit is interrupted
-        (KeyboardInterrupt, a failed task or lost cluster), and once at the end. ``FederatedGP.resume(path)`` continues.
-    checkpoint_every : aggregation count K between checkpoints.
-    on_worker_error : "stop" (default: a failing worker computation stops the fit with an error naming the worker,
-        the sub-step and the cause) or "drop" (continue without that worker; recorded in ``dropped_workers_`` and in
-        fit.json as ``dropped_workers``). Dask runtime.
-    fgpr : method="fgpr" only: dict of ``FgprConfig`` settings besides the rounds (``max_iter``), ``tol`` and
-        ``time_budget``, which come from this estimator: ``local_steps`` (E, default 5), ``batch_size`` (M, 64),
-        ``optimizer`` ("adam" | "sgd"), ``lr`` (0.1: Adam's rate lr/√round, or β₁ of η_t = β₁/t for sgd),
-        ``batching`` ("uniform" | "nearest"), ``participation`` (K_c clients per round; None = all), ``floor``
-        (1e-4), ``patience`` (3); the seed is ``seed``.
-    privacy : opt-in Gaussian mechanism on everything the workers send (docs/privacy.md): a
-        ``spatialfed.algorithm.privacy.GaussianMechanism`` or a dict of its settings ``{"noise_multiplier": z,
-        "clip": c or {key: c_k}, "delta": 1e-5, "seed": None}``; the privacy loss is in ``privacy_report_`` and fit.json.
-        Not with method="fgpr". ``secure_aggregation=True`` (sync statistics fits, ≥ 3 sites): the server decodes
-        only the sum of the sites' statistics, never one site's (docs/secure-aggregation.md).
-    delays, activations : experiment delay models (docs/delays.md): a ``runtime.delays`` object or its command-line
-        string (``"exponential:0.5"``, ``"poisson:2:0.1"``; activations ``"poisson:RATE"``); drawn with ``seed``.
     crs : CRS of in-memory coordinates without one (arrays, DataFrame columns), e.g. "EPSG:4326" for lon/lat (then
         projected to metres as by ``spatialfed ingest``) or "planar"; a GeoDataFrame's own CRS takes precedence.
         Also the CRS of prediction locations given without one. Not used for a store path (the store records its CRS).
-    n_sites : number of sites J of the automatic area partition of in-memory data without ``groups`` (default, as
-        for ``spatialfed ingest``: about 500 rows per site, 4 to 64 sites, none under 20 rows;
-        ``data.partition.default_sites``).
     covariates : the columns of a DataFrame X that are covariates, e.g. ``["elevation"]`` (an intercept is always
         added; ``[]`` = intercept only), as ``spatialfed ingest --covariates``. None (default): every other numeric
         column, listed in a warning and the summary, with identifiers (named id/record/index/fid..., all-distinct
@@ -138,7 +104,31 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         Not for a store path (its covariates were fixed at ingest) or an array X (every column is one).
     transform : None or "log": fit log y (a positive, skewed variable) and predict on y's own scale, the lognormal
         mean, sd and quantiles (``model.transform``); a store path carries its own (``spatialfed ingest --transform``).
-    Further asynchronous options go in ``strategies`` (FitConfig fields): ``staleness_bound`` (VAFL's D),
+    privacy : None; a Gaussian mechanism on everything the workers send (docs/privacy.md):
+        ``spatialfed.algorithm.privacy.GaussianMechanism`` or a dict of its settings ``{"noise_multiplier": z,
+        "clip": c or {key: c_k}, "delta": 1e-5, "seed": None}`` (the loss is in ``privacy_report_`` and fit.json; not
+        with method="fgpr"); or "secure_aggregation" (sync statistics fits, ≥ 3 sites): the server decodes only the
+        sum of the sites' statistics, never one site's (docs/secure-aggregation.md).
+    checkpoint : path of a checkpoint file (docs/recovery.md) written atomically during a Dask fit: every
+        ``checkpoint_every`` aggregations (default 10 when only ``checkpoint`` is given), when the fit is interrupted
+        (KeyboardInterrupt, SIGTERM, a failed task or lost cluster), and once at the end. ``FederatedGP.resume(path)``
+        continues.
+    checkpoint_every : aggregation count K between checkpoints.
+    progress : True (progress on stderr: iteration, parameters, max staleness), False (quiet) or "live" (also a live
+        Bokeh page of parameters, log-likelihood, arrivals and staleness on 127.0.0.1 during a Dask fit; its address
+        is printed). Every fit keeps the same plots; ``save`` writes them as ``report.html``.
+    cluster : where a Dask fit runs (``spatialfed.Cluster``, api/options.py): None (an embedded LocalCluster), a
+        scheduler address ("tcp://host:8786", "tls://..."), a ``distributed.Client`` (not closed by the estimator),
+        or ``Cluster(address=, client=, n_workers=, jobqueue={"kind": "slurm", ...}, tls=True | DIR, insecure=,
+        timeout=, on_worker_error="stop" | "drop")``.
+    emulation : what an experiment emulates (``spatialfed.Emulation``): ``Emulation(profile="balanced" | "straggler"
+        | "graded" | "graded:<min cores>", slowdown=(s_1, ..., s_J), delays="exponential:0.5",
+        activations="poisson:RATE", n_sites=J)`` (docs/delays.md; ``n_sites``: the automatic area partition of
+        in-memory data without ``groups``); a profile name alone is ``Emulation(profile=name)``.
+    Parameters of earlier versions (scheduler, client, n_dask_workers, jobqueue, tls, insecure, scheduler_timeout,
+    on_worker_error; profile, slowdown, delays, activations, n_sites; live, fgpr, secure_aggregation) are accepted
+    for one release with a FutureWarning naming the new spelling.
+    Further asynchronous options go in ``strategies`` (BlockScheme fields): ``staleness_bound`` (VAFL's D),
     ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
     "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
 
@@ -161,12 +151,11 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
-                 max_iter=50, tol=1e-5, runtime="auto", profile="balanced", slowdown=None, scheduler=None, seed=0,
-                 *, client=None, n_dask_workers=None, jobqueue=None, domain=None, start=None, time_budget=None,
-                 strategies=None, progress=True, scheduler_timeout=5.0, preset=None, live=False,
-                 tls=None, insecure=False, checkpoint=None, checkpoint_every=None, on_worker_error="stop", fgpr=None,
-                 privacy=None, delays=None, activations=None, crs=None, n_sites=None, vecchia_k=None,
-                 covariates=None, transform=None, secure_aggregation=False):
+                 max_iter=50, tol=1e-5, runtime="auto", seed=0, *, preset=None, strategies=None, time_budget=None,
+                 start=None, domain=None, crs=None, covariates=None, transform=None, vecchia_k=None, privacy=None,
+                 checkpoint=None, checkpoint_every=None, progress=True, cluster=None, emulation=None, **moved):
+        given = options.absorb_moved({"cluster": cluster, "emulation": emulation, "progress": progress,
+                                      "strategies": strategies, "privacy": privacy}, moved)
         self.method = method
         self.mode = mode
         self.residual = residual
@@ -176,45 +165,31 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.max_iter = max_iter
         self.tol = tol
         self.runtime = runtime
-        self.profile = profile
-        self.slowdown = slowdown
-        self.scheduler = scheduler
         self.seed = seed
-        self.client = client
-        self.n_dask_workers = n_dask_workers
-        self.jobqueue = jobqueue
-        self.domain = domain
-        self.start = start
-        self.time_budget = time_budget
-        self.strategies = strategies
-        self.progress = progress
-        self.scheduler_timeout = scheduler_timeout
         self.preset = preset
-        self.live = live
-        self.tls = tls
-        self.insecure = insecure
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.on_worker_error = on_worker_error
-        self.fgpr = fgpr
-        self.privacy = privacy
-        self.delays = delays
-        self.activations = activations
+        self.strategies = given["strategies"]
+        self.time_budget = time_budget
+        self.start = start
+        self.domain = domain
         self.crs = crs
-        self.n_sites = n_sites
-        self.vecchia_k = vecchia_k
         self.covariates = covariates
         self.transform = transform
-        self.secure_aggregation = secure_aggregation
+        self.vecchia_k = vecchia_k
+        self.privacy = given["privacy"]
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.progress = given["progress"]
+        self.cluster = given["cluster"]
+        self.emulation = given["emulation"]
 
     # --- scikit-learn conventions (get_params, set_params, repr: BaseEstimator's) -----------------------------
     def __sklearn_clone__(self) -> "FederatedGP":
-        """An unfitted copy with the same settings; a ``client`` is shared, not copied (it is a live connection)."""
+        """An unfitted copy with the same settings; the ``cluster`` is shared, not copied (a client is a live connection)."""
         from sklearn.base import clone
 
         params = self.get_params(deep=False)
-        client = params.pop("client")
-        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, client=client)
+        cluster = params.pop("cluster")
+        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, cluster=cluster)
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "params_")
@@ -240,6 +215,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     def _slowdowns(self, n_workers: int) -> np.ndarray:
         return settings.slowdowns(self, n_workers)
 
+    @property
+    def _cluster(self) -> options.Cluster:
+        return options.cluster_of(self.cluster)
+
+    @property
+    def _emulation(self) -> options.Emulation:
+        return options.emulation_of(self.emulation)
+
     # --- fitting -------------------------------------------------------------------------------------------
     @classmethod
     def resume(cls, checkpoint_path, store=None, **overrides) -> "FederatedGP":
@@ -247,8 +230,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         Model and algorithm settings come from the checkpoint's meta (written by ``fit(checkpoint=...)``); `store`
         replaces the recorded store path (e.g. moved); `overrides` may change only the stopping rules and the cluster
-        settings (``max_iter``, ``tol``, ``time_budget``, ``scheduler``, ``client``, ``n_dask_workers``, ``jobqueue``,
-        ``tls``, ``checkpoint``, ``checkpoint_every``, ``progress``, ...). By default it keeps checkpointing to
+        settings (``max_iter``, ``tol``, ``time_budget``, ``cluster``, ``checkpoint``, ``checkpoint_every``,
+        ``progress``; the checkpoint never says where to connect). By default it keeps checkpointing to
         `checkpoint_path`."""
         from spatialfed.api.resuming import resume
 
@@ -283,7 +266,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         if old is not None:
             old.cleanup()      # the previous in-memory fit's store
         store, self._temporary_store, self.covariates_inferred_ = inputs.fit_store(
-            X, y, coords=coords, groups=groups, crs=self.crs, n_sites=self.n_sites, seed=self.seed,
+            X, y, coords=coords, groups=groups, crs=self.crs, n_sites=self._emulation.n_sites, seed=self.seed,
             covariates=self.covariates, transform=self.transform)
         self.groups_column_ = groups if isinstance(groups, str) else None
         return self._fit_store(store, resume)
@@ -305,11 +288,12 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         server = resuming.restored_server(self, resume, info.n_workers)
         resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
         say = Progress(self.progress)
-        monitor = FitMonitor(info.n_workers, live=bool(self.live) and self.runtime_used_ == "dask")
+        monitor = FitMonitor(info.n_workers, live=self.progress == "live" and self.runtime_used_ == "dask")
         ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path),
                             wall_s=getattr(server, "wall_time_s", 0.0))
-        cluster = scripts.embedded_cluster(self.runtime_used_, client=self.client, scheduler=self.scheduler,
-                                           jobqueue=self.jobqueue)
+        c = self._cluster
+        cluster = scripts.embedded_cluster(self.runtime_used_, client=c.client, scheduler=c.address,
+                                           jobqueue=c.jobqueue)
         say.starting(("an embedded Dask LocalCluster" if cluster else f"the {self.runtime_used_} runtime")
                      + (f" ({self.runtime_reason_})" if self.runtime_reason_ else ""))
         with say, scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, closing(monitor):
@@ -322,7 +306,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             run_tic = time.perf_counter()
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
                   on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
-                  on_worker_error=self.on_worker_error, checkpointer=ckpt,
+                  on_worker_error=c.on_worker_error, checkpointer=ckpt,
                   **settings.delay_models(self, info.n_workers))
             self._fitted(info, server, runtime, knots, domain, ckpt.wall_s + time.perf_counter() - run_tic)
         self.monitor_, self.resumed_from_ = monitor, resumed
@@ -370,22 +354,17 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         small jobs without Dask options)."""
         from spatialfed.runtime.factory import choose_runtime, knot_count
 
-        asked = {"client": self.client is not None, "scheduler": self.scheduler, "jobqueue": self.jobqueue,
-                 "tls": self.tls not in (None, False), "live": self.live,
-                 "on_worker_error='drop'": self.on_worker_error == "drop", "n_dask_workers": self.n_dask_workers is not None,
-                 "profile/slowdown": self.slowdown is not None or self.profile != "balanced",
-                 "delays/activations": self.delays is not None or self.activations is not None}
+        asked = self._cluster.given + self._emulation.given + (["live"] if self.progress == "live" else [])
         m = 0 if self.method in ("independent", "fgpr") else knot_count(self.knots)
-        return choose_runtime(self.runtime, n_obs=sum(info.sizes), n_knots=m,
-                              dask_options=[name for name, given in asked.items() if given])
+        return choose_runtime(self.runtime, n_obs=sum(info.sizes), n_knots=m, dask_options=asked)
 
     def _open_runtime(self, n_sites: int):
         """The runtime of this fit as a context manager (runtime.factory.open_runtime; a Runtime object as given)."""
         given = self.runtime if isinstance(self.runtime, Runtime) else getattr(self, "runtime_used_", self.runtime)
-        return open_runtime(given, slowdowns=self._slowdowns(n_sites), client=self.client,
-                            scheduler=self.scheduler, jobqueue=self.jobqueue, n_dask_workers=self.n_dask_workers,
-                            n_sites=n_sites, security=self._security(), timeout=self.scheduler_timeout,
-                            insecure=self.insecure)
+        c = self._cluster
+        return open_runtime(given, slowdowns=self._slowdowns(n_sites), client=c.client, scheduler=c.address,
+                            jobqueue=c.jobqueue, n_dask_workers=c.n_workers, n_sites=n_sites,
+                            security=self._security(), timeout=c.timeout, insecure=c.insecure)
 
     def _security(self):
         """The Security object for `tls` (None: plain TCP; api.settings.security)."""
@@ -451,7 +430,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
             trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_, dropped_workers=self.dropped_workers_,
             extra={"store": self.store_, "runtime": self.runtime_used_, "runtime_reason": self.runtime_reason_,
-                   "profile": self.profile,
+                   "profile": self._emulation.profile,
                    "slowdowns": np.asarray(self.slowdowns_).tolist(), "seed": self.seed,
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
@@ -476,7 +455,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {data_name(result.extra)}", result=result,
-            preset=preset_name(self.preset, self.privacy))
+            preset=preset_name(self.preset, settings.noise(self)))
         return write_results(out_dir, result, extras={"report.html": report, **loading.saved_data(self)})
 
 

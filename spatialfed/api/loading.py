@@ -31,8 +31,13 @@ SAVED = "estimator"       # model.zarr settings key of the estimator's settings
 
 def saved_settings(gp) -> dict:
     """The settings ``save`` adds to model.zarr's attributes for ``load`` (``FitResult.extra``)."""
+    from spatialfed.api.options import Cluster, Emulation, cluster_of, emulation_of
+
     params = {}
-    for name, value in gp.get_params(deep=False).items():
+    cluster, emulation = cluster_of(gp.cluster), emulation_of(gp.emulation)
+    plain = {**gp.get_params(deep=False), "cluster": None if cluster == Cluster() else cluster.saved(),
+             "emulation": None if emulation == Emulation() else emulation.saved()}
+    for name, value in plain.items():
         try:
             params[name] = json.loads(json.dumps(value, default=_plain, allow_nan=False))
         except (TypeError, ValueError):  # a live object (client, Domain, mechanism): not saved
@@ -111,10 +116,18 @@ def _settings(cls, fit, extra) -> dict:
                  "vecchia_k": extra.get("vecchia_k")}
     if isinstance(saved.get("knots"), list):  # an (m, 2) array of knots
         saved["knots"] = np.asarray(saved["knots"], dtype=float)
+    from spatialfed.api.options import Cluster, Emulation, spelled
     from spatialfed.api.resuming import CONNECTION_SETTINGS
 
-    # a fit directory is data: where to connect (scheduler, jobqueue, tls) comes from the caller, never the files
-    return {k: v for k, v in saved.items() if k in cls._get_param_names() and k not in CONNECTION_SETTINGS}
+    saved = spelled(saved)  # fit directories of earlier versions hold the old flat names
+    # a fit directory is data: where to connect (address, jobqueue, tls) comes from the caller, never the files
+    cluster, emulation = saved.get("cluster"), saved.get("emulation")
+    cluster = cluster.saved() if isinstance(cluster, Cluster) else cluster if isinstance(cluster, dict) else {}
+    cluster = Cluster(**{k: v for k, v in cluster.items() if k not in CONNECTION_SETTINGS and k != "client"})
+    saved["cluster"] = None if cluster in (None, Cluster()) else cluster
+    if isinstance(emulation, dict):
+        saved["emulation"] = Emulation(**emulation)
+    return {k: v for k, v in saved.items() if k in cls._get_param_names()}
 
 
 def _store_path(d: Path, fit, extra, store) -> str:

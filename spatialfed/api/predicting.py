@@ -53,17 +53,19 @@ def predict(gp, locs, X0) -> dict:
                                                prediction_runtime)
 
     from spatialfed.api.loading import prediction_store
+    from spatialfed.api.options import cluster_of
 
     model = fitted_model(gp)
     info = open_store(prediction_store(gp))
     runtime = getattr(gp, "runtime_used_", None) or gp.runtime  # where the fit ran ("auto" resolved)
-    if gp.jobqueue:
+    c = cluster_of(gp.cluster)
+    if c.jobqueue:
         runtime = "dask"
-    runtime = prediction_runtime(runtime, info, model, client=gp.client, scheduler=gp.scheduler,
-                                 n_dask_workers=gp.n_dask_workers)
-    cluster = embedded_cluster(runtime, client=gp.client, scheduler=gp.scheduler, jobqueue=gp.jobqueue)
-    with spawn_safe(cluster), open_workers(info, model, runtime, client=gp.client, scheduler=gp.scheduler,
-                                           n_dask_workers=gp.n_dask_workers, insecure=gp.insecure) as workers:
+    runtime = prediction_runtime(runtime, info, model, client=c.client, scheduler=c.address,
+                                 n_dask_workers=c.n_workers)
+    cluster = embedded_cluster(runtime, client=c.client, scheduler=c.address, jobqueue=c.jobqueue)
+    with spawn_safe(cluster), open_workers(info, model, runtime, client=c.client, scheduler=c.address,
+                                           n_dask_workers=c.n_workers, insecure=c.insecure) as workers:
         outside_domain(locs, default_domain(info, workers), "the study area is the convex hull of the sites' hulls")
         return predict_at(workers, model, locs, X0, default_predictor(model),
                           batch_size(len(model.knots)))

@@ -8,20 +8,20 @@ from pathlib import Path
 from spatialfed.errors import DataError, option
 from spatialfed.version import __version__
 
-#: where to connect, what to submit and how securely: a resume takes these from its own call only, never from the
-#: checkpoint (a file is data: a forged scheduler address or job-script line in it must not be contacted or
-#: submitted, a forged tls=False must not turn encryption off)
-CONNECTION_SETTINGS = ("scheduler", "client", "jobqueue", "tls", "insecure")
-#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state; the
-#: embedded cluster's size n_dask_workers is bounded by the sites and cores, runtime.factory.check_worker_count;
-#: on_worker_error, so that a fit stopped by a failing site can continue without it, recorded as dropped)
-RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", *CONNECTION_SETTINGS, "n_dask_workers", "scheduler_timeout",
-                    "live", "progress", "checkpoint", "checkpoint_every", "on_worker_error")
+#: where to connect, what to submit and how securely (Cluster's fields): a resume takes these from its own call only,
+#: never from the checkpoint (a file is data: a forged scheduler address or job-script line in it must not be
+#: contacted or submitted, a forged tls=False must not turn encryption off)
+CONNECTION_SETTINGS = ("address", "client", "jobqueue", "tls", "insecure")
+#: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state); `cluster`
+#: whole: its size and timeout, and on_worker_error, so that a fit stopped by a failing site can continue without
+#: it, recorded as dropped
+RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "cluster", "progress", "checkpoint", "checkpoint_every")
 
 
 def resume(cls, checkpoint_path, store, overrides: dict):
     """``cls.resume``: a new estimator with the checkpoint's settings and `overrides`, fitted from the checkpoint."""
     from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
+    from spatialfed.api.options import FOLDED, MOVED, Cluster, absorb_moved, cluster_of, spelled
 
     snap = read_checkpoint(checkpoint_path)
     meta = snap.get("meta") or {}
@@ -29,16 +29,29 @@ def resume(cls, checkpoint_path, store, overrides: dict):
     if params is None:
         raise CheckpointError(f"{checkpoint_path} has no estimator settings in its meta; it was not written by "
                               "FederatedGP.fit(checkpoint=...)")
+    moved = {k: overrides[k] for k in overrides if k in MOVED or k in FOLDED}
+    if moved:  # earlier spellings (FutureWarning), onto the cluster and progress
+        folded = absorb_moved({"cluster": overrides.get("cluster"), "emulation": None,
+                               "progress": overrides.get("progress", True), "strategies": None, "privacy": None},
+                              moved)
+        overrides = {**{k: v for k, v in overrides.items() if k not in moved},
+                     **{k: folded[k] for k in ("cluster", "progress") if k in folded}}
     bad = sorted(set(overrides) - set(RESUME_OVERRIDES))
     if bad:
         raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
                          f"{', '.join(RESUME_OVERRIDES)}")
-    settings = {k: v for k, v in params.items() if k in cls._get_param_names() and k not in CONNECTION_SETTINGS}
+    params = spelled(dict(params))  # a checkpoint of an earlier version holds the old flat names
+    recorded = params.pop("cluster", None)
+    recorded = recorded.saved() if isinstance(recorded, Cluster) else recorded if isinstance(recorded, dict) else {}
+    settings = {k: v for k, v in params.items() if k in cls._get_param_names()}
+    kept = {k: v for k, v in recorded.items() if k in ("n_workers", "timeout", "on_worker_error")}
+    settings["cluster"] = Cluster(**kept)  # never where to connect, what to submit, or how securely
     settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
-    shown = {k: params[k] for k in ("scheduler", "jobqueue") if params.get(k)}
+    shown = {k: recorded[k] for k in ("address", "jobqueue") if recorded.get(k)}
     if shown:
         settings["runtime"] = "dask" if settings.get("runtime", "auto") == "auto" else settings["runtime"]
-        if not any(overrides.get(k) for k in ("scheduler", "client", "jobqueue")):
+        given = cluster_of(overrides.get("cluster"))
+        if not (given.address or given.client is not None or given.jobqueue):
             warnings.warn(not_reconnecting(checkpoint_path, shown), UserWarning, stacklevel=3)
     settings.update(overrides)
     gp = cls(**settings)
@@ -52,10 +65,10 @@ def resume(cls, checkpoint_path, store, overrides: dict):
 
 def not_reconnecting(checkpoint_path, shown: dict) -> str:
     """The line saying which cluster the checkpointed fit ran on and that this resume does not go there."""
-    where = (f"the scheduler {shown['scheduler']}" if "scheduler" in shown
+    where = (f"the scheduler {shown['address']}" if "address" in shown
              else f"{shown['jobqueue'].get('kind', 'batch')} jobs" if isinstance(shown["jobqueue"], dict)
              else "batch jobs")
-    again = option("scheduler=ADDRESS or jobqueue={...}", "--scheduler ADDRESS or --jobqueue KIND")
+    again = option("cluster=ADDRESS or cluster=Cluster(jobqueue={...})", "--scheduler ADDRESS or --jobqueue KIND")
     return (f"{checkpoint_path} was written by a fit on {where}; a checkpoint restores the fit, never where to "
             f"connect or what to submit: this resume runs on an embedded Dask cluster (give {again} to continue "
             "on that cluster)")
@@ -65,7 +78,11 @@ def meta(gp, store_path) -> dict:
     """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
     from spatialfed.data.store import store_fingerprint
 
-    params = {k: str(v) if isinstance(v, Path) else v for k, v in gp.get_params().items() if k != "client"}
+    from spatialfed.api.options import cluster_of, emulation_of
+
+    params = {k: str(v) if isinstance(v, Path) else v for k, v in gp.get_params(deep=False).items()}
+    params["cluster"] = cluster_of(gp.cluster).saved()  # plain values, never the live client
+    params["emulation"] = emulation_of(gp.emulation).saved()
     return {"store": str(Path(store_path).resolve()), "store_fingerprint": store_fingerprint(store_path),
             "params": params, "version": __version__}
 

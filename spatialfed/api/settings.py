@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
+from spatialfed.api.options import cluster_of, emulation_of
 from spatialfed.model import transform
 from spatialfed.model.residuals import resolve_sites
 from spatialfed.model.names import RESIDUAL_CHOICES
@@ -20,6 +21,8 @@ from spatialfed.runtime.factory import runtime_name
 from spatialfed.runtime.heterogeneity import PROFILES, profile_slowdowns, resolve_slowdowns
 
 METHODS = ("lowrank", "independent", "fgpr")
+#: ``privacy=`` asking for secure aggregation (algorithm/secagg.py) instead of a Gaussian mechanism
+SECURE = "secure_aggregation"
 
 
 def check_settings(gp) -> None:
@@ -29,6 +32,13 @@ def check_settings(gp) -> None:
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     runtime = runtime_name(gp.runtime)
+    c, e = cluster_of(gp.cluster), emulation_of(gp.emulation)
+    if gp.progress not in (True, False, "live"):
+        raise ValueError(f"progress must be True, False or 'live' (a live Bokeh page during a Dask fit), "
+                         f"got {gp.progress!r}")
+    if gp.privacy == SECURE and gp.method != "lowrank":
+        raise ValueError(f"privacy={SECURE!r} sums the low-rank statistics scheme's messages; method={gp.method!r} "
+                         "has none")
     transform.check_transform(gp.transform)
     if gp.vecchia_k is not None:
         check_k(gp.vecchia_k)
@@ -36,34 +46,33 @@ def check_settings(gp) -> None:
         raise ValueError(f"method={gp.method!r} (Eq. 3) uses each worker's full local covariance; "
                          f"residual={gp.residual!r} applies to method='lowrank' only")
     if gp.method == "fgpr":
-        for name, default in (("agg_threshold", None), ("strategies", None), ("preset", None)):
+        for name, default in (("agg_threshold", None), ("preset", None)):
             if not _same(getattr(gp, name), default):
                 raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
-                                 "FGPR's settings as fgpr={...}, e.g. fgpr={'participation': 2} for K_c = 2 "
-                                 "clients per round")
+                                 "FGPR's settings as strategies={...}, e.g. strategies={'participation': 2} for "
+                                 "K_c = 2 clients per round")
         if gp.privacy is not None:
             raise ValueError("privacy= applies to method='lowrank' and 'independent' (FGPR sends parameters, "
                              "not the summaries the mechanism is calibrated for); drop privacy= or change method")
-    elif gp.fgpr is not None:
-        raise ValueError(f"fgpr= settings apply to method='fgpr' only, not method={gp.method!r}")
-    if gp.slowdown is None:
-        if gp.profile not in PROFILES and not str(gp.profile).startswith("graded:"):
-            raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {gp.profile!r}")
-        profile_slowdowns(gp.profile, 1)  # graded:<min cores>: a bad number raises with the fix
+    if e.slowdown is None:
+        if e.profile not in PROFILES and not str(e.profile).startswith("graded:"):
+            raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {e.profile!r}")
+        profile_slowdowns(e.profile, 1)  # graded:<min cores>: a bad number raises with the fix
     if not (isinstance(gp.nu, (int, float)) and math.isfinite(gp.nu) and gp.nu > 0):
         raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {gp.nu!r}")
-    if runtime == "simulated" and (gp.scheduler or gp.client is not None or gp.jobqueue):
-        raise ValueError("runtime='simulated' runs in this process; scheduler/client/jobqueue need runtime='dask'")
-    if gp.tls is not None and gp.tls is not False:
+    if runtime == "simulated" and (c.address or c.client is not None or c.jobqueue):
+        raise ValueError("runtime='simulated' runs in this process; a cluster address, client or jobqueue needs "
+                         "runtime='dask'")
+    if c.tls is not None and c.tls is not False:
         if runtime == "simulated":
             raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
-        if gp.client is not None:
-            raise ValueError("tls=... cannot be applied to an existing client=; create it with "
+        if c.client is not None:
+            raise ValueError("tls=... cannot be applied to an existing client; create it with "
                              "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
-    if runtime != "simulated" and gp.client is None:  # before the progress display starts: one line, nothing else
+    if runtime != "simulated" and c.client is None:  # before the progress display starts: one line, nothing else
         from spatialfed.runtime.cluster import check_transport
 
-        check_transport(gp.scheduler, gp.jobqueue, gp.tls not in (None, False), bool(gp.insecure))
+        check_transport(c.address, c.jobqueue, c.tls not in (None, False), bool(c.insecure))
     if gp.checkpoint_every is not None:
         K = gp.checkpoint_every
         if isinstance(K, bool) or not float(K).is_integer() or K < 1:
@@ -104,16 +113,16 @@ def config(gp, n_workers: int):
     if gp.method == "fgpr":
         from spatialfed.algorithm.fgpr import FgprConfig
 
-        extra = dict(gp.fgpr or {})
+        extra = dict(gp.strategies or {})
         fixed = sorted(set(extra) & {"max_iter", "tol", "time_budget", "seed"})
         if fixed:
-            raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside fgpr={{...}}")
+            raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside strategies={{...}}")
         return FgprConfig(max_iter=gp.max_iter, tol=gp.tol, time_budget=gp.time_budget, seed=gp.seed,
                           **extra).resolved(J)
     extra = dict(gp.strategies or {})
-    if gp.privacy is not None:
+    if noise(gp) is not None:
         extra["privacy"] = gp.privacy
-    if gp.secure_aggregation:
+    if gp.privacy == SECURE:
         extra["secure_aggregation"] = True
     return FitConfig.preset(gp.preset, gp.mode, agg_threshold=gp.agg_threshold, max_iter=gp.max_iter,
                             tol=gp.tol, time_budget=gp.time_budget, n_workers=J, **extra)
@@ -121,28 +130,35 @@ def config(gp, n_workers: int):
 
 def slowdowns(gp, n_workers: int) -> np.ndarray:
     """The per-site slowdown factors s_1..s_J of `profile` or `slowdown`."""
-    return resolve_slowdowns(gp.profile if gp.slowdown is None else list(gp.slowdown), n_workers)
+    e = emulation_of(gp.emulation)
+    return resolve_slowdowns(e.profile if e.slowdown is None else list(e.slowdown), n_workers)
 
 
 def delay_models(gp, n_workers: int) -> dict:
     """The driver's delay keywords: delay models from objects or command-line strings (docs/delays.md)."""
     from spatialfed.runtime.delays import parse_activations, parse_delay
 
-    delays = parse_delay(gp.delays, n_workers) if isinstance(gp.delays, str) else gp.delays
-    activations = (parse_activations(gp.activations, n_workers) if isinstance(gp.activations, str)
-                   else gp.activations)
+    e = emulation_of(gp.emulation)
+    delays = parse_delay(e.delays, n_workers) if isinstance(e.delays, str) else e.delays
+    activations = parse_activations(e.activations, n_workers) if isinstance(e.activations, str) else e.activations
     return {"delays": delays, "activations": activations, "seed": gp.seed}
 
 
 def security(gp):
     """The Security object for `tls` (None: plain TCP)."""
-    if gp.tls is False:
+    tls = cluster_of(gp.cluster).tls
+    if tls is False:
         return False  # plain TCP, asked for explicitly (the embedded cluster's default is TLS)
-    if gp.tls is None:
+    if tls is None:
         return None
     from spatialfed.runtime.security import tls_security
 
-    return tls_security() if gp.tls is True else tls_security(gp.tls)
+    return tls_security() if tls is True else tls_security(tls)
+
+
+def noise(gp):
+    """The Gaussian mechanism asked for by ``privacy`` (None without noise, or with secure aggregation)."""
+    return None if gp.privacy is None or gp.privacy == SECURE else gp.privacy
 
 
 def _same(a, b) -> bool:

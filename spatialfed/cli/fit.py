@@ -205,6 +205,7 @@ def run(args) -> None:
 def fit_into(out, checkpoint, settings: dict, args) -> None:
     """The fit of `run` into `out`, which this process holds the lock of."""
     from spatialfed.api import FederatedGP
+    from spatialfed.api.options import spelled
 
     check_out(out, overwrite=args.overwrite or bool(args.resume))
     settings["checkpoint"] = str(Path(out) / CHECKPOINT_NAME)  # always: a lost cluster or Ctrl-C can be resumed
@@ -213,9 +214,9 @@ def fit_into(out, checkpoint, settings: dict, args) -> None:
     try:
         if args.resume:
             check_resumable(checkpoint, settings)
-            gp = FederatedGP.resume(checkpoint, store=args.store, **settings)
+            gp = FederatedGP.resume(checkpoint, store=args.store, **spelled(settings))
         else:
-            gp = FederatedGP(**settings).fit(args.store)
+            gp = FederatedGP(**spelled(settings)).fit(args.store)  # the estimator's spelling (api.options)
     except KeyboardInterrupt:
         if Path(settings["checkpoint"]).exists():  # main prints "spatialfed fit: interrupted; <this>"
             raise KeyboardInterrupt(f"resume with `{resume_command(out)}` (the checkpoint {settings['checkpoint']} "

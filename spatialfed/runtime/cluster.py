@@ -225,7 +225,7 @@ def workers_ignore_sigint():
         signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)  # None: set in C
 
 
-TLS_DIR = "tls='CERT_DIR'"  # how FederatedGP takes the certificates (spatialfed.errors.option)
+TLS_DIR = "Cluster(tls='CERT_DIR')"  # how FederatedGP takes the certificates (spatialfed.errors.option)
 TLS_FILES = "ca.pem, cert.pem, key.pem"
 
 
@@ -265,11 +265,11 @@ def _unreachable(addr: str, timeout: float, exc: BaseException) -> str:
                 f"with the certificates the scheduler was started with ({TLS_FILES}; docs/hpc.md)")
     if not addr.startswith("tls://") and speaks_tls(addr):
         tls_addr = "tls://" + addr.split("://", 1)[1]
-        scheduler = option(f"scheduler={tls_addr!r}", f"--scheduler {tls_addr}")
+        scheduler = option(f"cluster={tls_addr!r}", f"--scheduler {tls_addr}")
         return (f"the Dask scheduler at {addr} wants TLS: give {scheduler} and {tls_dir} with the certificates it "
                 f"was started with ({TLS_FILES}; docs/hpc.md)")
     return (f"could not reach a Dask scheduler at {addr} within {timeout:g} s ({type(exc).__name__}: {exc}); start "
-            f"one with `dask scheduler` and `dask worker ADDRESS`, or omit {option('scheduler=', '--scheduler')} to "
+            f"one with `dask scheduler` and `dask worker ADDRESS`, or omit {option('cluster=', '--scheduler')} to "
             "use an embedded cluster")
 
 
@@ -437,8 +437,8 @@ def check_transport(scheduler, jobqueue, security, insecure: bool) -> None:
 
     if insecure:
         return
-    flag = option("insecure=True", "--insecure")
-    tls = option(f"scheduler='tls://HOST:PORT', {TLS_DIR}", "--scheduler tls://HOST:PORT --tls-dir DIR")
+    flag = option("Cluster(insecure=True)", "--insecure")
+    tls = option("cluster=Cluster(address='tls://HOST:PORT', tls='CERT_DIR')", "--scheduler tls://HOST:PORT --tls-dir DIR")
     host = off_machine_plain(scheduler) if scheduler and str(scheduler).strip() else None  # blank: connect's error
     if host is not None:
         refuse_plain_remote(f"the scheduler {scheduler}", host, f"start it with TLS and connect with {tls}", flag)
@@ -446,5 +446,5 @@ def check_transport(scheduler, jobqueue, security, insecure: bool) -> None:
         where = jobqueue.get("interface") or off_machine_plain(str(jobqueue.get("host", LOOPBACK[0])))
         if where is not None:
             refuse_plain_remote(f"the batch jobs' scheduler on {where}", where,
-                                f"give {option('tls=True', '--tls')} (dask-jobqueue hands the jobs the certificate)",
+                                f"give {option('Cluster(tls=True)', '--tls')} (dask-jobqueue hands the jobs the certificate)",
                                 flag)

@@ -108,7 +108,7 @@ def open_runtime(runtime="dask", *, slowdowns="balanced", client=None, scheduler
     handle = None
     if n_dask_workers is not None and (isinstance(n_dask_workers, bool) or not float(n_dask_workers).is_integer()
                                        or n_dask_workers < 1):  # 0 would silently mean "the default"
-        raise ValueError(f"{option('n_dask_workers', '--dask-workers')} must be a positive integer, "
+        raise ValueError(f"{option('Cluster(n_workers=)', '--dask-workers')} must be a positive integer, "
                          f"got {n_dask_workers!r}")
     if client is None and not scheduler and not jobqueue and n_dask_workers is not None:
         check_worker_count(int(n_dask_workers), n_sites, default_n_workers())
@@ -133,11 +133,11 @@ PROCESSES_PER_CORE = 4
 def check_worker_count(n: int, n_sites: int | None, cores: int) -> None:
     """Refuse more embedded Dask worker processes than sites (each serves at least one; the others would idle) or
     than PROCESSES_PER_CORE × the usable cores (starting them alone takes minutes), in one line."""
-    flag = option("n_dask_workers", "--dask-workers")
+    flag = option("Cluster(n_workers=)", "--dask-workers")
     if n_sites is not None and n > n_sites:
         raise ValueError(f"{flag} {n} is more than the store's {n_sites} sites: each Dask worker process serves at "
                          f"least one site; give at most {n_sites}")
     if n > PROCESSES_PER_CORE * cores:
         raise ValueError(f"{flag} {n} is more than {PROCESSES_PER_CORE} processes per core on this machine's "
                          f"{cores} usable cores; give at most {PROCESSES_PER_CORE * cores}, or run the sites on a "
-                         f"cluster ({option('scheduler=, jobqueue=', '--scheduler, --jobqueue')})")
+                         f"cluster ({option('cluster=', '--scheduler, --jobqueue')})")

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import pytest
 
+from spatialfed import Emulation
 from spatialfed.api import FederatedGP
 
 LOGLIK_TOL = 1e-3
@@ -34,7 +35,7 @@ def fit(store, mode, profile, knots, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return FederatedGP(mode=mode, residual="mpp", preset="stats", knots=knots, runtime="simulated",
-                           profile=profile, progress=False, max_iter=300, **kw).fit(str(store))
+                           progress=False, max_iter=300, **kw, emulation=Emulation(profile=profile)).fit(str(store))
 
 
 def check_matches(sync, asyn):

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from conftest import simulate_parts
+from spatialfed import Cluster
 from spatialfed.algorithm import fgpr_local as fgpr  # the site side: losses, batches, softplus
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr import FgprConfig, FgprServer
@@ -236,8 +237,8 @@ def test_store(tmp_path_factory):
 @pytest.mark.parametrize("settings, message", [
     ({"agg_threshold": 2}, "does not apply to method='fgpr'"),
     ({"preset": "paper"}, "does not apply to method='fgpr'"),
-    ({"fgpr": {"max_iter": 3}}, r"give \['max_iter'\] as FederatedGP"),
-    ({"fgpr": {"participation": 9}}, "exceeds the J = 3 workers"),
+    ({"strategies": {"max_iter": 3}}, r"give \['max_iter'\] as FederatedGP"),
+    ({"strategies": {"participation": 9}}, "exceeds the J = 3 workers"),
     ({"residual": "pp"}, "full local covariance"),
 ])
 def test_estimator_rejects_settings_that_do_not_apply(test_store, settings, message):
@@ -245,8 +246,8 @@ def test_estimator_rejects_settings_that_do_not_apply(test_store, settings, mess
 
     with pytest.raises(ValueError, match=message):
         FederatedGP(method="fgpr", runtime="simulated", progress=False, **settings).fit(test_store)
-    with pytest.raises(ValueError, match="apply to method='fgpr' only"):
-        FederatedGP(method="lowrank", runtime="simulated", progress=False, fgpr={"lr": 0.1}).fit(test_store)
+    with pytest.raises(ValueError, match=r"unknown fit setting\(s\) \['lr'\]"):
+        FederatedGP(method="lowrank", runtime="simulated", progress=False, strategies={"lr": 0.1}).fit(test_store)
 
 
 def test_cli_fit_fgpr_writes_results_and_predict_works(test_store, tmp_path, capsys):
@@ -280,9 +281,9 @@ def test_dask_runtime_gives_the_simulated_result(test_store):
     """The local updates are pure functions of (partition, p) and the rounds synchronous: Dask changes nothing."""
     from spatialfed.api import FederatedGP
 
-    settings = dict(method="fgpr", max_iter=5, progress=False, fgpr={"participation": 2, "batch_size": 32})
+    settings = dict(method="fgpr", max_iter=5, progress=False, strategies={"participation": 2, "batch_size": 32})
     sim = FederatedGP(runtime="simulated", **settings).fit(test_store)
-    dask = FederatedGP(runtime="dask", n_dask_workers=2, **settings).fit(test_store)
+    dask = FederatedGP(runtime="dask", **settings, cluster=Cluster(n_workers=2)).fit(test_store)
     for key in ("delta", "sigma2", "beta"):
         assert dask.params_[key] == pytest.approx(sim.params_[key], rel=1e-9)
     np.testing.assert_allclose(dask.params_["gamma"], sim.params_["gamma"], rtol=1e-9)
@@ -299,8 +300,7 @@ def test_map_works_on_an_fgpr_fit(tmp_path, capsys):
     xy = rng.uniform(0, 1000, size=(80, 2)) + [150000.0, 400000.0]
     frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": 1 + np.cos(xy[:, 1] / 250) + 0.1 * rng.normal(size=80)})
     ingest_frame(frame, tmp_path / "s.zarr", value="z", x="x", y="y", crs="EPSG:28992", n_workers=2, partition="area")
-    FederatedGP(method="fgpr", runtime="simulated", max_iter=10, progress=False,
-                fgpr={"batch_size": 20}).fit(tmp_path / "s.zarr").save(tmp_path / "fit")
+    FederatedGP(method="fgpr", runtime="simulated", max_iter=10, progress=False, strategies={"batch_size": 20}).fit(tmp_path / "s.zarr").save(tmp_path / "fit")
     rc = main(["map", str(tmp_path / "fit"), "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "m"),
                "--resolution", "100", "--runtime", "simulated"])
     assert rc == 0, capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_dask_fit_writes_checkpoints_and_resume_returns_its_result(test_store, t
     from spatialfed.api import FederatedGP
 
     path = tmp_path / "fgpr.ckpt"
-    settings = dict(method="fgpr", progress=False, n_dask_workers=2, fgpr={"batch_size": 32})
+    settings = dict(method="fgpr", progress=False, cluster=Cluster(n_workers=2), strategies={"batch_size": 32})
     first = FederatedGP(max_iter=4, checkpoint=path, checkpoint_every=2, **settings).fit(test_store)
     assert first.checkpoint_writes_ >= 2 and first.n_iter_ == 4
     resumed = FederatedGP.resume(path)  # the last checkpoint is the finished fit: resuming returns its result

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
+from spatialfed import Cluster, Emulation
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
@@ -37,11 +38,12 @@ def copy_store(store, tmp_path) -> Path:
 
 
 def test_constructor_only_stores_settings():
-    gp = FederatedGP(mode="sync", knots=25, scheduler="tcp://nowhere:1", agg_threshold=99, profile="bogus")
+    gp = FederatedGP(mode="sync", knots=25, agg_threshold=99, cluster="tcp://nowhere:1",
+                     emulation=Emulation(profile="bogus"))
     assert gp.get_params()["knots"] == 25 and gp.agg_threshold == 99  # nothing validated or started yet
-    assert not hasattr(gp, "params_")
-    gp.set_params(profile="graded", agg_threshold=None)
-    assert gp.profile == "graded"
+    assert not hasattr(gp, "params_") and gp.cluster == "tcp://nowhere:1"
+    gp.set_params(emulation=Emulation(profile="graded"), agg_threshold=None)
+    assert gp.emulation.profile == "graded"
     assert "mode='sync'" in repr(gp)
     with pytest.raises(ValueError, match="Invalid parameter 'colour'"):  # scikit-learn's set_params
         gp.set_params(colour="red")
@@ -55,15 +57,15 @@ def test_a_graded_profile_with_its_minimum_cores_sets_the_slowdowns(store):
     """profile='graded:<min cores>' (Figure 6's milder imbalances): cores from 62 down to the minimum, slowdown 62/cores."""
     from spatialfed.runtime.heterogeneity import profile_slowdowns
 
-    gp = FederatedGP(mode="async", knots=16, profile="graded:12", runtime="simulated", max_iter=3, progress=False)
+    gp = FederatedGP(mode="async", knots=16, runtime="simulated", max_iter=3, progress=False, emulation=Emulation(profile="graded:12"))
     gp.fit(store)
     np.testing.assert_allclose(gp.slowdowns_, profile_slowdowns("graded:12", J), rtol=1e-12)
     assert gp.slowdowns_[-1] == pytest.approx(62 / 12) and np.isfinite(gp.loglik_)
 
 
 def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
-    gp = FederatedGP(mode="async", knots=16, agg_threshold=2, profile="graded", runtime="simulated", max_iter=8,
-                     preset="tuned")  # the block scheme: max_iter counts aggregations
+    gp = FederatedGP(mode="async", knots=16, agg_threshold=2, runtime="simulated", max_iter=8,
+                     preset="tuned", emulation=Emulation(profile="graded"))  # the block scheme: max_iter counts aggregations
     assert gp.fit(store) is gp
     err = capsys.readouterr().err
     assert "iter" in err and "max staleness" in err and "loglik" in err
@@ -141,7 +143,7 @@ def test_missing_store(tmp_path):
 
 
 def test_unreachable_scheduler_is_named(store):
-    gp = FederatedGP(scheduler="tcp://127.0.0.1:9", scheduler_timeout=1, progress=False)
+    gp = FederatedGP(progress=False, cluster=Cluster(address="tcp://127.0.0.1:9", timeout=1))
     with pytest.raises(SchedulerUnreachableError, match=r"tcp://127\.0\.0\.1:9"):
         gp.fit(store)
 
@@ -153,11 +155,13 @@ def test_unreachable_scheduler_is_named(store):
     ({"mode": "fast"}, "mode must be one of"),
     ({"residual": "diag"}, "residual must be one of"),
     ({"runtime": "spark"}, "runtime must be one of"),
-    ({"profile": "bogus"}, "profile must be one of"),
-    ({"slowdown": [1, 2]}, "one per worker"),
-    ({"slowdown": [1, 1, 0.5, 1]}, "≥ 1"),
+    ({"emulation": Emulation(profile="bogus")}, "profile must be one of"),
+    ({"emulation": Emulation(slowdown=[1, 2])}, "one per worker"),
+    ({"emulation": Emulation(slowdown=[1, 1, 0.5, 1])}, "≥ 1"),
     ({"nu": -1}, "nu"),
-    ({"runtime": "simulated", "scheduler": "tcp://127.0.0.1:1"}, "runtime='dask'"),
+    ({"runtime": "simulated", "cluster": "tcp://127.0.0.1:1"}, "runtime='dask'"),
+    ({"progress": "loud"}, "progress must be True, False or 'live'"),
+    ({"cluster": 3}, "cluster must be a scheduler address"),
 ])
 def test_invalid_settings(store, settings, message):
     with pytest.raises(ValueError, match=message):
@@ -284,10 +288,29 @@ def test_each_preset_converges_on_a_small_problem(store, preset, mode):
 
     ref = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=50, tol=1e-9, progress=False).fit(store)
     model_clock = VirtualRuntime(slowdowns="straggler", cost=FlopCost(), charge_server=False)
-    gp = FederatedGP(mode=mode, knots=9, runtime=model_clock, max_iter=300, preset=preset, profile="straggler",
-                     progress=False).fit(store)
+    gp = FederatedGP(mode=mode, knots=9, runtime=model_clock, max_iter=300, preset=preset, 
+                     progress=False, emulation=Emulation(profile="straggler")).fit(store)
     if (preset, mode) == ("paper", "async"):  # Eq. 19's moving average keeps it moving (docs/algorithm.md): it says so
         assert not gp.converged_ and gp.stop_reason_ == "max_iter"
         return
     assert gp.converged_ and gp.stop_reason_ == "tol", gp.stop_reason_
     assert gp.loglik_ == pytest.approx(ref.loglik_, abs=1e-3)
+
+
+def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
+    """scheduler=, profile=, live=, fgpr=, secure_aggregation= ... still work for one release: a FutureWarning names
+    the new spelling and the value is where it now lives; the constructor has about 20 parameters."""
+    import inspect
+
+    with pytest.warns(FutureWarning, match=r"FederatedGP\(scheduler=\.\.\.\) is now cluster=Cluster\(address=\.\.\.\)"):
+        gp = FederatedGP(scheduler="tcp://10.0.0.1:8786", n_dask_workers=3, profile="straggler", live=True)
+    assert gp.cluster == Cluster(address="tcp://10.0.0.1:8786", n_workers=3)
+    assert gp.emulation == Emulation(profile="straggler") and gp.progress == "live"
+    with pytest.warns(FutureWarning, match="strategies=.*method='fgpr'"):
+        assert FederatedGP(method="fgpr", fgpr={"lr": 0.2}).strategies == {"lr": 0.2}
+    with pytest.warns(FutureWarning, match="privacy='secure_aggregation'"):
+        assert FederatedGP(secure_aggregation=True).privacy == "secure_aggregation"
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):
+        FederatedGP(colour="red")
+    assert len(FederatedGP._get_param_names()) <= 25
+    assert "moved" not in FederatedGP._get_param_names() and "**moved" in str(inspect.signature(FederatedGP))

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from spatialfed import Cluster, Emulation
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
 from spatialfed.outputs.results import load_fit
@@ -74,10 +75,9 @@ def test_privacy_does_not_apply_to_fgpr(store):
 
 def test_the_options_travel_to_dask_workers(store):
     """The mechanism is pickled into every task and applied on the Dask workers; bound and delays apply there too."""
-    gp = FederatedGP(mode="async", preset="tuned", knots=9, agg_threshold=1, runtime="dask", n_dask_workers=2,
-                     slowdown=[1, 1, 3], max_iter=12, progress=False, strategies={"staleness_bound": 2},
-                     privacy={"noise_multiplier": 1e-7, "clip": 100.0}, delays="exponential:0.002",
-                     activations="poisson:500").fit(store)
+    gp = FederatedGP(mode="async", preset="tuned", knots=9, agg_threshold=1, runtime="dask", 
+                     max_iter=12, progress=False, strategies={"staleness_bound": 2},
+                     privacy={"noise_multiplier": 1e-7, "clip": 100.0}, cluster=Cluster(n_workers=2), emulation=Emulation(slowdown=[1, 1, 3], delays="exponential:0.002", activations="poisson:500")).fit(store)
     assert max(row["max_staleness"] for row in gp.trace_) <= 2
     releases = {row["worker"]: row["releases"] for row in gp.privacy_report_["workers"]}
     assert sorted(releases) == [0, 1, 2] and min(releases.values()) > 20

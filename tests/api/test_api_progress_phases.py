@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from spatialfed import Cluster
 from spatialfed import FederatedGP
 from spatialfed.algorithm.protocol import Augmented
 from spatialfed.api import progress
@@ -146,7 +147,7 @@ def test_a_failing_fit_stops_the_heartbeat(store, monkeypatch):
     heartbeat printing behind."""
     monkeypatch.setattr(progress.sys, "stderr", io.StringIO())
     with pytest.raises(SchedulerUnreachableError):
-        FederatedGP(**{**FIT, "runtime": "dask"}, scheduler="tcp://127.0.0.1:9", scheduler_timeout=0.3).fit(store)
+        FederatedGP(**{**FIT, "runtime": "dask"}, cluster=Cluster(address="tcp://127.0.0.1:9", timeout=0.3)).fit(store)
     assert wait_for(lambda: not heartbeats()), "the heartbeat thread outlived a runtime that did not start"
     assert progress._ACTIVE.get() is None
     with pytest.raises(DataError, match="at least 2 knots"):

@@ -78,7 +78,7 @@ def test_unguarded_script_fits_on_the_embedded_cluster(tmp_path):
         from spatialfed.data.simulate import simulate_store
         print("top level", flush=True)
         simulate_store("sim.zarr", 2, 40, seed=1, test_size=0)
-        gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=2, progress=False).fit("sim.zarr")
+        gp = FederatedGP(mode="sync", knots=9, max_iter=2, cluster=Cluster(n_workers=2), progress=False).fit("sim.zarr")
         print("fitted", gp.n_iter_, gp.variogram_params_["nugget"] > 0, flush=True)
         """)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -16,6 +16,7 @@ from sklearn.model_selection import GroupKFold, cross_val_score
 from sklearn.utils.validation import check_is_fitted
 
 from conftest import grid_knots, simulate_parts
+from spatialfed import Emulation
 from spatialfed import FederatedGP
 from spatialfed.cli import main
 from spatialfed.data.datasets import ozone_frame
@@ -41,11 +42,11 @@ def ozone_gp(ozone):
 
 def test_clone_get_params_round_trip():
     client = object()  # stands for a live distributed.Client: shared by clones, never deep-copied
-    gp = FederatedGP(mode="sync", knots=25, crs="EPSG:28992", strategies={"correction": False}, client=client)
+    gp = FederatedGP(mode="sync", knots=25, crs="EPSG:28992", strategies={"correction": False}, cluster=client)
     twin = clone(gp)
     assert twin is not gp and twin.get_params() == gp.get_params()
-    assert twin.client is client and twin.strategies is not gp.strategies  # settings copied, the client shared
-    assert twin.set_params(knots=16, n_sites=3) is twin and (twin.knots, gp.knots, twin.n_sites) == (16, 25, 3)
+    assert twin.cluster is client and twin.strategies is not gp.strategies  # settings copied, the client shared
+    assert twin.set_params(knots=16) is twin and (twin.knots, gp.knots) == (16, 25)
     assert FederatedGP(**gp.get_params()).get_params() == gp.get_params()
     assert repr(gp).startswith("FederatedGP(") and "knots=25" in repr(gp) and "crs='EPSG:28992'" in repr(gp)
     assert is_regressor(gp)
@@ -162,7 +163,7 @@ def test_arrays_without_groups_are_partitioned_into_areas():
     _, locs, z, X, _ = _arrays()
     gp = FederatedGP(**FAST).fit(X, z, coords=locs)
     assert gp.n_workers_ == 4  # 120 rows: partition.default_sites (4 to 64 sites of about 500 rows, none under 20)
-    three = FederatedGP(n_sites=3, **FAST).fit(X, z, coords=locs)
+    three = FederatedGP(**FAST, emulation=Emulation(n_sites=3)).fit(X, z, coords=locs)
     assert three.n_workers_ == 3
     mean, sd = three.predict(X[:4], coords=locs[:4], return_std=True)
     assert mean.shape == sd.shape == (4,) and np.all(sd > 0)

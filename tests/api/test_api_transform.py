@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from spatialfed import Emulation
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
 from spatialfed.data import datasets
@@ -90,7 +91,7 @@ def test_the_estimator_fits_on_the_log_scale_and_predicts_on_zincs(tmp_path):
     frame = pd.read_csv(MEUSE)[["x", "y", "zinc"]]
     train, test = frame.iloc[:120], frame.iloc[120:]
     gp = FederatedGP(mode="sync", knots=30, runtime="simulated", progress=False, transform="log",
-                     crs="EPSG:28992", n_sites=4).fit(train, "zinc")
+                     crs="EPSG:28992", emulation=Emulation(n_sites=4)).fit(train, "zinc")
     assert gp.transform_ == "log"
     mean, sd = gp.predict(test[["x", "y"]], return_std=True)
     assert (mean > 0).all() and (sd > 0).all() and 100 < np.median(mean) < 1500

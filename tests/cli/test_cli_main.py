@@ -80,6 +80,12 @@ def test_only_options_given_reach_the_estimator():
     assert estimator_settings(args) == {
         "max_iter": 50, "tol": 1e-5, "n_dask_workers": 3, "tls": True, "progress": True,
         "privacy": {"noise_multiplier": 2.0, "clip": {"A": 1.0}}}
+    from spatialfed import Cluster
+    from spatialfed.api.options import spelled
+
+    assert spelled(estimator_settings(args)) == {  # the estimator's spelling, without a FutureWarning
+        "max_iter": 50, "tol": 1e-5, "cluster": Cluster(n_workers=3, tls=True), "progress": True,
+        "privacy": {"noise_multiplier": 2.0, "clip": {"A": 1.0}}}
 
 
 def test_the_vecchia_residual_reaches_the_estimator():

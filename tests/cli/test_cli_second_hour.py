@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from spatialfed import Emulation
 from spatialfed.api import FederatedGP
 from spatialfed.api.units import describe
 from spatialfed.cli import main
@@ -99,7 +100,7 @@ def test_a_warning_is_said_once_across_folds_in_one_line_without_a_path():
     from sklearn.model_selection import KFold, cross_val_score
 
     day = ozone_frame("870715").dropna(subset=["ozone"])
-    gp = FederatedGP(crs="EPSG:4326", mode="sync", knots=9, runtime="simulated", progress=False, n_sites=8,
+    gp = FederatedGP(crs="EPSG:4326", mode="sync", knots=9, runtime="simulated", progress=False, emulation=Emulation(n_sites=8),
                      max_iter=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -117,7 +118,7 @@ def test_the_estimators_predict_says_how_many_points_lie_outside_the_study_area(
     xy = rng.uniform(0, 1000, size=(80, 2))
     frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": np.sin(xy[:, 0] / 200) + 0.1 * rng.normal(size=80)})
     gp = FederatedGP(runtime="simulated", progress=False, knots=9, max_iter=3, crs="EPSG:28992",
-                     n_sites=2).fit(frame, "z")
+                     emulation=Emulation(n_sites=2)).fit(frame, "z")
     new = pd.DataFrame({"x": [500.0, 5000.0, 6000.0], "y": [500.0, 500.0, 500.0]})
     with pytest.warns(UserWarning, match=r"^2 of 3 prediction location\(s\) lie outside the domain \(extrapolation; "
                                          r"the study area is the convex hull of the sites' hulls\)$"):

@@ -140,11 +140,17 @@ def test_a_fit_directory_never_says_where_prediction_connects(store, tmp_path, l
     fit = gp.save(tmp_path / "fit")
     meta_path = fit / "model.zarr" / "zarr.json"
     meta = json.loads(meta_path.read_text())
-    meta["attributes"]["settings"]["estimator"].update(scheduler=f"tcp://127.0.0.1:{listener.port}",
-                                                        jobqueue={"kind": "slurm", "job_script_prologue": ["id"]})
+    forged = {"address": f"tcp://127.0.0.1:{listener.port}", "tls": False,
+              "jobqueue": {"kind": "slurm", "job_script_prologue": ["id"]}}
+    meta["attributes"]["settings"]["estimator"].update(cluster=forged)
     meta_path.write_text(json.dumps(meta))
     back = FederatedGP.load(fit)
-    assert back.scheduler is None and back.jobqueue is None
+    assert back.cluster is None  # nothing of where to connect or what to submit
+    meta["attributes"]["settings"]["estimator"].update(cluster=None, scheduler=forged["address"],
+                                                        jobqueue=forged["jobqueue"])  # an earlier version's names
+    meta_path.write_text(json.dumps(meta))
+    assert FederatedGP.load(fit).cluster is None
+    back = FederatedGP.load(fit)
     X, coords = np.zeros((3, 5)), np.random.default_rng(1).uniform(size=(3, 2))
     np.testing.assert_allclose(back.predict(X, coords=coords), gp.predict(X, coords=coords), rtol=0, atol=1e-12)
     assert listener.connections == 0

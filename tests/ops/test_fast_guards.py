@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from conftest import grid_knots
 
+from spatialfed import Emulation
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.api import FederatedGP
 from spatialfed.data.simulate import simulate_store
@@ -57,7 +58,7 @@ def same_estimate(a, b, rtol):
 
 def test_in_process_fit_equals_the_dask_fit(guards_store, cluster):
     local = FederatedGP(**SYNC, runtime="simulated").fit(guards_store)
-    dask = FederatedGP(**SYNC, client=cluster.client).fit(guards_store)
+    dask = FederatedGP(**SYNC, cluster=cluster.client).fit(guards_store)
     assert (local.runtime_used_, dask.runtime_used_) == ("simulated", "dask")
     assert local.converged_ and dask.converged_ and local.n_iter_ == dask.n_iter_
     same_estimate(local, dask, 1e-8)
@@ -106,7 +107,7 @@ def test_async_equals_sync_on_the_ozone_data(tmp_path):
     info, _ = ozone_store(tmp_path / "oz.zarr", "870715")
     settings = dict(knots=16, residual="full", preset="stats", runtime="simulated", progress=False, max_iter=300)
     sync = FederatedGP(mode="sync", **settings).fit(info.path)
-    asyn = FederatedGP(mode="async", profile="straggler", **settings).fit(info.path)
+    asyn = FederatedGP(mode="async", **settings, emulation=Emulation(profile="straggler")).fit(info.path)
     assert (sync.stop_reason_, asyn.stop_reason_) == ("tol", "tol")
     same_estimate(asyn, sync, 1e-5)
 

@@ -1,5 +1,6 @@
-"""Ops wiring: `FederatedGP(tls=...)` / `fit --tls`, and checkpoint/resume through run_dask, FederatedGP and the CLI."""
+"""Ops wiring: `FederatedGP(cluster=Cluster(tls=...))` / `fit --tls`, and checkpoint/resume through run_dask, FederatedGP and the CLI."""
 
+from spatialfed import Cluster
 import numpy as np
 import pytest
 
@@ -10,10 +11,10 @@ import pytest
 def test_fit_with_tls_uses_tls(store):
     from spatialfed.api import FederatedGP
 
-    gp = FederatedGP(mode="sync", knots=9, max_iter=3, tls=True, progress=False, n_dask_workers=2).fit(store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, cluster=Cluster(tls=True, n_workers=2)).fit(store)
     assert np.isfinite(gp.loglik_) and gp.n_iter_ == 3
     assert gp.scheduler_address_.startswith("tls://127.0.0.1:")
-    assert "tls" in gp.get_params()
+    assert gp.get_params()["cluster"].tls is True
 
 
 def test_tls_settings_are_checked(tmp_path):
@@ -21,14 +22,14 @@ def test_tls_settings_are_checked(tmp_path):
     from spatialfed.runtime.cluster import SchedulerUnreachableError, connect
     from spatialfed.runtime.security import TLSConfigError, tls_security
 
-    with pytest.raises(ValueError, match="client="):
-        FederatedGP(tls=True, client=object())._check_settings()
+    with pytest.raises(ValueError, match="existing client"):
+        FederatedGP(cluster=Cluster(tls=True, client=object()))._check_settings()
     with pytest.raises(ValueError, match="simulated"):
-        FederatedGP(tls=True, runtime="simulated")._check_settings()
+        FederatedGP(runtime="simulated", cluster=Cluster(tls=True))._check_settings()
     with pytest.raises(SchedulerUnreachableError, match="tls://127.0.0.1:1"):
         connect("tcp://127.0.0.1:1", security=tls_security())
     with pytest.raises(TLSConfigError, match="ca.pem"):
-        FederatedGP(tls=str(tmp_path / "none"))._security()
+        FederatedGP(cluster=Cluster(tls=str(tmp_path / "none")))._security()
 
 
 def test_cli_tls_flags():
@@ -67,7 +68,7 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, tmp_path, monkeypat
 
     # async: the "tuned" preset converges to the maximum likelihood estimate, whatever the arrival order (the
     # paper preset keeps hovering around it at ~1e-3 with J = 3), so two async runs can be compared
-    settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, n_dask_workers=3,
+    settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, cluster=Cluster(n_workers=3),
                     preset="tuned" if mode == "async" else "paper")
     full = FederatedGP(**settings).fit(store)
     path = tmp_path / "ck" / "fit.ckpt"
@@ -92,8 +93,8 @@ def test_resume_refuses_model_changes(store, tmp_path):
     from spatialfed.api import FederatedGP
 
     path = tmp_path / "fit.ckpt"
-    FederatedGP(mode="sync", knots=9, max_iter=2, progress=False, n_dask_workers=2, checkpoint=path,
-                checkpoint_every=1).fit(store)
+    FederatedGP(mode="sync", knots=9, max_iter=2, progress=False, checkpoint=path,
+                checkpoint_every=1, cluster=Cluster(n_workers=2)).fit(store)
     with pytest.raises(ValueError, match="knots"):
         FederatedGP.resume(path, knots=16)
     with pytest.raises(ValueError, match="checkpoint="):

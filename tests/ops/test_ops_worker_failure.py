@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import grid_knots, simulate_parts
+from spatialfed import Cluster
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import evaluate
 from spatialfed.algorithm.server import FederatedServer
@@ -68,8 +69,7 @@ def test_dask_fit_drops_a_worker_whose_partition_fails_and_records_it(tmp_path):
     chunks = [p for p in (store / "workers" / "1" / "z").rglob("*") if p.is_file() and p.name != "zarr.json"]
     for c in chunks:
         c.write_bytes(b"\x00garbage")  # worker 1's data cannot be read where it is loaded
-    gp = FederatedGP(mode="sync", knots=9, max_iter=5, progress=False, n_dask_workers=2,
-                     on_worker_error="drop").fit(store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=5, progress=False, cluster=Cluster(n_workers=2, on_worker_error="drop")).fit(store)
     assert [d["worker"] for d in gp.dropped_workers_] == [1] and gp.dropped_workers_[0]["step"] == "load"
     assert gp.n_obs_ == 80 and np.isfinite(gp.loglik_)
     doc = json.loads((gp.save(tmp_path / "fit") / "fit.json").read_text())

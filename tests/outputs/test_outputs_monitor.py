@@ -12,6 +12,7 @@ import pytest
 
 from browser import CHROMIUM, FLAGS, devtools_caller, screenshot
 from conftest import grid_knots, simulate_parts
+from spatialfed import Cluster
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.protocol import evaluate
 from spatialfed.algorithm.server import FederatedServer
@@ -117,13 +118,13 @@ def test_plots_render_in_headless_chromium(monitored, tmp_path, which):
 
 
 def test_fit_writes_report_and_serves_live_page(tmp_path):
-    """FederatedGP(live=True) serves the page during a Dask fit; save() writes report.html beside fit.json."""
+    """FederatedGP(progress="live") serves the page during a Dask fit; save() writes report.html beside fit.json."""
     from spatialfed.api import FederatedGP
     from spatialfed.data.simulate import simulate_store
 
     store = tmp_path / "s.zarr"
     simulate_store(store, 2, 60, nu=0.5, beta=0.1, test_size=0, seed=4)
-    gp = FederatedGP(mode="sync", knots=9, max_iter=3, live=True, progress=False, n_dask_workers=2).fit(store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=3, progress="live", cluster=Cluster(n_workers=2)).fit(store)
     assert gp.monitor_.trace_rows and {a["worker"] for a in gp.monitor_.arrivals} == {0, 1}
     out = gp.save(tmp_path / "fit")
     assert (out / "report.html").exists() and (out / "fit.json").exists()

@@ -419,7 +419,7 @@ def test_prediction_runtime_runs_small_jobs_here_unless_dask_is_asked_for(rd_fit
     ({"runtime": "no-such-runtime"}, "runtime must be one of"),
     ({"runtime": "simulated", "client": object()}, "runs in this process"),
     ({"runtime": "simulated", "scheduler": "tcp://127.0.0.1:8786"}, "runs in this process"),
-    ({"n_dask_workers": 0}, "n_dask_workers must be a positive integer"),
+    ({"n_dask_workers": 0}, r"n_workers=\) must be a positive integer"),
 ])
 def test_predict_and_predict_to_file_pass_the_runtime_and_its_dask_options_on(fitted, tmp_path, options, message):
     """The runtime, client, scheduler and Dask worker count reach the sites' runtime: each value here is refused

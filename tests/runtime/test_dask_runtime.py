@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import linalg, optimize
 
+from spatialfed import Cluster, Emulation
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.api import FederatedGP
 from spatialfed.data.geometry import jittered_unit_grid
@@ -98,8 +99,8 @@ def sync_fit(cluster, dask_store):
     from distributed import get_task_stream
 
     with get_task_stream(cluster.client) as ts:
-        gp = FederatedGP(mode="sync", preset="tuned", knots=M, nu=NU, profile="straggler", client=cluster.client,
-                         progress=False).fit(dask_store)  # the block scheme: its task keys and spans are checked
+        gp = FederatedGP(mode="sync", preset="tuned", knots=M, nu=NU, 
+                         progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)  # the block scheme: its task keys and spans are checked
     gp.task_stream_ = ts.data
     return gp
 
@@ -112,8 +113,8 @@ def test_sync_straggler_reaches_lowrank_maximiser(sync_fit, reference):
 
 
 def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, dask_store, reference):
-    gp = FederatedGP(mode="async", knots=M, nu=NU, agg_threshold=2, profile="straggler", preset="tuned",
-                     max_iter=200, client=cluster.client, progress=False).fit(dask_store)
+    gp = FederatedGP(mode="async", knots=M, nu=NU, agg_threshold=2, preset="tuned",
+                     max_iter=200, progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)
     assert gp.converged_ and max(row["max_staleness"] for row in gp.trace_) > 0
     assert_at_maximiser(gp, reference)
 
@@ -121,16 +122,16 @@ def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, dask_store, re
 @pytest.mark.slow
 def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, dask_store, reference):
     """The paper's strategy settings (moving average on) converge far more slowly: hence @slow."""
-    gp = FederatedGP(mode="async", preset="paper", knots=M, nu=NU, agg_threshold=3, profile="straggler", max_iter=300,
+    gp = FederatedGP(mode="async", preset="paper", knots=M, nu=NU, agg_threshold=3, max_iter=300,
                      tol=1e-7,
-                     client=cluster.client, progress=False).fit(dask_store)
+                     progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)
     assert max(row["max_staleness"] for row in gp.trace_) > 0
     assert_at_maximiser(gp, reference)
 
 
 def test_async_straggler_runs_stale_and_reports_the_loglik_of_its_params(cluster, dask_store, parts, tmp_path):
-    gp = FederatedGP(mode="async", preset="tuned", knots=M, nu=NU, agg_threshold=2, profile="straggler", max_iter=12,
-                     client=cluster.client, progress=False).fit(dask_store)
+    gp = FederatedGP(mode="async", preset="tuned", knots=M, nu=NU, agg_threshold=2, max_iter=12,
+                     progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)
     assert gp.n_iter_ == 12 and not gp.converged_
     assert max(row["max_staleness"] for row in gp.trace_) > 0  # the straggler is left behind
     gp.save(tmp_path / "out")
@@ -246,7 +247,7 @@ def test_failing_worker_task_names_worker_and_step(cluster, tmp_path):
     assert chunks
     for c in chunks:
         c.write_bytes(b"\x00garbage")  # metadata intact (open_store passes), data unreadable where it is loaded
-    gp = FederatedGP(mode="sync", knots=16, client=cluster.client, progress=False)
+    gp = FederatedGP(mode="sync", knots=16, progress=False, cluster=cluster.client)
     with pytest.raises(WorkerTaskError, match=r"federated worker 1 failed in sub-step 'load'"):
         gp.fit(dask_store)
     assert cluster.client.run(registry_keys) == {a: [] for a in cluster.worker_addresses()}
@@ -313,7 +314,7 @@ def test_lost_dask_worker_is_replaced_and_the_fit_completes(cluster, dask_store,
 
 def test_embedded_cluster_is_started_and_closed(tmp_path, capsys):
     dask_store = _small_store(tmp_path / "emb.zarr", 40)
-    gp = FederatedGP(mode="sync", knots=9, max_iter=2, n_dask_workers=1).fit(dask_store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=2, cluster=Cluster(n_workers=1)).fit(dask_store)
     err = capsys.readouterr().err
     assert re.search(r"2 federated workers on 1 Dask worker\(s\); dashboard: http://127\.0\.0\.1:\d+/status", err)
     assert gp.loglik_ is not None and len(set(gp.assignment_)) == 1  # both partitions share the one process

@@ -15,6 +15,7 @@ import time
 import dask
 import pytest
 
+from spatialfed import Cluster
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
 from spatialfed.errors import WorkerTaskError
@@ -67,8 +68,7 @@ def deaths_of(message: str, allowed: int) -> list[str]:
 
 
 def fit(cluster, store, allowed: int, on_worker_error: str):
-    gp = FederatedGP(mode="sync", knots=9, max_iter=3, client=cluster.client, progress=False,
-                     on_worker_error=on_worker_error)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, cluster=Cluster(client=cluster.client, on_worker_error=on_worker_error))
     with dask.config.set({"distributed.scheduler.allowed-failures": allowed}):
         return gp.fit(store)
 

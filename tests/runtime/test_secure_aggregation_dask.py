@@ -43,8 +43,8 @@ def meuse_store(tmp_path_factory):
 
 
 def _pair(store, client, **extra):
-    plain = FederatedGP(**SYNC, client=client, **extra).fit(store)
-    secure = FederatedGP(**SYNC, client=client, secure_aggregation=True, **extra).fit(store)
+    plain = FederatedGP(**SYNC, **extra, cluster=client).fit(store)
+    secure = FederatedGP(**SYNC, **extra, cluster=client, privacy="secure_aggregation").fit(store)
     return plain, secure
 
 
@@ -61,11 +61,11 @@ def test_secure_sync_fit_reaches_the_plain_estimate(name, cluster, demo_store, m
 
 def test_async_and_too_few_sites_are_refused_with_one_line(demo_store, tmp_path, capsys):
     with pytest.raises(ValueError, match="mode='sync'"):
-        FederatedGP(**{**SYNC, "mode": "async"}, runtime="simulated", secure_aggregation=True).fit(demo_store)
+        FederatedGP(**{**SYNC, "mode": "async"}, runtime="simulated", privacy="secure_aggregation").fit(demo_store)
     two = tmp_path / "two.zarr"
     simulate_store(two, 2, 30, test_size=0, seed=1)
     with pytest.raises(ValueError, match="at least 3 sites"):
-        FederatedGP(**SYNC, runtime="simulated", secure_aggregation=True).fit(two)
+        FederatedGP(**SYNC, runtime="simulated", privacy="secure_aggregation").fit(two)
     assert main(["fit", str(demo_store), "--out", str(tmp_path / "fit"), "--mode", "async", "--secure-aggregation",
                  "--runtime", "simulated", "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -96,11 +96,11 @@ def test_a_site_killed_mid_round_is_rekeyed_and_the_fit_matches(demo_store, monk
 
     monkeypatch.setattr(SecureStatsServer, "receive", watched)
     with local_cluster(2) as handle:
-        reference = FederatedGP(**SYNC, client=handle.client, secure_aggregation=True).fit(demo_store)
+        reference = FederatedGP(**SYNC, cluster=handle.client, privacy="secure_aggregation").fit(demo_store)
         victim = worker_addresses(handle.client)[0]
         pid = _pid(handle.client, victim)
         thread, killed = _when(lambda: watch.armed, lambda: os.kill(pid, signal.SIGKILL))
-        gp = FederatedGP(**SYNC, client=handle.client, secure_aggregation=True).fit(demo_store)
+        gp = FederatedGP(**SYNC, cluster=handle.client, privacy="secure_aggregation").fit(demo_store)
         thread.join(timeout=1)
     assert killed, "the kill never happened"
     assert victim not in gp.assignment_

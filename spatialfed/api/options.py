@@ -1,0 +1,168 @@
+"""The estimator's two setting objects besides the model and fit settings: where a Dask fit runs (`Cluster`) and
+what an experiment emulates (`Emulation`), with the spellings of earlier versions mapped onto them.
+
+    FederatedGP(cluster="tcp://10.0.0.5:8786")                       # a running scheduler
+    FederatedGP(cluster=client)                                      # a distributed.Client (not closed)
+    FederatedGP(cluster=Cluster(n_workers=4, tls=True))              # an embedded LocalCluster
+    FederatedGP(cluster=Cluster(jobqueue={"kind": "slurm", "cores": 4, "memory": "8GB"}))
+    FederatedGP(runtime="simulated", emulation=Emulation(profile="straggler", delays="exponential:0.5"))
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, fields, replace
+
+ON_WORKER_ERROR = ("stop", "drop")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a Dask fit runs. `address`: a running scheduler (tcp://host:port or tls://...; None: an embedded
+    LocalCluster, or dask-jobqueue with `jobqueue`); `client`: an existing distributed.Client (not closed by the
+    estimator; not with tls); `n_workers`: processes of the embedded LocalCluster (default min(J, usable cores));
+    `jobqueue`: a dict for runtime.cluster.jobqueue_cluster ({"kind": "slurm", "cores": 4, ...}); `tls`: encrypt
+    and authenticate every connection (True: a temporary self-signed certificate; a directory holding
+    ca.pem/cert.pem/key.pem); `insecure`: allow a plain-TCP scheduler off this machine (docs/hpc.md); `timeout`:
+    seconds to wait for the scheduler; `on_worker_error`: "stop" (a failing site stops the fit, naming it) or "drop"
+    (continue without it, recorded in dropped_workers_)."""
+
+    address: str | None = None
+    client: object | None = None
+    n_workers: int | None = None
+    jobqueue: dict | None = None
+    tls: bool | str | None = None
+    insecure: bool = False
+    timeout: float = 5.0
+    on_worker_error: str = "stop"
+
+    def __post_init__(self):
+        if self.on_worker_error not in ON_WORKER_ERROR:
+            raise ValueError(f"on_worker_error must be one of {ON_WORKER_ERROR}, got {self.on_worker_error!r}")
+        if self.address is not None and not isinstance(self.address, str):
+            raise ValueError(f"address must be a scheduler address such as 'tcp://host:8786', got {self.address!r}")
+        if self.client is not None and (self.address or self.jobqueue):
+            raise ValueError("client= is a connection already made: give it alone, without address or jobqueue")
+
+    @property
+    def given(self) -> list[str]:
+        """The Dask options set (they make runtime "auto" choose Dask)."""
+        return [name for name, on in (("client", self.client is not None), ("address", self.address),
+                                      ("jobqueue", self.jobqueue), ("tls", self.tls not in (None, False)),
+                                      ("on_worker_error='drop'", self.on_worker_error == "drop"),
+                                      ("n_workers", self.n_workers is not None)) if on]
+
+    def saved(self) -> dict:
+        """Its settings as plain values (checkpoint meta, fit.json), without the live client."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "client"}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What an experiment emulates (docs/delays.md): the sites' compute heterogeneity, `profile` ("balanced" |
+    "straggler" | "graded" | "graded:<min cores>") or explicit `slowdown` factors s_1..s_J ≥ 1; `delays` and
+    `activations` (runtime.delays objects or their command-line strings, "exponential:0.5", "poisson:RATE"; drawn
+    with the estimator's seed); `n_sites`: the number of owners J of the automatic area partition of in-memory data
+    given without groups (default: about 500 rows per site, 4 to 64 sites; data.partition.default_sites)."""
+
+    profile: str = "balanced"
+    slowdown: tuple | None = None
+    delays: object | None = None
+    activations: object | None = None
+    n_sites: int | None = None
+
+    @property
+    def given(self) -> list[str]:
+        """The emulation options set (they make runtime "auto" choose Dask)."""
+        return [name for name, on in (("profile/slowdown", self.slowdown is not None or self.profile != "balanced"),
+                                      ("delays/activations", self.delays is not None or self.activations is not None))
+                if on]
+
+    def saved(self) -> dict:
+        return asdict(self)
+
+
+def cluster_of(value) -> Cluster:
+    """The Cluster of a ``cluster=`` value: None (defaults), a Cluster, an address string, a distributed.Client, or
+    a dict of Cluster's settings."""
+    if value is None:
+        return Cluster()
+    if isinstance(value, Cluster):
+        return value
+    if isinstance(value, str):
+        return Cluster(address=value)
+    if isinstance(value, dict):
+        return Cluster(**value)
+    if hasattr(value, "scheduler") and hasattr(value, "submit"):  # a distributed.Client
+        return Cluster(client=value)
+    raise ValueError(f"cluster must be a scheduler address, a distributed.Client, a spatialfed.Cluster or a dict "
+                     f"of its settings, got {type(value).__name__}")
+
+
+def emulation_of(value) -> Emulation:
+    """The Emulation of an ``emulation=`` value: None (none), an Emulation, a profile name, or a dict."""
+    if value is None:
+        return Emulation()
+    if isinstance(value, Emulation):
+        return value
+    if isinstance(value, str):
+        return Emulation(profile=value)
+    if isinstance(value, dict):
+        return Emulation(**value)
+    raise ValueError(f"emulation must be a spatialfed.Emulation, a profile name or a dict of its settings, got "
+                     f"{type(value).__name__}")
+
+
+#: constructor parameters of earlier versions -> (the object, its field)
+MOVED = {"scheduler": ("cluster", "address"), "client": ("cluster", "client"),
+         "n_dask_workers": ("cluster", "n_workers"), "jobqueue": ("cluster", "jobqueue"), "tls": ("cluster", "tls"),
+         "insecure": ("cluster", "insecure"), "scheduler_timeout": ("cluster", "timeout"),
+         "on_worker_error": ("cluster", "on_worker_error"), "profile": ("emulation", "profile"),
+         "slowdown": ("emulation", "slowdown"), "delays": ("emulation", "delays"),
+         "activations": ("emulation", "activations"), "n_sites": ("emulation", "n_sites")}
+_SPELLING = {"cluster": "Cluster", "emulation": "Emulation"}
+#: parameters of earlier versions folded into another parameter -> (it, how the value maps, the new spelling)
+FOLDED = {"live": ("progress", lambda v, old: "live" if v else old, "progress='live'"),
+          "fgpr": ("strategies", lambda v, old: {**(old or {}), **(v or {})}, "strategies={...} (method='fgpr')"),
+          "secure_aggregation": ("privacy", lambda v, old: _secure(v, old), "privacy='secure_aggregation'")}
+
+
+def _secure(asked, noise):
+    """privacy= of secure_aggregation=`asked` beside privacy=`noise`: one or the other."""
+    if asked and noise not in (None, "secure_aggregation"):
+        raise ValueError("secure aggregation (the statistics scheme) and privacy noise (the block scheme) cannot be "
+                         "combined: choose one")
+    return "secure_aggregation" if asked else noise
+
+
+def spelled(flat: dict) -> dict:
+    """Estimator keywords from flat settings (the command line's): the names of MOVED and FOLDED put where they
+    live now, silently."""
+    moved = {k: v for k, v in flat.items() if k in MOVED or k in FOLDED}
+    rest = {k: v for k, v in flat.items() if k not in moved}
+    base = {"cluster": None, "emulation": None, "progress": True, "strategies": None, "privacy": None}
+    settings = absorb_moved({**base, **rest}, moved, warn=False)
+    touched = set(rest) | {(MOVED.get(k) or FOLDED[k])[0] for k in moved}
+    return {k: v for k, v in settings.items() if k in touched}
+
+
+def absorb_moved(settings: dict, moved: dict, warn: bool = True) -> dict:
+    """The constructor's `settings` with the parameters of earlier versions in `moved` put where they now live;
+    each warns (FutureWarning) naming its new spelling. An unknown name is a TypeError, as for any estimator."""
+    unknown = sorted(set(moved) - set(MOVED) - set(FOLDED))
+    if unknown:
+        raise TypeError(f"FederatedGP got unexpected keyword argument(s) {unknown}")
+    settings = dict(settings)
+    for name, value in moved.items():
+        if name in FOLDED:
+            into, fold, spelling = FOLDED[name]
+            settings[into] = fold(value, settings[into])
+        else:
+            into, field = MOVED[name]
+            spelling = f"{into}={_SPELLING[into]}({field}=...) (from spatialfed import {_SPELLING[into]})"
+            made = (cluster_of if into == "cluster" else emulation_of)(settings[into])
+            settings[into] = replace(made, **{field: value})
+        if warn:
+            warnings.warn(f"FederatedGP({name}=...) is now {spelling}; the old spelling goes in the next release",
+                          FutureWarning, stacklevel=3)
+    return settings
