@@ -9,18 +9,22 @@ nearest earlier points N, has a = R_NN⁻¹R_N,i and D = R_ii − R_i,N a, and
 
 With k = n_j − 1 this is the Cholesky factorisation of R: the statistics are the full residual's.
 
-Derivatives in u = (log δ, log σ², log β), point by point (C = R_NN, c = R_N,i, r = R_ii; ∂ = ∂/∂u_s, ∂' = ∂/∂u_t):
+Derivatives in u = (log δ, log σ², κ), κ the correlation's K kernel coordinates (log β for the fixed-ν Matérn,
+MaternCorrelation; a MaternFamily's (log β [, log ν] [, log r, φ]) through model/family_stats.py), point by point
+(C = R_NN, c = R_N,i, r = R_ii; ∂ = ∂/∂u_s, ∂' = ∂/∂u_t):
     ∂a = C⁻¹(∂c − ∂C a),  ∂D = ∂r − 2∂cᵀa + aᵀ∂C a,
     ∂∂'a = C⁻¹(∂∂'c − ∂∂'C a − ∂C ∂'a − ∂'C ∂a),  ∂∂'D = ∂∂'r − 2∂∂'cᵀa + aᵀ∂∂'C a − 2(C∂a)ᵀ∂'a,
-    R_δ = −εI, R_σ = σ²W̃, R_β = σ²∂W̃;  R_δδ = εI, R_σσ = R_σ, R_σβ = R_β, R_ββ = σ²∂²W̃, R_δσ = R_δβ = 0,
+    R_δ = −εI, R_σ = σ²W̃, R_k = σ²∂_kW̃;  R_δδ = εI, R_σσ = R_σ, R_σk = R_k, R_kl = σ²∂_kl W̃, R_δσ = R_δk = 0,
 and with s = 1/D, s_t = −∂_tD/D², s_st = −∂_stD/D² + 2∂_sD∂_tD/D³:
     ∂_tS = Σ sym(e(s e_t + ½ s_t e)ᵀ),  ∂_stS = Σ sym(e(s e_st + s_s e_t + s_t e_s + ½ s_st e)ᵀ) + sym(s e_s e_tᵀ).
 The knot basis is whitened: F = ρ_js L⁻ᵀ (ρ_K = LLᵀ), so Q̃ = FFᵀ and B = F T with T = L⁻¹; with
-M₁ = L⁻¹ρ̇_K L⁻ᵀ, M₂ = L⁻¹ρ̈_K L⁻ᵀ, H₁ = Ḟ − ½FM₁, H₂ = F̈ − 2ḞM₁ + F(M₁² − ½M₂) (Ḟ = ρ̇_js L⁻ᵀ, F̈ = ρ̈_js L⁻ᵀ):
-    ∂Q̃ = H₁Fᵀ + FH₁ᵀ,  ∂²Q̃ = H₂Fᵀ + FH₂ᵀ + 2ḞḞᵀ,  ∂B = (H₁ − ½FM₁)T,  ∂²B = (H₂ + F(M₁² − ½M₂))T,
+Ḟ_k = ρ_js,k L⁻ᵀ, F̈_kl = ρ_js,kl L⁻ᵀ, M_k = Tρ_K,kTᵀ, N_kl = ½(M_kM_l + M_lM_k) − ½Tρ_K,klTᵀ,
+H_k = Ḟ_k − ½FM_k, H_kl = F̈_kl − Ḟ_kM_l − Ḟ_lM_k + FN_kl (K = 1: H₂ = F̈ − 2ḞM₁ + F(M₁² − ½M₂)):
+    ∂_kQ̃ = H_kFᵀ + FH_kᵀ,  ∂_klQ̃ = H_klFᵀ + FH_klᵀ + Ḟ_kḞ_lᵀ + Ḟ_lḞ_kᵀ,  ∂_kB = (H_k − ½FM_k)T,
+    ∂_klB = (H_kl + FN_kl)T,
 so the statistics are computed for W' = [F X z] with those derivatives and mapped by T at the end. Every local
-matrix (the (k+1) × (k+1) R, ∂R, ∂²R of a point and its neighbours) comes from the neighbours' rows of F, Ḟ, H₁, H₂:
-O(k²m) per point. Points are processed in batches of (batch, k+1, k+1) arrays.
+matrix (the (k+1) × (k+1) R, ∂R, ∂²R of a point and its neighbours) comes from the neighbours' rows of F, Ḟ, H:
+O(k²m) per point and coordinate pair. Points are processed in batches of (batch, k+1, k+1) arrays.
 """
 
 from __future__ import annotations
