@@ -190,7 +190,8 @@ def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u,
         if (a, b) in Rab:
             tr_ab = float(np.sum(P * Rab[a, b])) if dense else float(np.sum(P * Rab[a, b]))
         d2d[i] = tr_ab - (float(np.sum(PR[a] * PR[b].T)) if dense else float(np.sum(PR[a] * PR[b])))
-    return {"u": u, "c": _scale_direction(q, residual), "n": int(n), "m": int(m), "p": int(p), "S": 0.5 * (S + S.T), "dS": dS, "d2S": d2S,
+    return {"u": u, "c": _scale_direction(q, residual), "n": int(n), "m": int(m), "p": int(p),
+            "S": 0.5 * (S + S.T), "dS": dS, "d2S": d2S,
             "d": logdet, "dd": dd, "d2d": d2d}
 
 

@@ -341,8 +341,8 @@ def statistics(X, z, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: flo
                 continue
             k, l = s_ - 2, t - 2
             both = 2.0 * dW[k][:, 1 + t] if k == l else dW[l][:, 1 + s_] + dW[k][:, 1 + t]
-            E[:, 1 + qu + p, :m] += (both + np.einsum("bk,bkm->bm", alpha[:, 0], G[:, :, 1 + kf.K + kf.pairs.index((k, l))])
-                                     + AF[:, 0] @ kf.N[k, l])
+            Hkl = G[:, :, 1 + kf.K + kf.pairs.index((k, l))]
+            E[:, 1 + qu + p, :m] += both + np.einsum("bk,bkm->bm", alpha[:, 0], Hkl) + AF[:, 0] @ kf.N[k, l]
         s = 1.0 / D
         st = -dD * s[:, None] ** 2
         sst = np.stack([-d2D[:, p] * s**2 + 2.0 * dD[:, u] * dD[:, v] * s**3 for p, (u, v) in enumerate(pr)], 1)

@@ -29,7 +29,8 @@ def _centralized_optimum(parts, knots, family, residual, u0, lower, upper):
 
 
 def _slow_unless(name: str, residual: str, n: int) -> list:
-    return [] if (name, residual, n) in (("anisotropy", "full", 40), ("anisotropy", "vecchia", 25)) else [pytest.mark.slow]
+    fast = (("anisotropy", "full", 40), ("anisotropy", "vecchia", 25))
+    return [] if (name, residual, n) in fast else [pytest.mark.slow]
 
 
 @pytest.mark.parametrize("name, residual, n", [pytest.param(name, residual, n, marks=_slow_unless(name, residual, n))

@@ -113,8 +113,9 @@ def _fd(f, u, h=1e-3):
     return g, H
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
-@pytest.mark.parametrize("residual", ["full", "mpp", "vecchia"])
+@pytest.mark.parametrize("name, residual", [
+    pytest.param(name, residual, marks=[pytest.mark.slow] if (name, residual) == ("nu+anisotropy", "vecchia") else [])
+    for residual in ("full", "mpp", "vecchia") for name in FAMILIES])
 def test_profile_derivatives_match_central_differences_of_the_exact_loglik(name, residual):
     """For vecchia the exact ℓ is the dense one of the same approximation (reference.vecchia_covariance), k = 4."""
     family, kappa = FAMILIES[name]
