@@ -97,12 +97,19 @@ class MaternFamily:
         return beta, nu, r, phi
 
     def _geometry(self, a, b, r: float, phi: float):
-        """d with ∂L/∂(log r, φ) and their second derivatives (None when isotropic)."""
+        """d with ∂L/∂(log r, φ) and their second derivatives (None when isotropic); a, b are point sets (n×2,
+        k×2) or batches of them (B×n×2, B×k×2: the Vecchia residual's local sets)."""
+        batched = np.ndim(a) == 3
         if self.distance == "chordal":
+            if batched:
+                pa, pb = (unit_vectors(x.reshape(-1, 2)).reshape(x.shape[:-1] + (3,)) for x in (a, b))
+                diff = pa[:, :, None] - pb[:, None]
+                return np.sqrt(np.einsum("...i,...i->...", diff, diff)) * EARTH_RADIUS_KM, None
             return cdist(unit_vectors(a), unit_vectors(b)) * EARTH_RADIUS_KM, None
-        a, b = check_points(a, "a"), check_points(b, "b")
-        dx = a[:, None, 0] - b[None, :, 0]
-        dy = a[:, None, 1] - b[None, :, 1]
+        if not batched:
+            a, b = check_points(a, "a"), check_points(b, "b")
+        dx = a[..., :, None, 0] - b[..., None, :, 0]
+        dy = a[..., :, None, 1] - b[..., None, :, 1]
         if not self.anisotropy:
             return np.hypot(dx, dy), None
         s, c = np.sin(phi), np.cos(phi)
@@ -126,16 +133,22 @@ class MaternFamily:
         return sigma2 * self.correlation(a, b, kappa)
 
     def derivatives(self, a, b, kappa) -> tuple[np.ndarray, list, dict]:
-        """(ρ, [∂ρ/∂κ_k], {(k, l): ∂²ρ/∂κ_k∂κ_l, k ≤ l}) at the pairs of a × b."""
+        """(ρ, [∂ρ/∂κ_k], {(k, l): ∂²ρ/∂κ_k∂κ_l, k ≤ l}) at the pairs of a × b (or of each batch's a_i × b_i)."""
         beta, nu, r, phi = self.split(kappa)
         d, geo = self._geometry(a, b, r, phi)
         if self.nu is not None:
             rho, r1, r2 = Matern(nu).correlation_derivatives(d, beta)
-        elif a is b:  # symmetric: the costly Bessel stencils on the upper triangle only (ρ = 1, the rest 0 at d = 0)
-            n, iu = d.shape[0], np.triu_indices(d.shape[0], 1)
-            nu_parts, r1, r2 = _nu_free(d[iu], beta, nu)
-            rho = tuple(_filled(v, iu, n, 1.0 if i == 0 else 0.0) for i, v in enumerate(nu_parts))
-            r1, r2 = _filled(r1, iu, n, 0.0), _filled(r2, iu, n, 0.0)
+        elif a is b:  # symmetric: the costly Bessel stencils on the upper triangle only (ρ = 1, the rest 0 at d = 0),
+            iu = np.triu_indices(d.shape[-1], 1)  # at its distinct distances (a Vecchia batch's sets share most pairs)
+            upper = d[..., iu[0], iu[1]]
+            distinct, back = np.unique(upper.ravel(), return_inverse=True)
+            nu_parts, r1, r2 = _nu_free(distinct, beta, nu)
+
+            def fill(v, diagonal):
+                return _filled(v[back].reshape(upper.shape), iu, d.shape, diagonal)
+
+            rho = tuple(fill(v, 1.0 if i == 0 else 0.0) for i, v in enumerate(nu_parts))
+            r1, r2 = fill(r1, 0.0), fill(r2, 0.0)
         else:
             rho, r1, r2 = _nu_free(d, beta, nu)
         d1, d2 = [r1], {(0, 0): r2}
@@ -158,11 +171,12 @@ class MaternFamily:
         return rho, d1, d2
 
 
-def _filled(values, iu, n: int, diagonal: float) -> np.ndarray:
-    """The symmetric n×n array with `values` on the upper triangle `iu` (and below) and `diagonal` on the diagonal."""
-    out = np.full((n, n), diagonal)
-    out[iu] = values
-    out.T[iu] = values
+def _filled(values, iu, shape, diagonal: float) -> np.ndarray:
+    """The symmetric (…, n, n) array with `values` on the upper triangles `iu` (and below) and `diagonal` on the
+    diagonals."""
+    out = np.full(shape, diagonal)
+    out[..., iu[0], iu[1]] = values
+    out[..., iu[1], iu[0]] = values
     return out
 
 

@@ -7,8 +7,12 @@ in pairs(q) order), by the same formulas written for every coordinate a:
     B = ρ_js ρ_K⁻¹, B_k = (ρ_js,k − Bρ_K,k)ρ_K⁻¹, B_kl = (ρ_js,kl − B_kρ_K,l − B_lρ_K,k − Bρ_K,kl)ρ_K⁻¹,
     Q̃_k = U_kBᵀ + BU_kᵀ with U_k = ρ_js,k − ½Bρ_K,k;  Q̃_kl = U_k,lBᵀ + U_kB_lᵀ + transposes,
     U_k,l = ρ_js,kl − ½B_lρ_K,k − ½Bρ_K,kl;  W̃ = ρ_jj − Q̃ (full), its diagonal (mpp), 0 (pp).
-The residual's n_j × n_j derivative arrays are formed densely (q(q+1)/2 + q of them): this path is for the full,
-mpp and pp residuals; the Vecchia residual keeps the fixed-ν isotropic model.
+The residual's n_j × n_j derivative arrays are formed densely (q(q+1)/2 + q of them) for the full residual, as
+diagonals for mpp and pp. The Vecchia residual (SPEC §2c) runs model/vecchia.py's point-by-point statistics on
+FamilyCorrelation, its kernel coordinates κ in place of log β: Ḟ_k, H_k, M_k for each k and H_kl, N_kl for each
+pair in the whitened knot basis, R_k and R_kl on each local set (model/vecchia.py's docstring), with no n_j × n_j
+array. Its ordering and neighbours are those of model/vecchia_order.py on the coordinates as given (lon/lat
+degrees when chordal), fixed for a site whatever κ.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from spatialfed.model import vecchia
 from spatialfed.model.blocks import _spd_inverse
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.linalg import cholesky_with_jitter
 from spatialfed.model.names import pairs
 from spatialfed.model.residuals import residual_strategy
+from spatialfed.model.vecchia_order import VECCHIA_K, vecchia_plan
 
 
 def _knot_blocks(family: MaternFamily, knots, kappa):
@@ -72,19 +78,56 @@ def _residual_pieces(family, locs, knots, kappa, residual):
     return B, Bk, Bkl, W, Wk, Wkl
 
 
-def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u) -> dict:
-    """S_j, d_j, n_j and their u-derivatives (SPEC §2b) for the family's u = (log δ, log σ², κ)."""
+class FamilyCorrelation:
+    """ρ of a MaternFamily at κ on a site's points and knots in vecchia.MaternCorrelation's interface (K = dim κ)."""
+
+    def __init__(self, family: MaternFamily, kappa, locs: np.ndarray, knots: np.ndarray):
+        self.family, self.kappa, self.locs, self.knots = family, kappa, locs, knots
+        self.K = len(family.names)
+
+    def _at(self, a, b, derivatives: bool):
+        return (self.family.derivatives if derivatives else self.family.correlation)(a, b, self.kappa)
+
+    def knot_derivatives(self):
+        return self._at(self.knots, self.knots, True)
+
+    def cross(self, rows: slice, derivatives: bool):
+        return self._at(self.locs[rows], self.knots, derivatives)
+
+    def local(self, idx: np.ndarray, derivatives: bool):
+        P = self.locs[idx]  # (b, k+1, 2): one symmetric set per point
+        return self._at(P, P, derivatives)
+
+
+def _scale_direction(q: int, residual: str) -> np.ndarray:
+    """c with S(u + sc) = e^{s}S(u) (SPEC §2b): (1, −1, 0, …) unless pp."""
+    c = np.zeros(q)
+    c[0] = 1.0
+    c[1] = residual_strategy(residual).scale_direction[1]
+    return c
+
+
+def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u, vecchia_k: int = VECCHIA_K,
+                      vecchia_ordering: str = "maxmin") -> dict:
+    """S_j, d_j, n_j and their u-derivatives (SPEC §2b) for the family's u = (log δ, log σ², κ); with
+    residual="vecchia", of the Vecchia residual on vecchia_k neighbours (SPEC §2c)."""
     u = np.asarray(u, dtype=float)
     q = family.q
     if u.shape != (q,) or not np.all(np.isfinite(u)):
         raise ValueError(f"u must be {q} finite numbers (log δ, log σ², {', '.join(family.names)}), got {u!r}")
-    if residual not in ("full", "mpp", "pp"):
-        raise ValueError(f"the {family} covariance has the full, mpp and pp residuals, not residual={residual!r}")
+    if residual not in ("full", "mpp", "pp", "vecchia"):
+        raise ValueError(f"the {family} covariance has the full, mpp, pp and vecchia residuals, not "
+                         f"residual={residual!r}")
     locs, z = np.asarray(locs, dtype=float), np.asarray(z, dtype=float)
     X = np.asarray(X, dtype=float).reshape(len(z), -1)
     knots = np.asarray(knots, dtype=float).reshape(-1, 2)
     eps, s2, kappa = float(np.exp(-u[0])), float(np.exp(u[1])), u[2:]
     n, m, p = len(z), len(knots), X.shape[1]
+    if residual_strategy(residual).pointwise:
+        plan = vecchia_plan(locs, vecchia_k, vecchia_ordering)
+        kf = vecchia.KnotFactors.of(FamilyCorrelation(family, kappa, locs, knots), n)
+        return {"u": u, "c": _scale_direction(q, residual), "n": int(n), "m": int(m), "p": int(p),
+                **vecchia.statistics(X, z, plan, kf, s2, eps)}
     B, Bk, Bkl, W, Wk, Wkl = _residual_pieces(family, locs, knots, kappa, residual)
     dense = residual_strategy(residual).dense
     eye = np.eye(n) if dense else np.ones(n)
@@ -147,10 +190,8 @@ def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u)
         if (a, b) in Rab:
             tr_ab = float(np.sum(P * Rab[a, b])) if dense else float(np.sum(P * Rab[a, b]))
         d2d[i] = tr_ab - (float(np.sum(PR[a] * PR[b].T)) if dense else float(np.sum(PR[a] * PR[b])))
-    c = np.zeros(q)
-    c[0] = 1.0
-    c[1] = residual_strategy(residual).scale_direction[1]  # −1 unless pp (SPEC §2b)
-    return {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p), "S": 0.5 * (S + S.T), "dS": dS, "d2S": d2S,
+    return {"u": u, "c": _scale_direction(q, residual), "n": int(n), "m": int(m), "p": int(p),
+            "S": 0.5 * (S + S.T), "dS": dS, "d2S": d2S,
             "d": logdet, "dd": dd, "d2d": d2d}
 
 

@@ -56,7 +56,7 @@ class _Factorised:
         if model.strategy.pointwise:  # no factor: the whitened data come point by point (model/vecchia.py)
             self.kb = self.factor = None
             kf = vecchia.KnotFactors(model.kernel, model.d_K, model.locs, model.knots, beta, derivatives=False)
-            self.logdet, W = vecchia.whitened(model, model.vecchia_plan, kf, sigma2, self.eps, beta)
+            self.logdet, W = vecchia.whitened(model.X, model.z, model.vecchia_plan, kf, sigma2, self.eps)
             m, p = model.m, model.p
             self.Bh, self.Xh, self.zh = W[:, :m], W[:, m : m + p], W[:, -1]
             return

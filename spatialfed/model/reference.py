@@ -6,6 +6,8 @@ Proposition 4 experiment; the federated fit never calls them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from scipy import linalg
 from scipy.spatial.distance import cdist
@@ -13,7 +15,9 @@ from scipy.spatial.distance import cdist
 from spatialfed.model.blocks import LOG_2PI, _spd_inverse
 from spatialfed.model.local import check_residual
 from spatialfed.model.matern import Matern
+from spatialfed.model.names import RESIDUALS
 from spatialfed.model.residuals import residual_strategy
+from spatialfed.model.vecchia_order import VECCHIA_K, VecchiaPlan, vecchia_plan
 
 Part = tuple[np.ndarray, np.ndarray, np.ndarray]  # (locs, z, X) of one worker
 
@@ -29,14 +33,43 @@ def _logdet(cf) -> float:
     return 2.0 * float(np.sum(np.log(np.diag(cf[0]))))
 
 
-def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residual: str) -> np.ndarray:
-    """R_j(δ, θ) of Remark 3 as a dense matrix (small n only)."""
-    if check_residual(residual) not in ("full", "mpp", "pp"):
-        raise ValueError(f"the dense reference has the full, mpp and pp residuals; residual={residual!r} is not one")
+def vecchia_covariance(R: np.ndarray, plan: VecchiaPlan) -> np.ndarray:
+    """U⁻¹DU⁻ᵀ, the covariance whose inverse is the Vecchia approximation UᵀD⁻¹U (U = I − A) of a dense R in the
+    plan's ordering and conditioning sets (SPEC §2c): a_i = R_NN⁻¹R_N,i, D_i = R_ii − R_i,N a_i by dense solves of
+the dense R (no whitened basis: independent of model/vecchia.py)."""
+    valid = plan.nbrs >= 0
+    N, i = np.where(valid, plan.nbrs, 0), plan.order
+    both = valid[:, :, None] & valid[:, None, :]
+    C = np.where(both, R[N[:, :, None], N[:, None, :]], np.eye(plan.k))  # missing neighbours: identity, a = 0
+    rN = np.where(valid, R[N, i[:, None]], 0.0)
+    a = np.linalg.solve(C, rN[:, :, None])[:, :, 0]
+    U = np.eye(R.shape[0])
+    np.add.at(U, (np.broadcast_to(i[:, None], N.shape), N), -a)
+    D = np.empty(R.shape[0])
+    D[i] = np.diag(R)[i] - np.sum(rN * a, axis=1)  # by point, as U's rows
+    Ui = linalg.inv(U)  # unit triangular in the plan's order
+    return (Ui * D) @ Ui.T
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(points: bytes, k: int) -> VecchiaPlan:
+    """vecchia_plan of a (small) site's locations, kept: a reference evaluates ℓ at many u for the same sites."""
+    return vecchia_plan(np.frombuffer(points).reshape(-1, 2), k)
+
+
+def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residual: str,
+                        vecchia_k: int = VECCHIA_K) -> np.ndarray:
+    """R_j(δ, θ) of Remark 3 as a dense matrix (small n only); `vecchia`: the Vecchia approximation of the full one
+    in the site's plan (vecchia_plan(locs, vecchia_k), max-min ordering, as LocalModel and family_statistics)."""
+    if check_residual(residual) not in RESIDUALS:
+        raise ValueError(f"the dense reference has the residuals {RESIDUALS}; residual={residual!r} is not one")
     C_js = kernel.cross(locs, knots, sigma2, beta)
     K = kernel.cross(knots, knots, sigma2, beta)
     Q = C_js @ linalg.solve(K, C_js.T, assume_a="pos")
     rs = residual_strategy(residual)
+    if rs.pointwise:
+        R = kernel.cross(locs, locs, sigma2, beta) - Q + np.eye(len(locs)) / delta
+        return vecchia_covariance(R, _plan(np.ascontiguousarray(locs, dtype=float).tobytes(), int(vecchia_k)))
     if rs.dense:
         W = kernel.cross(locs, locs, sigma2, beta) - Q
     elif rs.kriges:  # mpp
@@ -69,7 +102,8 @@ def lowrank_loglik(parts: list[Part], knots, kernel: Matern, residual: str, gamm
     return -0.5 * (n_obs * LOG_2PI + logdet + quad)
 
 
-def lowrank_covariance(parts: list[Part], knots, kernel: Matern, residual: str, delta, sigma2, beta) -> np.ndarray:
+def lowrank_covariance(parts: list[Part], knots, kernel: Matern, residual: str, delta, sigma2, beta,
+                       vecchia_k: int = VECCHIA_K) -> np.ndarray:
     """The dense N×N covariance BKBᵀ + blockdiag R_j of the low-rank model (small N only)."""
     locs = np.vstack([p[0] for p in parts])
     C_s = kernel.cross(locs, knots, sigma2, beta)
@@ -77,7 +111,7 @@ def lowrank_covariance(parts: list[Part], knots, kernel: Matern, residual: str, 
     start = 0
     for loc_j, _, _ in parts:
         sl = slice(start, start + len(loc_j))
-        cov[sl, sl] += residual_covariance(loc_j, knots, kernel, sigma2, beta, delta, residual)
+        cov[sl, sl] += residual_covariance(loc_j, knots, kernel, sigma2, beta, delta, residual, vecchia_k)
         start += len(loc_j)
     return cov
 
@@ -174,6 +208,8 @@ def lowrank_kriging(parts: list[Part], owners, locs0, X0, knots, kernel: Matern,
 
     s₀ shares its residual w̃ with worker owners[i]; returns the mean and latent variance of y(s₀).
     """
+    if residual_strategy(residual).pointwise:
+        raise ValueError("the dense kriging reference has the full, mpp and pp residuals, not residual='vecchia'")
     cov = lowrank_covariance(parts, knots, kernel, residual, delta, sigma2, beta)
     z = np.concatenate([p[1] for p in parts])
     X = np.vstack([p[2] for p in parts])
@@ -199,12 +235,15 @@ def lowrank_kriging(parts: list[Part], owners, locs0, X0, knots, kernel: Matern,
     return mean, var
 
 
-def profile_lowrank_loglik(parts: list[Part], knots, kernel, residual: str, u) -> tuple[float, np.ndarray]:
-    """(max_γ ℓ_LR, γ̂) at u = (log δ, log σ², log β or a MaternFamily's κ) from the dense N×N covariance (GLS γ̂)."""
+def profile_lowrank_loglik(parts: list[Part], knots, kernel, residual: str, u,
+                           vecchia_k: int = VECCHIA_K) -> tuple[float, np.ndarray]:
+    """(max_γ ℓ_LR, γ̂) at u = (log δ, log σ², log β or a MaternFamily's κ) from the dense N×N covariance (GLS γ̂);
+    `vecchia`: of the Vecchia-approximated residuals (vecchia_k neighbours)."""
     u = np.asarray(u, dtype=float)
     delta, sigma2 = float(np.exp(u[0])), float(np.exp(u[1]))
     theta = u[2:] if u.size > 3 or not isinstance(kernel, Matern) else float(np.exp(u[2]))
-    cf = _cho(lowrank_covariance(parts, knots, kernel, residual, delta, sigma2, theta), "the low-rank covariance")
+    cf = _cho(lowrank_covariance(parts, knots, kernel, residual, delta, sigma2, theta, vecchia_k),
+              "the low-rank covariance")
     z, X = np.concatenate([p[1] for p in parts]), np.vstack([p[2] for p in parts])
     CiX = linalg.cho_solve(cf, X, check_finite=False)
     gamma = linalg.solve(X.T @ CiX, CiX.T @ z, assume_a="pos")

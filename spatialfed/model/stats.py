@@ -66,7 +66,7 @@ def site_statistics(lm: LocalModel, params) -> dict:
     head = {"u": u, "c": c, "n": int(n), "m": int(m), "p": int(p)}
     if lm.strategy.pointwise:  # SPEC §2c: point by point, no n_j × n_j array
         kf = vecchia.KnotFactors(lm.kernel, lm.d_K, lm.locs, lm.knots, beta)
-        return {**head, **vecchia.statistics(lm, lm.vecchia_plan, kf, sigma2, 1.0 / delta, beta)}
+        return {**head, **vecchia.statistics(lm.X, lm.z, lm.vecchia_plan, kf, sigma2, 1.0 / delta)}
     key = Params(np.zeros(m), np.eye(m), np.zeros(p), delta, sigma2, beta)
     fz = lm.factorise(key, whiten=False)
     kb, eps, s2 = fz.kb, fz.eps, fz.sigma2

@@ -9,18 +9,22 @@ nearest earlier points N, has a = R_NN⁻¹R_N,i and D = R_ii − R_i,N a, and
 
 With k = n_j − 1 this is the Cholesky factorisation of R: the statistics are the full residual's.
 
-Derivatives in u = (log δ, log σ², log β), point by point (C = R_NN, c = R_N,i, r = R_ii; ∂ = ∂/∂u_s, ∂' = ∂/∂u_t):
+Derivatives in u = (log δ, log σ², κ), κ the correlation's K kernel coordinates (log β for the fixed-ν Matérn,
+MaternCorrelation; a MaternFamily's (log β [, log ν] [, log r, φ]) through model/family_stats.py), point by point
+(C = R_NN, c = R_N,i, r = R_ii; ∂ = ∂/∂u_s, ∂' = ∂/∂u_t):
     ∂a = C⁻¹(∂c − ∂C a),  ∂D = ∂r − 2∂cᵀa + aᵀ∂C a,
     ∂∂'a = C⁻¹(∂∂'c − ∂∂'C a − ∂C ∂'a − ∂'C ∂a),  ∂∂'D = ∂∂'r − 2∂∂'cᵀa + aᵀ∂∂'C a − 2(C∂a)ᵀ∂'a,
-    R_δ = −εI, R_σ = σ²W̃, R_β = σ²∂W̃;  R_δδ = εI, R_σσ = R_σ, R_σβ = R_β, R_ββ = σ²∂²W̃, R_δσ = R_δβ = 0,
+    R_δ = −εI, R_σ = σ²W̃, R_k = σ²∂_kW̃;  R_δδ = εI, R_σσ = R_σ, R_σk = R_k, R_kl = σ²∂_kl W̃, R_δσ = R_δk = 0,
 and with s = 1/D, s_t = −∂_tD/D², s_st = −∂_stD/D² + 2∂_sD∂_tD/D³:
     ∂_tS = Σ sym(e(s e_t + ½ s_t e)ᵀ),  ∂_stS = Σ sym(e(s e_st + s_s e_t + s_t e_s + ½ s_st e)ᵀ) + sym(s e_s e_tᵀ).
 The knot basis is whitened: F = ρ_js L⁻ᵀ (ρ_K = LLᵀ), so Q̃ = FFᵀ and B = F T with T = L⁻¹; with
-M₁ = L⁻¹ρ̇_K L⁻ᵀ, M₂ = L⁻¹ρ̈_K L⁻ᵀ, H₁ = Ḟ − ½FM₁, H₂ = F̈ − 2ḞM₁ + F(M₁² − ½M₂) (Ḟ = ρ̇_js L⁻ᵀ, F̈ = ρ̈_js L⁻ᵀ):
-    ∂Q̃ = H₁Fᵀ + FH₁ᵀ,  ∂²Q̃ = H₂Fᵀ + FH₂ᵀ + 2ḞḞᵀ,  ∂B = (H₁ − ½FM₁)T,  ∂²B = (H₂ + F(M₁² − ½M₂))T,
+Ḟ_k = ρ_js,k L⁻ᵀ, F̈_kl = ρ_js,kl L⁻ᵀ, M_k = Tρ_K,kTᵀ, N_kl = ½(M_kM_l + M_lM_k) − ½Tρ_K,klTᵀ,
+H_k = Ḟ_k − ½FM_k, H_kl = F̈_kl − Ḟ_kM_l − Ḟ_lM_k + FN_kl (K = 1: H₂ = F̈ − 2ḞM₁ + F(M₁² − ½M₂)):
+    ∂_kQ̃ = H_kFᵀ + FH_kᵀ,  ∂_klQ̃ = H_klFᵀ + FH_klᵀ + Ḟ_kḞ_lᵀ + Ḟ_lḞ_kᵀ,  ∂_kB = (H_k − ½FM_k)T,
+    ∂_klB = (H_kl + FN_kl)T,
 so the statistics are computed for W' = [F X z] with those derivatives and mapped by T at the end. Every local
-matrix (the (k+1) × (k+1) R, ∂R, ∂²R of a point and its neighbours) comes from the neighbours' rows of F, Ḟ, H₁, H₂:
-O(k²m) per point. Points are processed in batches of (batch, k+1, k+1) arrays.
+matrix (the (k+1) × (k+1) R, ∂R, ∂²R of a point and its neighbours) comes from the neighbours' rows of F, Ḟ, H:
+O(k²m) per point and coordinate pair. Points are processed in batches of (batch, k+1, k+1) arrays.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from spatialfed.model.linalg import cholesky_with_jitter
-from spatialfed.model.names import PAIRS
+from spatialfed.model.names import pairs
 from spatialfed.model.vecchia_order import VecchiaPlan
 
 #: bytes of the per-batch arrays (the gathered (batch, k+1, m) rows dominate)
@@ -41,57 +45,103 @@ BATCH_BYTES = 24 * 2**20
 ROW_CHUNK = 8192
 
 
-class KnotFactors:
-    """The whitened knot basis at β: F (n × m), and with `derivatives` Ḟ, H₁, H₂; T = L⁻¹, M₁, M₂ (m × m).
+class MaternCorrelation:
+    """A fixed-ν Matérn at β as KnotFactors and the batches ask for ρ (one kernel coordinate, κ = log β): `cross`
+    (points × knots), `local` (each batch's local sets) and `knot_derivatives` give ρ, or with derivatives
+    (ρ, [∂ρ/∂κ_k], {(k, l): ∂²ρ/∂κ_k∂κ_l}) as MaternFamily.derivatives does (model/family_stats.py)."""
 
-    With derivatives, F, H₁ and H₂ are stored row by row together (FH, n × 3 × m; F, H1, H2 are views), so that one
-    gather and one product per batch give Q̃ and the two factors of its derivatives."""
+    K = 1
+
+    def __init__(self, kernel, d_K: np.ndarray, locs: np.ndarray, knots: np.ndarray, beta: float):
+        self.kernel, self.d_K, self.locs, self.knots, self.beta = kernel, d_K, locs, knots, beta
+
+    def _at(self, d, derivatives: bool):
+        if not derivatives:
+            return self.kernel.correlation(d, self.beta)
+        r, r1, r2 = self.kernel.correlation_derivatives(d, self.beta)
+        return r, [r1], {(0, 0): r2}
+
+    def knot_derivatives(self):
+        return self._at(self.d_K, True)
+
+    def cross(self, rows: slice, derivatives: bool):
+        return self._at(cdist(self.locs[rows], self.knots), derivatives)
+
+    def local(self, idx: np.ndarray, derivatives: bool):
+        return self._at(_pairwise(self.locs[idx]), derivatives)
+
+
+class KnotFactors:
+    """The whitened knot basis F (n × m) and T = L⁻¹ of a correlation `corr` (MaternCorrelation's interface), and
+    with `derivatives`, for each kernel coordinate k, Ḟ_k, H_k, M_k and for each pair k ≤ l, H_kl, N_kl (module
+    docstring).
+
+    With derivatives, F, H_k and H_kl (pairs(K) order) are stored row by row together (FH, n × (1 + K + K(K+1)/2)
+    × m; F a view), so that one gather and one product per batch give Q̃ and the factors of its derivatives; Ḟ is
+    Fd, n × K × m."""
 
     def __init__(self, kernel, d_K: np.ndarray, locs: np.ndarray, knots: np.ndarray, beta: float,
                  derivatives: bool = True):
-        rK, rK1, rK2 = kernel.correlation_derivatives(d_K, beta)
+        """The factors of the fixed-ν Matérn `kernel` at β."""
+        self._build(MaternCorrelation(kernel, d_K, locs, knots, beta), locs.shape[0], derivatives)
+
+    @classmethod
+    def of(cls, corr, n: int, derivatives: bool = True) -> "KnotFactors":
+        """The factors of any correlation with MaternCorrelation's interface on its n points."""
+        kf = cls.__new__(cls)
+        kf._build(corr, n, derivatives)
+        return kf
+
+    def _build(self, corr, n: int, derivatives: bool):
+        self.corr, self.K, self.pairs = corr, corr.K, pairs(corr.K)
+        rK, dK, d2K = corr.knot_derivatives()
         LK, jitter = cholesky_with_jitter(rK, "the knot correlation matrix K")
         m = rK.shape[0]
-        self.T = linalg.solve_triangular(LK, np.eye(m), lower=True, check_finite=False) if m else np.zeros((0, 0))
-        self.M1 = self.T @ rK1 @ self.T.T
-        self.M2 = self.T @ rK2 @ self.T.T
-        self.M12 = self.M1 @ self.M1 - 0.5 * self.M2
-        n = locs.shape[0]
-        self.FH = self.Fd = self.H1 = self.H2 = None
+        T = linalg.solve_triangular(LK, np.eye(m), lower=True, check_finite=False) if m else np.zeros((0, 0))
+        self.T = T
+        self.M = [T @ d @ T.T for d in dK]
+        self.N = {(k, l): (self.M[k] @ self.M[k] if k == l else 0.5 * (self.M[k] @ self.M[l] + self.M[l] @ self.M[k]))
+                  - 0.5 * (T @ d2K[k, l] @ T.T) for k, l in self.pairs}
+        K = self.K
+        self.FH = self.Fd = None
         if derivatives:
-            self.FH, self.Fd = np.empty((n, 3, m)), np.empty((n, m))
-            self.F, self.H1, self.H2 = self.FH[:, 0], self.FH[:, 1], self.FH[:, 2]
+            self.FH, self.Fd = np.empty((n, 1 + K + len(self.pairs), m)), np.empty((n, K, m))
+            self.F = self.FH[:, 0]
         else:
             self.F = np.empty((n, m))
         for r0 in range(0, n, ROW_CHUNK):
             rows = slice(r0, min(r0 + ROW_CHUNK, n))
-            d = cdist(locs[rows], knots)
             if not derivatives:
-                self.F[rows] = kernel.correlation(d, beta) @ self.T.T
+                self.F[rows] = corr.cross(rows, False) @ T.T
                 continue
-            r, r1, r2 = kernel.correlation_derivatives(d, beta)
-            F, Fd = r @ self.T.T, r1 @ self.T.T
-            self.F[rows], self.Fd[rows] = F, Fd
-            self.H1[rows] = Fd - 0.5 * F @ self.M1
-            self.H2[rows] = r2 @ self.T.T - 2.0 * Fd @ self.M1 + F @ self.M12
+            r, r1, r2 = corr.cross(rows, True)
+            F, Fd = r @ T.T, [d @ T.T for d in r1]
+            self.F[rows] = F
+            for k in range(K):
+                self.Fd[rows, k] = Fd[k]
+                self.FH[rows, 1 + k] = Fd[k] - 0.5 * F @ self.M[k]
+            for i, (k, l) in enumerate(self.pairs):
+                mixed = 2.0 * Fd[k] @ self.M[k] if k == l else Fd[k] @ self.M[l] + Fd[l] @ self.M[k]
+                self.FH[rows, 1 + K + i] = r2[k, l] @ T.T - mixed + F @ self.N[k, l]
 
 
-def _batches(n: int, k: int, m: int, q: int):
-    """Consecutive position blocks whose per-batch arrays stay near BATCH_BYTES (≥ 16 positions each)."""
-    per_point = 8 * (k + 1) * (4 * m + q + 3 * (k + 1)) + 8 * 30 * q
+def _batches(n: int, k: int, m: int, q: int, rows: int = 4, terms: int = 10):
+    """Consecutive position blocks whose per-batch arrays stay near BATCH_BYTES (≥ 16 positions each): `rows`
+    gathered m-vectors per point (F, Ḟ, the H's), `terms` coefficient rows (α and its u-derivatives)."""
+    per_point = 8 * (k + 1) * (rows * m + q + 3 * (k + 1)) + 8 * 3 * terms * q
     size = max(16, BATCH_BYTES // per_point)
     for s in range(0, n, size):
         yield np.arange(s, min(s + size, n))
 
 
-def _geometry(locs: np.ndarray, plan: VecchiaPlan, pos: np.ndarray):
-    """(idx, valid, dist) of a batch: idx (b, k+1) point indices [neighbours..., the point] (padded slots hold the
-    point itself), valid (b, k+1) which slots are real, dist (b, k+1, k+1) distances among them."""
+def _sets(plan: VecchiaPlan, pos: np.ndarray):
+    """(idx, valid) of a batch: idx (b, k+1) point indices [neighbours..., the point] (padded slots hold the point
+    itself), valid (b, k+1) which slots are real."""
     i = plan.order[pos]
     nb = plan.nbrs[pos]
     valid = np.concatenate([nb >= 0, np.ones((len(pos), 1), dtype=bool)], axis=1)
     idx = np.concatenate([np.where(nb >= 0, nb, i[:, None]), i[:, None]], axis=1)
-    return idx, valid, _pairwise(locs[idx])
+    return idx, valid
 
 
 def _pairwise(P: np.ndarray) -> np.ndarray:
@@ -109,21 +159,21 @@ def _bt(A: np.ndarray) -> np.ndarray:
     return A.transpose(0, 2, 1)
 
 
-def _local(kernel, kf: KnotFactors, idx, valid, dist, beta: float, sigma2: float, eps: float, derivatives: bool):
-    """R on the batch's local sets (b, k+1, k+1), padded slots identity; with `derivatives` also the lists dR (3)
-    and d2R (6, PAIRS order) of u-derivatives (None where zero), padded slots zero; and the gathered rows
-    (F_L, H₁_L, H₂_L)."""
+def _local(kf: KnotFactors, idx, valid, sigma2: float, eps: float, derivatives: bool):
+    """R on the batch's local sets (b, k+1, k+1), padded slots identity; with `derivatives` also the list dR
+    [R_δ, R_σ, R_κ₁, …] and the dict d2R {(k, l): R_κkκl} (padded slots zero) and the gathered rows G (b, k+1, ·, m)
+    of kf.FH; without, the gathered F_L."""
     padded = not valid.all()  # only the first k positions have fewer than k earlier points
     mask = (valid[:, :, None] & valid[:, None, :]).astype(float) if padded else 1.0
     b, k1 = idx.shape
     if derivatives:
-        rho, rho1, rho2 = kernel.correlation_derivatives(dist, beta)
-        G = np.take(kf.FH, idx, axis=0)  # (b, k+1, 3, m): F, H₁, H₂ rows
-        FL, H1L, H2L = G[:, :, 0], G[:, :, 1], G[:, :, 2]
-        P = (G.reshape(b, 3 * k1, -1) @ _bt(FL)).reshape(b, k1, 3, k1)  # [F; H₁; H₂]_L F_Lᵀ
-        Q, Q1, Q2 = P[:, :, 0], P[:, :, 1], P[:, :, 2]
+        rho, rho1, rho2 = kf.corr.local(idx, True)
+        G = np.take(kf.FH, idx, axis=0)  # (b, k+1, 1 + K + K(K+1)/2, m): F, H_k, H_kl rows
+        FL = G[:, :, 0]
+        P = (G.reshape(b, -1, G.shape[3]) @ _bt(FL)).reshape(b, k1, G.shape[2], k1)  # [F; H_k; H_kl]_L F_Lᵀ
+        Q = P[:, :, 0]
     else:
-        rho = kernel.correlation(dist, beta)
+        rho = kf.corr.local(idx, False)
         FL = np.take(kf.F, idx, axis=0)
         Q = FL @ _bt(FL)
     rho -= Q
@@ -135,17 +185,30 @@ def _local(kernel, kf: KnotFactors, idx, valid, dist, beta: float, sigma2: float
         R += np.eye(k1)[None] * (~valid)[:, :, None]
     if not derivatives:
         return R, None, None, FL
-    FdL = np.take(kf.Fd, idx, axis=0)
-    rho1 -= Q1
-    rho1 -= _bt(Q1)
-    rho1 *= sigma2 * mask
-    rho2 -= Q2
-    rho2 -= _bt(Q2)
-    rho2 -= 2.0 * FdL @ _bt(FdL)
-    rho2 *= sigma2 * mask
-    dR = [-eps * eye, Rs, rho1]
-    d2R = [eps * eye, None, None, Rs, rho1, rho2]
-    return R, dR, d2R, (FL, H1L, H2L)
+    FdL = np.take(kf.Fd, idx, axis=0)  # (b, k+1, K, m)
+    dR = [-eps * eye, Rs]
+    for k in range(kf.K):  # σ²(ρ_k − H_kFᵀ − FH_kᵀ)
+        Qk = P[:, :, 1 + k]
+        r = rho1[k]
+        r -= Qk
+        r -= _bt(Qk)
+        r *= sigma2 * mask
+        dR.append(r)
+    d2R = {}
+    for i, (k, l) in enumerate(kf.pairs):  # σ²(ρ_kl − H_klFᵀ − FH_klᵀ − Ḟ_kḞ_lᵀ − Ḟ_lḞ_kᵀ)
+        Qkl = P[:, :, 1 + kf.K + i]
+        r = rho2[k, l]
+        r -= Qkl
+        r -= _bt(Qkl)
+        if k == l:
+            r -= 2.0 * FdL[:, :, k] @ _bt(FdL[:, :, k])
+        else:
+            Y = FdL[:, :, k] @ _bt(FdL[:, :, l])
+            r -= Y
+            r -= _bt(Y)
+        r *= sigma2 * mask
+        d2R[k, l] = r
+    return R, dR, d2R, G
 
 
 def _mv(A, x):
@@ -159,16 +222,18 @@ def _dot(x, y):
 
 
 def _conditionals(R, dR, d2R):
-    """a (b, k), D (b,) and, with dR, their u-derivatives da (b, k, 3), dD (b, 3), d2a (b, k, 6), d2D (b, 6).
+    """a (b, k), D (b,) and, with dR, their u-derivatives da (b, k, q), dD (b, q), d2a (b, k, P), d2D (b, P)
+    (q = len(dR), P = q(q+1)/2 pairs in pairs(q) order).
 
-    dR = [R_δ, R_σ, R_β] and d2R (PAIRS order) as `_local` returns them: R_δδ = −R_δ, R_σσ = R_σ, R_σβ = R_β (so
-    their products with a are the first derivatives'), R_δσ = R_δβ = 0 and R_ββ."""
+    dR = [R_δ, R_σ, R_κ…] and d2R {(k, l): R_κkκl} as `_local` returns them; the other second derivatives are first
+    ones, R_δδ = −R_δ, R_σσ = R_σ, R_σκ = R_κ (so their products with a are the first derivatives'), or zero,
+    R_δσ = R_δκ = 0."""
     k = R.shape[1] - 1
     C, c, r = R[:, :k, :k], R[:, :k, k], R[:, k, k]
     try:
         if dR is None:
             a = np.linalg.solve(C, c[:, :, None])[:, :, 0]
-        else:  # one inverse serves the ten right-hand sides
+        else:  # one inverse serves every right-hand side
             Ci = np.linalg.inv(C)
             a = _mv(Ci, c)
     except np.linalg.LinAlgError:
@@ -176,24 +241,30 @@ def _conditionals(R, dR, d2R):
     D = r - _dot(c, a)
     if dR is None:
         return a, D, None, None, None, None
-    G = np.empty((len(a), 3) + R.shape[1:])  # (b, 3, k+1, k+1)
-    for t in range(3):
+    q = len(dR)
+    G = np.empty((len(a), q) + R.shape[1:])  # (b, q, k+1, k+1)
+    for t in range(q):
         G[:, t] = dR[t]
     dC, dc, dr = G[:, :, :k, :k], G[:, :, :k, k], G[:, :, k, k]
     dCa = (dC @ a[:, None, :, None])[..., 0]
     rhs = dc - dCa  # C ∂_t a
-    da = Ci @ rhs.transpose(0, 2, 1)  # (b, k, 3)
+    da = Ci @ rhs.transpose(0, 2, 1)  # (b, k, q)
     dD = dr - ((dc + rhs) @ a[:, :, None])[..., 0]  # ∂r − 2∂cᵀa + aᵀ∂C a
     cross = dC @ da[:, None]  # [b, s, :, t] = ∂_sC ∂_t a
     rda = rhs @ da  # [b, s, t] = (C ∂_s a)ᵀ ∂_t a
-    Gbb = d2R[5]
-    bbC, bbc = Gbb[:, :k, :k], Gbb[:, :k, k]
-    bbCa = _mv(bbC, a)
-    # ∂_st c − ∂_st C a for each pair: (δδ) −(∂_δ c − ∂_δ C a), (σσ) C∂_σa, (σβ) C∂_βa, (ββ) from R_ββ, else 0
-    second = {0: -rhs[:, 0], 3: rhs[:, 1], 4: rhs[:, 2], 5: bbc - bbCa}
-    second_D = {0: -dD[:, 0], 3: dD[:, 1], 4: dD[:, 2], 5: Gbb[:, k, k] - _dot(2.0 * bbc - bbCa, a)}
-    rhs2, d2D = np.empty((len(a), k, 6)), np.empty((len(a), 6))
-    for p, (s_, t) in enumerate(PAIRS):
+    pr = pairs(q)
+    # ∂_st c − ∂_st C a for each pair: (δδ) −(∂_δ c − ∂_δ C a), (σσ) C∂_σa, (σκ) C∂_κa, (κκ') from R_κκ', else 0
+    second = {pr.index((0, 0)): -rhs[:, 0], pr.index((1, 1)): rhs[:, 1]}
+    second_D = {pr.index((0, 0)): -dD[:, 0], pr.index((1, 1)): dD[:, 1]}
+    for t in range(2, q):
+        second[pr.index((1, t))], second_D[pr.index((1, t))] = rhs[:, t], dD[:, t]
+    for (s_, t), Gst in d2R.items():
+        p = pr.index((s_ + 2, t + 2))
+        stC, stc = Gst[:, :k, :k], Gst[:, :k, k]
+        stCa = _mv(stC, a)
+        second[p], second_D[p] = stc - stCa, Gst[:, k, k] - _dot(2.0 * stc - stCa, a)
+    rhs2, d2D = np.empty((len(a), k, len(pr))), np.empty((len(a), len(pr)))
+    for p, (s_, t) in enumerate(pr):
         rhs2[:, :, p] = -cross[:, s_, :, t] - cross[:, t, :, s_]
         d2D[:, p] = -2.0 * rda[:, s_, t]
         if p in second:
@@ -210,73 +281,85 @@ def _check_positive(D: np.ndarray, n: int | None = None) -> None:
                                     "(check for duplicate locations, or use a larger nugget or residual='full')")
 
 
-def _data(lm, idx, FL):
+def _data(X, z, idx, FL):
     """W'_L = [F X z] on the local sets (b, k+1, m+p+1)."""
-    return np.concatenate([FL, np.take(lm.X, idx, axis=0), np.take(lm.z, idx)[:, :, None]], axis=2)
+    return np.concatenate([FL, np.take(X, idx, axis=0), np.take(z, idx)[:, :, None]], axis=2)
 
 
-def whitened(lm, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float, beta: float):
+def whitened(X, z, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float):
     """(log det R, D^{-1/2}(I − A)[B X z]) of the Vecchia residual: the whitened data of the mu_sigma, gamma and
     value sub-steps (rows in Vecchia order), O(n_j(k³ + k(m + p)))."""
-    n, m = lm.n, lm.m
-    out = np.empty((n, m + lm.p + 1))
+    n, m = len(z), kf.T.shape[0]
+    out = np.empty((n, m + X.shape[1] + 1))
     logdet = 0.0
     for pos in _batches(n, plan.k, m, out.shape[1]):
-        idx, valid, dist = _geometry(lm.locs, plan, pos)
-        R, _, _, FL = _local(lm.kernel, kf, idx, valid, dist, beta, sigma2, eps, derivatives=False)
+        idx, valid = _sets(plan, pos)
+        R, _, _, FL = _local(kf, idx, valid, sigma2, eps, derivatives=False)
         a, D, *_ = _conditionals(R, None, None)
         _check_positive(D, n)
         alpha = np.concatenate([-a, np.ones((len(pos), 1))], axis=1)
-        e = np.einsum("bk,bkq->bq", alpha, _data(lm, idx, FL))
+        e = np.einsum("bk,bkq->bq", alpha, _data(X, z, idx, FL))
         e[:, :m] = e[:, :m] @ kf.T
         out[pos] = e / np.sqrt(D)[:, None]
         logdet += float(np.sum(np.log(D)))
     return logdet, out
 
 
-def statistics(lm, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float, beta: float) -> dict:
-    """S, ∂S, ∂²S, d = log det R, ∂d, ∂²d of SPEC §2b for the Vecchia residual (module docstring)."""
-    n, m = lm.n, lm.m
-    q = m + lm.p + 1
-    big = np.zeros((q, 10 * q))
-    cross = np.zeros((3 * q, 3 * q), order="F")
-    d, dd, d2d = 0.0, np.zeros(3), np.zeros(6)
-    for pos in _batches(n, plan.k, m, q):
+def statistics(X, z, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float) -> dict:
+    """S, ∂S, ∂²S, d = log det R, ∂d, ∂²d of SPEC §2b for the Vecchia residual, u = (log δ, log σ², κ) with κ the
+    kf.K kernel coordinates (module docstring); second derivatives in pairs(q) order."""
+    n, m = len(z), kf.T.shape[0]
+    q = m + X.shape[1] + 1
+    qu = 2 + kf.K
+    pr = pairs(qu)
+    terms = 1 + qu + len(pr)  # rows e, e_t, e_st
+    big = np.zeros((q, terms * q))
+    cross = np.zeros((qu * q, qu * q), order="F")
+    d, dd, d2d = 0.0, np.zeros(qu), np.zeros(len(pr))
+    for pos in _batches(n, plan.k, m, q, kf.FH.shape[1] + kf.K, terms):
         b = len(pos)
-        idx, valid, dist = _geometry(lm.locs, plan, pos)
-        R, dR, d2R, (FL, H1L, H2L) = _local(lm.kernel, kf, idx, valid, dist, beta, sigma2, eps, derivatives=True)
+        idx, valid = _sets(plan, pos)
+        R, dR, d2R, G = _local(kf, idx, valid, sigma2, eps, derivatives=True)
         a, D, da, dD, d2a, d2D = _conditionals(R, dR, d2R)
         _check_positive(D, n)
         # coefficients over the local set: α = (−a, 1), ∂α = (−∂a, 0), ∂∂'α = (−∂∂'a, 0); rows [α, ∂_t α, ∂_st α]
-        alpha = np.zeros((b, 10, idx.shape[1]))
+        alpha = np.zeros((b, terms, idx.shape[1]))
         alpha[:, 0, :-1], alpha[:, 0, -1] = -a, 1.0
-        alpha[:, 1:4, :-1] = -_bt(da)
-        alpha[:, 4:, :-1] = -_bt(d2a)
-        E = alpha @ _data(lm, idx, FL)  # (b, 10, q): e, e_t, e_st without the ∂W terms
-        AF = E[:, :4, :m].copy()  # [α, ∂α] F_L
-        G1 = alpha[:, :4] @ H1L - 0.5 * AF @ kf.M1  # [α, ∂α] ∂W_L (B columns, whitened basis)
-        E[:, 3, :m] += G1[:, 0]
-        E[:, 4 + PAIRS.index((0, 2)), :m] += G1[:, 1]
-        E[:, 4 + PAIRS.index((1, 2)), :m] += G1[:, 2]
-        E[:, 4 + PAIRS.index((2, 2)), :m] += (2.0 * G1[:, 3] + np.einsum("bk,bkm->bm", alpha[:, 0], H2L)
-                                              + AF[:, 0] @ kf.M12)  # 2∂_βα ∂W + α ∂²W
+        alpha[:, 1:1 + qu, :-1] = -_bt(da)
+        alpha[:, 1 + qu:, :-1] = -_bt(d2a)
+        E = alpha @ _data(X, z, idx, G[:, :, 0])  # (b, terms, q): e, e_t, e_st without the ∂W terms
+        AF = E[:, :1 + qu, :m].copy()  # [α, ∂α] F_L
+        dW = [alpha[:, :1 + qu] @ G[:, :, 1 + k] - 0.5 * AF @ kf.M[k]  # [α, ∂α] ∂_kW_L (B columns, whitened)
+              for k in range(kf.K)]
+        for k in range(kf.K):
+            E[:, 3 + k, :m] += dW[k][:, 0]
+        for p, (s_, t) in enumerate(pr):  # + ∂_sα ∂_tW + ∂_tα ∂_sW + α ∂_stW (∂W zero along log δ, log σ²)
+            if t < 2:
+                continue
+            if s_ < 2:
+                E[:, 1 + qu + p, :m] += dW[t - 2][:, 1 + s_]
+                continue
+            k, l = s_ - 2, t - 2
+            both = 2.0 * dW[k][:, 1 + t] if k == l else dW[l][:, 1 + s_] + dW[k][:, 1 + t]
+            Hkl = G[:, :, 1 + kf.K + kf.pairs.index((k, l))]
+            E[:, 1 + qu + p, :m] += both + np.einsum("bk,bkm->bm", alpha[:, 0], Hkl) + AF[:, 0] @ kf.N[k, l]
         s = 1.0 / D
         st = -dD * s[:, None] ** 2
-        sst = np.stack([-d2D[:, p] * s**2 + 2.0 * dD[:, u] * dD[:, v] * s**3 for p, (u, v) in enumerate(PAIRS)], 1)
+        sst = np.stack([-d2D[:, p] * s**2 + 2.0 * dD[:, u] * dD[:, v] * s**3 for p, (u, v) in enumerate(pr)], 1)
         e = E[:, 0]
         right = np.empty_like(E)
         right[:, 0] = s[:, None] * e
-        right[:, 1:4] = s[:, None, None] * E[:, 1:4] + 0.5 * st[:, :, None] * e[:, None]
-        for p, (u, v) in enumerate(PAIRS):
-            right[:, 4 + p] = (s[:, None] * E[:, 4 + p] + st[:, u, None] * E[:, 1 + v] + st[:, v, None] * E[:, 1 + u]
-                               + 0.5 * sst[:, p, None] * e)
-        big += e.T @ right.reshape(b, 10 * q)
-        Et = E[:, 1:4].reshape(b, 3 * q) * np.sqrt(s)[:, None]
+        right[:, 1:1 + qu] = s[:, None, None] * E[:, 1:1 + qu] + 0.5 * st[:, :, None] * e[:, None]
+        for p, (u, v) in enumerate(pr):
+            right[:, 1 + qu + p] = (s[:, None] * E[:, 1 + qu + p] + st[:, u, None] * E[:, 1 + v]
+                                    + st[:, v, None] * E[:, 1 + u] + 0.5 * sst[:, p, None] * e)
+        big += e.T @ right.reshape(b, terms * q)
+        Et = E[:, 1:1 + qu].reshape(b, qu * q) * np.sqrt(s)[:, None]
         cross = blas.dsyrk(1.0, Et, beta=1.0, c=cross, trans=1, overwrite_c=1)  # upper triangle of Σ s e_s e_tᵀ
         d += float(np.sum(np.log(D)))
         dd += dD.T @ s
-        d2d += (d2D * s[:, None]).sum(0) - np.stack([dD[:, u] * dD[:, v] for u, v in PAIRS], 1).T @ s**2
-    big = big.reshape(q, 10, q).transpose(1, 0, 2)
+        d2d += (d2D * s[:, None]).sum(0) - np.stack([dD[:, u] * dD[:, v] for u, v in pr], 1).T @ s**2
+    big = big.reshape(q, terms, q).transpose(1, 0, 2)
     cross = np.triu(cross) + np.triu(cross, 1).T
     Tb = np.eye(q)
     Tb[:m, :m] = kf.T
@@ -288,9 +371,9 @@ def statistics(lm, plan: VecchiaPlan, kf: KnotFactors, sigma2: float, eps: float
         return A + A.T
 
     S = basis(0.5 * sym(big[0]))
-    dS = np.stack([basis(sym(big[1 + t])) for t in range(3)])
-    d2S = np.stack([basis(sym(big[4 + p]) + sym(cross[u * q:(u + 1) * q, v * q:(v + 1) * q]))
-                    for p, (u, v) in enumerate(PAIRS)])
+    dS = np.stack([basis(sym(big[1 + t])) for t in range(qu)])
+    d2S = np.stack([basis(sym(big[1 + qu + p]) + sym(cross[u * q:(u + 1) * q, v * q:(v + 1) * q]))
+                    for p, (u, v) in enumerate(pr)])
     d2S = 0.5 * (d2S + d2S.transpose(0, 2, 1))
     return {"S": S, "dS": dS, "d2S": d2S, "d": d, "dd": dd, "d2d": d2d}
 

@@ -1,6 +1,7 @@
 """The Matérn family's kernel derivatives and site statistics (model/family.py, model/family_stats.py): the fixed-ν
-isotropic member reproduces model/stats.py; ν's derivative matches the integral representation of K_ν; every first
-and second u-derivative of the profile ℓ matches central differences of the centralized (dense) ℓ."""
+isotropic member reproduces model/stats.py (full, mpp, pp and vecchia); ν's derivative matches the integral
+representation of K_ν; every first and second u-derivative of the profile ℓ matches central differences of the
+centralized (dense) ℓ, for vecchia of the same approximation."""
 
 import numpy as np
 import pytest
@@ -24,6 +25,44 @@ def test_fixed_nu_member_equals_the_isotropic_statistics(parts, knots, residual)
     want = site_statistics(LocalModel(locs, z, X, knots, Matern(1.5), residual=residual), u)
     for key in ("S", "dS", "d2S", "d", "dd", "d2d"):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-10, atol=1e-10 * (np.max(np.abs(want[key])) + locs.shape[0]))
+
+
+@pytest.mark.parametrize("k", [3, 15])
+@pytest.mark.parametrize("nu", [0.5, 1.5, 0.8])
+def test_fixed_nu_member_equals_the_isotropic_vecchia_statistics(parts, knots, nu, k):
+    """The family's Vecchia residual (model/vecchia.py on FamilyCorrelation) is the fixed-ν one of model/stats.py."""
+    locs, z, X = parts[0]
+    u = np.log([3.0, 1.2, 0.25])
+    got = family_statistics(locs, z, X, knots, MaternFamily(nu), "vecchia", u, vecchia_k=k)
+    want = site_statistics(LocalModel(locs, z, X, knots, Matern(nu), residual="vecchia", vecchia_k=k), u)
+    for key in ("S", "dS", "d2S", "d", "dd", "d2d", "c"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-10, atol=1e-10 * np.max(np.abs(want[key])))
+
+
+@pytest.mark.parametrize("name", ["nu", "nu+anisotropy", "chordal"])
+def test_vecchia_on_every_earlier_point_is_the_full_residual_and_scales_along_c(parts, knots, name):
+    """k = n_j − 1 conditions each point on all earlier ones: the Cholesky factorisation, so the family's full
+    statistics; and S(u + sc) = e^{s}S(u) along the message's c."""
+    family, kappa = FAMILIES[name]
+    locs, z, X = parts[0]
+    u = np.array([0.7, 0.1] + kappa)
+    got = family_statistics(locs, z, X, knots, family, "vecchia", u, vecchia_k=len(z) - 1)
+    want = family_statistics(locs, z, X, knots, family, "full", u)
+    for key in ("S", "dS", "d2S", "d", "dd", "d2d", "c"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-9, atol=1e-9 * np.max(np.abs(want[key])))
+    small = family_statistics(locs, z, X, knots, family, "vecchia", u, vecchia_k=3)
+    moved = family_statistics(locs, z, X, knots, family, "vecchia", u + 0.4 * small["c"], vecchia_k=3)
+    np.testing.assert_allclose(moved["S"], np.exp(0.4) * small["S"], rtol=1e-10, atol=1e-12)
+    assert abs(profile_lowrank_loglik(parts, knots, family, "vecchia", u, vecchia_k=3)[0]
+               - profile_lowrank_loglik(parts, knots, family, "full", u)[0]) > 1e-3  # k = 3 approximates
+
+
+def test_the_family_residuals_are_named_in_one_line(parts, knots):
+    locs, z, X = parts[0]
+    with pytest.raises(ValueError, match="full, mpp, pp and vecchia residuals"):
+        family_statistics(locs, z, X, knots, MaternFamily(None), "auto", np.zeros(4))
+    with pytest.raises(ValueError, match="vecchia_k .* must be an integer ≥ 1"):
+        family_statistics(locs, z, X, knots, MaternFamily(None), "vecchia", np.zeros(4), vecchia_k=0)
 
 
 def _dlogrho_dlognu(d, beta, nu):
@@ -74,16 +113,18 @@ def _fd(f, u, h=1e-3):
     return g, H
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
-@pytest.mark.parametrize("residual", ["full", "mpp"])
+@pytest.mark.parametrize("name, residual", [
+    pytest.param(name, residual, marks=[pytest.mark.slow] if (name, residual) == ("nu+anisotropy", "vecchia") else [])
+    for residual in ("full", "mpp", "vecchia") for name in FAMILIES])
 def test_profile_derivatives_match_central_differences_of_the_exact_loglik(name, residual):
+    """For vecchia the exact ℓ is the dense one of the same approximation (reference.vecchia_covariance), k = 4."""
     family, kappa = FAMILIES[name]
     parts = simulate_parts(J=3, n=25, seed=5)
     knots = grid_knots(3)
     u = np.array([0.7, 0.1] + kappa)
-    pr = profile_loglik(sum_statistics([family_statistics(*p, knots, family, residual, u) for p in parts]),
-                        knots, family)
-    exact = lambda v: profile_lowrank_loglik(parts, knots, family, residual, v)[0]  # noqa: E731
+    pr = profile_loglik(sum_statistics([family_statistics(*p, knots, family, residual, u, vecchia_k=4)
+                                        for p in parts]), knots, family)
+    exact = lambda v: profile_lowrank_loglik(parts, knots, family, residual, v, vecchia_k=4)[0]  # noqa: E731
     assert pr.loglik == pytest.approx(exact(u), rel=1e-12)
     g, H = _fd(exact, u)
     assert np.max(np.abs(g - pr.grad)) <= 1e-6 * np.max(np.abs(pr.grad))
