@@ -24,8 +24,8 @@ SETTINGS = ["--mode", "async", "--preset", "paper", "--knots", "9", "--tol", "1e
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One running Dask cluster for the interrupted fit of this module (`--scheduler`; the resumes start an embedded
-    cluster: a checkpoint never says where to connect)."""
+    """One running Dask cluster for the interrupted fit of this module and the resumes that continue it (`--scheduler`
+    given again: a checkpoint never says where to connect; test_ops_wiring resumes on an embedded cluster)."""
     from spatialfed.runtime.cluster import local_cluster
 
     with local_cluster(2, security=False) as handle:  # plain TCP: the CLI joins it with --scheduler
@@ -67,22 +67,23 @@ def interrupted(store, cluster, tmp_path_factory):
     return out
 
 
-def _resume(interrupted, tmp_path, *flags):
+def _resume(interrupted, cluster, tmp_path, *flags):
     out = tmp_path / "copy"
     shutil.copytree(interrupted, out)  # each resume continues the same interrupted state
     # --checkpoint-every, given, overrides the checkpoint's 1 too (a write per aggregation is slow)
-    assert main(["fit", "--resume", str(out), "--checkpoint-every", "1000", "--quiet", *flags]) == 0
+    assert main(["fit", "--resume", str(out), "--checkpoint-every", "1000", "--quiet", *flags,
+                 "--scheduler", cluster.client.scheduler.address]) == 0
     return json.loads((out / "fit.json").read_text())
 
 
-def test_explicit_max_iter_overrides_the_checkpoint(interrupted, tmp_path):
+def test_explicit_max_iter_overrides_the_checkpoint(interrupted, cluster, tmp_path):
     """50 is --max-iter's default, given explicitly: the bug's case."""
-    fit = _resume(interrupted, tmp_path, "--max-iter", "50")
+    fit = _resume(interrupted, cluster, tmp_path, "--max-iter", "50")
     assert fit["iterations"] == 50 != FIRST_MAX_ITER and not fit["converged"]
 
 
-def test_without_the_flag_the_checkpoint_value_stands(interrupted, tmp_path):
-    fit = _resume(interrupted, tmp_path)
+def test_without_the_flag_the_checkpoint_value_stands(interrupted, cluster, tmp_path):
+    fit = _resume(interrupted, cluster, tmp_path)
     assert fit["iterations"] == FIRST_MAX_ITER
 
 
@@ -128,14 +129,14 @@ def test_a_directory_with_the_earlier_checkpoint_name_resumes(store, tmp_path, c
     assert "checkpoint.zip" in capsys.readouterr().err  # with neither file, the error names the current name
 
 
-def test_wall_time_after_a_resume_is_the_whole_fits(interrupted, tmp_path):
+def test_wall_time_after_a_resume_is_the_whole_fits(interrupted, cluster, tmp_path):
     """fit.json's wall_time_s after a resume counts the interrupted run too: the checkpoint records the seconds
     before the interruption, and the result is at least the fit's clock at its last aggregation (on Dask the trace's
     time_s carries on from the interrupted run), at most those seconds plus the resuming command's."""
     before = read_checkpoint(interrupted / "checkpoint.zip")["meta"]["wall_time_s"]
     assert before > 0
     tic = time.perf_counter()
-    fit = _resume(interrupted, tmp_path)
+    fit = _resume(interrupted, cluster, tmp_path)
     elapsed = time.perf_counter() - tic
     assert fit["trace"][-1]["time_s"] <= fit["wall_time_s"] <= before + elapsed
     assert fit["wall_time_s"] > before
