@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pytest
 
+from spatialfed import Cluster
 from spatialfed.api import FederatedGP
 from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import SpatialFedError

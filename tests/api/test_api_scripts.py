@@ -74,7 +74,7 @@ def test_unguarded_script_fits_on_the_embedded_cluster(tmp_path):
     """The README's Python snippet saved as a script, without the guard: fits on the embedded Dask cluster with no
     traceback, and the script's top level runs once (the worker processes do not re-run it)."""
     result = run_script(tmp_path, """
-        from spatialfed import FederatedGP
+        from spatialfed import Cluster, FederatedGP
         from spatialfed.data.simulate import simulate_store
         print("top level", flush=True)
         simulate_store("sim.zarr", 2, 40, seed=1, test_size=0)
