@@ -14,7 +14,7 @@ import numpy as np
 from spatialfed.algorithm.config import MODES, FitConfig
 from spatialfed.api.options import cluster_of, emulation_of
 from spatialfed.model import transform
-from spatialfed.model.residuals import resolve_sites
+from spatialfed.model.residuals import keeps_local_covariance, resolve_sites
 from spatialfed.model.names import RESIDUAL_CHOICES
 from spatialfed.model.vecchia_order import VECCHIA_K, check_k
 from spatialfed.runtime.factory import runtime_name
@@ -42,7 +42,7 @@ def check_settings(gp) -> None:
     transform.check_transform(gp.transform)
     if gp.vecchia_k is not None:
         check_k(gp.vecchia_k)
-    if gp.method in ("independent", "fgpr") and gp.residual not in ("full", "auto"):
+    if gp.method in ("independent", "fgpr") and not keeps_local_covariance(gp.residual):
         raise ValueError(f"method={gp.method!r} (Eq. 3) uses each worker's full local covariance; "
                          f"residual={gp.residual!r} applies to method='lowrank' only")
     if gp.method == "fgpr":

@@ -93,6 +93,12 @@ def resolve_residual(residual: str, n: int) -> Residual:
     return Residual(residual)
 
 
+def keeps_local_covariance(name: str) -> bool:
+    """Whether a fit with this residual keeps each site's full local covariance, as the independence model (Eq. 3)
+    and FGPR need: `full`, or "auto" (which they resolve to `full`)."""
+    return str(name) == "auto" or residual_strategy(name) is _STRATEGIES["full"]
+
+
 def may_be_vecchia(name: str) -> bool:
     """Whether sites of a fit with this residual (possibly "auto", resolved per site) may use Vecchia."""
     return str(name) == "auto" or residual_strategy(name).pointwise
