@@ -302,8 +302,14 @@ def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
     the new spelling and the value is where it now lives; the constructor has about 20 parameters."""
     import inspect
 
-    with pytest.warns(FutureWarning, match=r"FederatedGP\(scheduler=\.\.\.\) is now cluster=Cluster\(address=\.\.\.\)"):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         gp = FederatedGP(scheduler="tcp://10.0.0.1:8786", n_dask_workers=3, profile="straggler", live=True)
+    lines = [str(w.message) for w in said if issubclass(w.category, FutureWarning)]
+    assert len(lines) == 4 and lines[0].startswith("FederatedGP(scheduler=...) is now cluster=Cluster(address=...)")
+    assert "emulation=Emulation(profile=...)" in lines[2] and "progress='live'" in lines[3]
     assert gp.cluster == Cluster(address="tcp://10.0.0.1:8786", n_workers=3)
     assert gp.emulation == Emulation(profile="straggler") and gp.progress == "live"
     with pytest.warns(FutureWarning, match="strategies=.*method='fgpr'"):
