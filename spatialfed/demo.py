@@ -74,6 +74,7 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None, overwrit
     (not empty) is refused before any work unless `overwrite`, which replaces its store, fit, map and covariates.csv
     (each atomically)."""
     from spatialfed.api import FederatedGP
+    from spatialfed.api.options import Emulation
     from spatialfed.outputs.maps import make_map
     from spatialfed.runtime.cluster import default_n_workers, local_cluster
 
@@ -91,9 +92,10 @@ def run_demo(out="spatialfed-demo", seed: int = 0, n_dask_workers=None, overwrit
 
         for module in ("spatialfed.runtime.site", "spatialfed.model.stats", "spatialfed.data.store"):
             handle.client.run(importlib.import_module, module)
-        fits = {mode: FederatedGP(mode=mode, residual="full", knots=100, nu=TRUTH["nu"], slowdown=list(SLOWDOWN),
+        fits = {mode: FederatedGP(mode=mode, residual="full", knots=100, nu=TRUTH["nu"],
+                                  emulation=Emulation(slowdown=list(SLOWDOWN)),
                                   domain=domain_from_bbox(*BBOX, crs=CRS), max_iter=60, seed=seed,
-                                  client=handle.client).fit(store) for mode in ("async", "sync")}
+                                  cluster=handle.client).fit(store) for mode in ("async", "sync")}
     finally:
         handle.close()
     gp, sync = fits["async"], fits["sync"]
