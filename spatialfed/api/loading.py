@@ -116,17 +116,14 @@ def _settings(cls, fit, extra) -> dict:
                  "vecchia_k": extra.get("vecchia_k")}
     if isinstance(saved.get("knots"), list):  # an (m, 2) array of knots
         saved["knots"] = np.asarray(saved["knots"], dtype=float)
-    from spatialfed.api.options import Cluster, Emulation, spelled
-    from spatialfed.api.resuming import CONNECTION_SETTINGS
+    from spatialfed.api.options import Cluster, emulation_of, recorded_cluster, spelled
 
     saved = spelled(saved)  # fit directories of earlier versions hold the old flat names
     # a fit directory is data: where to connect (address, jobqueue, tls) comes from the caller, never the files
-    cluster, emulation = saved.get("cluster"), saved.get("emulation")
-    cluster = cluster.saved() if isinstance(cluster, Cluster) else cluster if isinstance(cluster, dict) else {}
-    cluster = Cluster(**{k: v for k, v in cluster.items() if k not in CONNECTION_SETTINGS and k != "client"})
-    saved["cluster"] = None if cluster in (None, Cluster()) else cluster
-    if isinstance(emulation, dict):
-        saved["emulation"] = Emulation(**emulation)
+    cluster = recorded_cluster(saved.get("cluster"))[0]
+    saved["cluster"] = None if cluster == Cluster() else cluster
+    if isinstance(saved.get("emulation"), dict):
+        saved["emulation"] = emulation_of(saved["emulation"])
     return {k: v for k, v in saved.items() if k in cls._get_param_names()}
 
 

@@ -85,32 +85,39 @@ class Emulation:
 def cluster_of(value) -> Cluster:
     """The Cluster of a ``cluster=`` value: None (defaults), a Cluster, an address string, a distributed.Client, or
     a dict of Cluster's settings."""
-    if value is None:
-        return Cluster()
-    if isinstance(value, Cluster):
-        return value
-    if isinstance(value, str):
-        return Cluster(address=value)
-    if isinstance(value, dict):
-        return Cluster(**value)
-    if hasattr(value, "scheduler") and hasattr(value, "submit"):  # a distributed.Client
-        return Cluster(client=value)
-    raise ValueError(f"cluster must be a scheduler address, a distributed.Client, a spatialfed.Cluster or a dict "
-                     f"of its settings, got {type(value).__name__}")
+    if hasattr(value, "scheduler") and hasattr(value, "submit"):
+        return Cluster(client=value)  # a distributed.Client
+    return _coerced(value, Cluster, "address", "a scheduler address, a distributed.Client, a spatialfed.Cluster")
 
 
 def emulation_of(value) -> Emulation:
     """The Emulation of an ``emulation=`` value: None (none), an Emulation, a profile name, or a dict."""
+    return _coerced(value, Emulation, "profile", "a spatialfed.Emulation, a profile name")
+
+
+def _coerced(value, cls, text_field: str, what: str):
+    """`cls` of None (its defaults), an instance, a string (its `text_field`) or a dict of its settings."""
     if value is None:
-        return Emulation()
-    if isinstance(value, Emulation):
+        return cls()
+    if isinstance(value, cls):
         return value
     if isinstance(value, str):
-        return Emulation(profile=value)
+        return cls(**{text_field: value})
     if isinstance(value, dict):
-        return Emulation(**value)
-    raise ValueError(f"emulation must be a spatialfed.Emulation, a profile name or a dict of its settings, got "
-                     f"{type(value).__name__}")
+        return cls(**value)
+    raise ValueError(f"{cls.__name__.lower()} must be {what} or a dict of its settings, got {type(value).__name__}")
+
+
+#: Cluster fields that say where to connect, what to submit and how securely: never read from a file
+CONNECTION = ("address", "client", "jobqueue", "tls", "insecure")
+
+
+def recorded_cluster(value) -> tuple[Cluster, dict]:
+    """(the Cluster a checkpoint or fit directory may set: its worker count, timeout and on_worker_error; the
+    connection settings it recorded, to be named, never used) of a recorded ``cluster`` value."""
+    plain = value.saved() if isinstance(value, Cluster) else value if isinstance(value, dict) else {}
+    kept = Cluster(**{k: v for k, v in plain.items() if k not in CONNECTION})
+    return kept, {k: v for k, v in plain.items() if k in CONNECTION and v}
 
 
 #: constructor parameters of earlier versions -> (the object, its field)

@@ -8,10 +8,6 @@ from pathlib import Path
 from spatialfed.errors import DataError, option
 from spatialfed.version import __version__
 
-#: where to connect, what to submit and how securely (Cluster's fields): a resume takes these from its own call only,
-#: never from the checkpoint (a file is data: a forged scheduler address or job-script line in it must not be
-#: contacted or submitted, a forged tls=False must not turn encryption off)
-CONNECTION_SETTINGS = ("address", "client", "jobqueue", "tls", "insecure")
 #: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state); `cluster`
 #: whole: its size and timeout, and on_worker_error, so that a fit stopped by a failing site can continue without
 #: it, recorded as dropped
@@ -21,7 +17,7 @@ RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "cluster", "progress", "ch
 def resume(cls, checkpoint_path, store, overrides: dict):
     """``cls.resume``: a new estimator with the checkpoint's settings and `overrides`, fitted from the checkpoint."""
     from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
-    from spatialfed.api.options import FOLDED, MOVED, Cluster, absorb_moved, cluster_of, spelled
+    from spatialfed.api.options import FOLDED, MOVED, absorb_moved, cluster_of, recorded_cluster, spelled
 
     snap = read_checkpoint(checkpoint_path)
     meta = snap.get("meta") or {}
@@ -41,13 +37,11 @@ def resume(cls, checkpoint_path, store, overrides: dict):
         raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
                          f"{', '.join(RESUME_OVERRIDES)}")
     params = spelled(dict(params))  # a checkpoint of an earlier version holds the old flat names
-    recorded = params.pop("cluster", None)
-    recorded = recorded.saved() if isinstance(recorded, Cluster) else recorded if isinstance(recorded, dict) else {}
+    kept, recorded = recorded_cluster(params.pop("cluster", None))
     settings = {k: v for k, v in params.items() if k in cls._get_param_names()}
-    kept = {k: v for k, v in recorded.items() if k in ("n_workers", "timeout", "on_worker_error")}
-    settings["cluster"] = Cluster(**kept)  # never where to connect, what to submit, or how securely
+    settings["cluster"] = kept  # never where to connect, what to submit, or how securely
     settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
-    shown = {k: recorded[k] for k in ("address", "jobqueue") if recorded.get(k)}
+    shown = {k: recorded[k] for k in ("address", "jobqueue") if k in recorded}
     if shown:
         settings["runtime"] = "dask" if settings.get("runtime", "auto") == "auto" else settings["runtime"]
         given = cluster_of(overrides.get("cluster"))
