@@ -1,7 +1,7 @@
 """Simulated recovery of the covariance options (ν estimated, geometric anisotropy, chordal distance on the sphere).
 
-    python benchmarks/bench_covariance_recovery.py [--seeds 20] [--n 2000] [--sites 5] [--study nu aniso sphere]
-        [--processes 2]
+    python benchmarks/bench_covariance_recovery.py [--seeds 20] [--first-seed 0] [--n 2000] [--sites 5]
+        [--study nu aniso sphere] [--processes 2]
 
 nu: fields of ν ∈ {0.5, 1.5, 2.5} (σ² = 1, β = 0.1, nugget 0.1 on [0,1]², a 6×6 knot grid), fitted with
 nu="estimate": is the true ν inside the 95 % profile-likelihood interval (`covered`; algorithm/family_interval.py), and
@@ -119,13 +119,14 @@ def summary(rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0, help="continue a study cut short: seeds first-seed…seeds-1")
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--sites", type=int, default=5)
     ap.add_argument("--study", nargs="+", default=["nu", "aniso", "sphere"], choices=["nu", "aniso", "sphere"])
     ap.add_argument("--processes", type=int, default=2)
     a = ap.parse_args(argv)
     # seed by seed, so that a run cut short has as many seeds of every study
-    jobs = [(s, c, seed, a.n, a.sites) for seed in range(a.seeds) for s in a.study
+    jobs = [(s, c, seed, a.n, a.sites) for seed in range(a.first_seed, a.seeds) for s in a.study
             for c in ({"nu": (0.5, 1.5, 2.5)}.get(s, (None,)))]
     rows = []
     with Pool(a.processes) as pool:
