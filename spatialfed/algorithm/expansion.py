@@ -16,47 +16,65 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from spatialfed.algorithm.likelihood import TRIPLES, exact_scaling, scaled_frame
-from spatialfed.model.names import PAIRS
+import itertools
+from functools import lru_cache
 
-#: (row a, pair r, index b) with H_ab in pair r: (H D)_a = Σ_r H_r D_b over these
-_HD = np.array([(a, r, b) for r, (x, y) in enumerate(PAIRS) for a, b in {(x, y), (y, x)}]).T
-#: (pair r, triple t, index c) with T_abc in triple t for (a, b) = PAIRS[r]: (T D)_ab = Σ_t T_t D_c over these
-_TD = np.array([(r, TRIPLES.index(tuple(sorted((a, b, c)))), c) for r, (a, b) in enumerate(PAIRS) for c in range(3)]).T
+from spatialfed.algorithm.likelihood import exact_scaling, scaled_frame
+from spatialfed.model.names import pairs
+
+
+@lru_cache(maxsize=None)
+def _tables(q: int) -> tuple[np.ndarray, np.ndarray]:
+    """For u of q entries: _HD, (row a, pair r, index b) with H_ab in pair r, so (H D)_a = Σ_r H_r D_b; and _TD,
+    (pair r, triple t, index c) with T_abc in triple t for (a, b) = pairs(q)[r], so (T D)_ab = Σ_t T_t D_c."""
+    pr = pairs(q)
+    triples = tuple(itertools.combinations_with_replacement(range(q), 3))
+    hd = np.array([(a, r, b) for r, (x, y) in enumerate(pr) for a, b in {(x, y), (y, x)}]).T
+    td = np.array([(r, triples.index(tuple(sorted((a, b, c)))), c) for r, (a, b) in enumerate(pr)
+                   for c in range(q)]).T
+    return hd, td
 
 
 def _contract(index: np.ndarray, shape: tuple, D: np.ndarray) -> np.ndarray:
-    """The matrix that contracts symmetric coefficients with D (index: _HD or _TD)."""
+    """The matrix that contracts symmetric coefficients with D (index: a table of _tables)."""
     out = np.zeros(shape)
     np.add.at(out, (index[0], index[1]), D[index[2]])
     return out
 
 
+def _sizes(q: int) -> tuple[int, int]:
+    """(pairs, triples) of a q-vector."""
+    return q * (q + 1) // 2, q * (q + 1) * (q + 2) // 6
+
+
 class _Poly:
-    """A quadratic polynomial in packed form: value G (q,), gradient g (3, q), Hessian H (6, q) in PAIRS order at
-    its centre, each entry flattened (q = k·k for S's frame, 1 for d)."""
+    """A quadratic polynomial in packed form: value G (n,), gradient g (q, n), Hessian H (pairs, n) in pairs(q)
+    order at its centre, each entry flattened (n = k·k for S's frame, 1 for d)."""
 
     def __init__(self, G, g, H):
         self.G, self.g, self.H = G, g, H
 
     def at(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, gradient, Hessian) at centre + D."""
-        HD = _contract(_HD, (3, 6), D) @ self.H
+        q = D.size
+        HD = _contract(_tables(q)[0], (q, _sizes(q)[0]), D) @ self.H
         return self.G + D @ (self.g + 0.5 * HD), self.g + HD, self.H
 
 
 def _cubic(T: np.ndarray, D: np.ndarray):
-    """(⅙ T[D,D,D], ½ T[D,D,·], T[D,·,·] packed as PAIRS) for a symmetric third derivative T (10, q) in TRIPLES
-    order."""
-    TD = _contract(_TD, (6, 10), D) @ T
-    TDD = _contract(_HD, (3, 6), D) @ TD
+    """(⅙ T[D,D,D], ½ T[D,D,·], T[D,·,·] packed as pairs) for a symmetric third derivative T (triples, n) in
+    combinations-with-replacement order."""
+    q = D.size
+    hd, td = _tables(q)
+    TD = _contract(td, _sizes(q), D) @ T
+    TDD = _contract(hd, (q, _sizes(q)[0]), D) @ TD
     return (D @ TDD) / 6.0, 0.5 * TDD, TD
 
 
-def _frame(st: Mapping, w: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """likelihood.scaled_frame packed and flattened to (q,), (3, q), (6, q)."""
+def _frame(st: Mapping, w: np.ndarray, n: int, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """likelihood.scaled_frame packed and flattened to (n,), (q, n), (pairs, n)."""
     S, dS, d2S = scaled_frame(st, w, packed=True)
-    return np.reshape(S, q), np.reshape(dS, (3, q)), np.reshape(d2S, (6, q))
+    return np.reshape(S, n), np.reshape(dS, (q, n)), np.reshape(d2S, (_sizes(q)[0], n))
 
 
 class Expansion:
@@ -85,35 +103,37 @@ class Expansion:
         self.groups = [self._group(np.frombuffer(key), members) for key, members in by_scaling.items()]
 
     def _group(self, w: np.ndarray, members):
-        q = self.q
-        G, g, H = np.zeros(q), np.zeros((3, q)), np.zeros((6, q))
-        d, dd, d2d = np.zeros(1), np.zeros((3, 1)), np.zeros((6, 1))
+        n, q = self.q, self.center.size
+        npair, ntrip = _sizes(q)
+        G, g, H = np.zeros(n), np.zeros((q, n)), np.zeros((npair, n))
+        d, dd, d2d = np.zeros(1), np.zeros((q, 1)), np.zeros((npair, 1))
         cubics = []
         for st, c in members:
             u0 = np.asarray(st["u"], dtype=float)
             e = self.center - u0
-            Fc, gc, Hc = _Poly(*_frame(st, w, q)).at(e)
+            Fc, gc, Hc = _Poly(*_frame(st, w, n, q)).at(e)
             s = c * float(np.exp(w @ e))
             G += s * Fc
             g += s * gc
             H += s * Hc
-            own = _Poly(np.atleast_1d(float(st["d"])), np.reshape(np.asarray(st["dd"], dtype=float), (3, 1)),
-                        np.reshape(np.asarray(st["d2d"], dtype=float), (6, 1)))
+            own = _Poly(np.atleast_1d(float(st["d"])), np.reshape(np.asarray(st["dd"], dtype=float), (q, 1)),
+                        np.reshape(np.asarray(st["d2d"], dtype=float), (npair, 1)))
             dc, gdc, Hdc = own.at(e)
             d += c * dc
             dd += c * gdc
             d2d += c * Hdc
             if "d3S" in st:
-                cubics.append((u0, c, np.reshape(np.asarray(st["d3S"], dtype=float), (10, q)),
-                               np.reshape(np.asarray(st["d3d"], dtype=float), (10, 1)),
+                cubics.append((u0, c, np.reshape(np.asarray(st["d3S"], dtype=float), (ntrip, n)),
+                               np.reshape(np.asarray(st["d3d"], dtype=float), (ntrip, 1)),
                                float(st.get("d3_radius", np.inf))))
         return w, _Poly(G, g, H), _Poly(d, dd, d2d), cubics
 
     def __call__(self, u) -> dict:
         u = np.asarray(u, dtype=float)
-        q, D = self.q, u - self.center
-        S, dS, d2S = np.zeros(q), np.zeros((3, q)), np.zeros((6, q))
-        d, dd, d2d = np.zeros(1), np.zeros((3, 1)), np.zeros((6, 1))
+        n, q, D = self.q, u.size, u - self.center
+        npair = _sizes(q)[0]
+        S, dS, d2S = np.zeros(n), np.zeros((q, n)), np.zeros((npair, n))
+        d, dd, d2d = np.zeros(1), np.zeros((q, 1)), np.zeros((npair, 1))
         for w, frame, plain, cubics in self.groups:
             s = float(np.exp(w @ D))
             G, g, H = (s * x for x in frame.at(D))
@@ -129,11 +149,11 @@ class Expansion:
                 dv, gv, Hv = dv + c * e0, gv + c * e1, Hv + c * e2
             S += G
             dS += g + w[:, None] * G
-            d2S += H + np.stack([w[a] * g[b] + w[b] * g[a] + w[a] * w[b] * G for a, b in PAIRS])
+            d2S += H + np.stack([w[a] * g[b] + w[b] * g[a] + w[a] * w[b] * G for a, b in pairs(q)])
             d, dd, d2d = d + dv, dd + gv, d2d + Hv
         k = self.scale
         out = {"u": u, "m": self.m, "p": self.p, "n": k * self.n, "S": k * S.reshape(self.shape),
-               "dS": k * dS.reshape((3, *self.shape)), "d2S": k * d2S.reshape((6, *self.shape)),
+               "dS": k * dS.reshape((q, *self.shape)), "d2S": k * d2S.reshape((npair, *self.shape)),
                "d": k * float(d[0]), "dd": k * dd[:, 0], "d2d": k * d2d[:, 0]}
         if self.c is not None:
             out["c"] = self.c

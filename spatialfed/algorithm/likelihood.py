@@ -240,9 +240,9 @@ def projected_gradient(u, grad, lower, upper, atol: float = 1e-10) -> np.ndarray
     return g
 
 
-def at_bound(u, lower, upper) -> tuple[str, ...]:
-    """Names (U_NAMES, then u[i] beyond them) of the entries of u on a bound of the box [lower, upper]."""
-    names = U_NAMES + tuple(f"u[{i}]" for i in range(3, len(u)))
+def at_bound(u, lower, upper, names=U_NAMES) -> tuple[str, ...]:
+    """Names (`names`, then u[i] beyond them) of the entries of u on a bound of the box [lower, upper]."""
+    names = tuple(names) + tuple(f"u[{i}]" for i in range(len(names), len(u)))
     return tuple(names[i] for i in range(len(u)) if u[i] <= lower[i] or u[i] >= upper[i])
 
 

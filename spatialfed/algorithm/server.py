@@ -445,9 +445,14 @@ class FederatedServer(ServerState):
     def _after_variogram(self, xis, now) -> None:
         sums = aggregate(xis, uniform_weights(len(xis)))
         edges = starting.variogram_edges(self._cutoff)
-        tau2, sigma2, beta = starting.fit_variogram(sums["sum_sq"], sums["count"], edges, self.kernel, self._s2,
-                                                    self._diameter)
+        tau2, sigma2, beta = starting.fit_variogram(sums["sum_sq"], sums["count"], edges, self._start_kernel,
+                                                    self._s2, self._diameter)
         self._begin_loop(now, {"delta": 1.0 / tau2, "sigma2": sigma2, "beta": beta})
+
+    @property
+    def _start_kernel(self):
+        """The fixed-ν Matérn of φ₀: the kernel, or an estimated family's base (model/family.py)."""
+        return getattr(self.kernel, "base", self.kernel)
 
     def _begin_loop(self, now: float, estimated: Mapping | None = None) -> None:
         """φ₀ (start.initial_params, `start` overriding) and Algorithm 1's synchronous pass as iteration t = 0."""

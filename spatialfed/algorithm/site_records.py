@@ -70,7 +70,9 @@ class SiteRecords:
             st = self.stats[j]
             near = [x for x in self.earlier.get(j, [])
                     if 1e-4 <= distance(x["u"], st["u"]) <= self.policy.secant_reach]
-            self.secant[j] = {**stale.secant(st, near), "t": st["t"]} if len(near) == 2 else None
+            # third derivatives are modelled for u = (log δ, log σ², log β) only: a family's κ has none
+            third = len(near) == 2 and len(st["u"]) == 3
+            self.secant[j] = {**stale.secant(st, near), "t": st["t"]} if third else None
         return self.secant[j]
 
     def answered_at(self, j: int, u) -> bool:

@@ -27,14 +27,15 @@ from spatialfed.algorithm.boundary import BoundaryProbe
 from spatialfed.algorithm.config import BlockScheme, FitConfig, Mode, StatsPolicy
 from spatialfed.algorithm.pacing import Pacing
 from spatialfed.algorithm.pilot import Pilot, pilot_size
-from spatialfed.algorithm.likelihood import (NotPositiveDefinite, Profile, TrustStep, at_bound, default_bounds, distance,
-                                          maximise, newton_length, profile_loglik, stop_point,
-                                          taylor_statistics, trust_region_step, updated_radius)
+from spatialfed.algorithm.likelihood import (U_NAMES, NotPositiveDefinite, Profile, TrustStep, at_bound, default_bounds,
+                                             distance, maximise, newton_length, profile_loglik, stop_point,
+                                             taylor_statistics, trust_region_step, updated_radius)
 from spatialfed.algorithm.protocol import STATS_STEP, Augmented
 from spatialfed.algorithm.server import FederatedServer
 from spatialfed.algorithm.site_records import SiteRecords
 from spatialfed.algorithm.stale import u_key
 from spatialfed.algorithm.server_base import Phase
+from spatialfed.model.family import MaternFamily
 from spatialfed.model.params import Params
 
 
@@ -240,9 +241,11 @@ class StatsServer(FederatedServer):
     def _begin_loop(self, now: float, estimated=None) -> None:
         """φ₀ (start.initial_params, `start` overriding), the box for u, then the pilot (pilot.py), the first epoch."""
         values = {"gamma": self._ols_gamma, **(estimated or {}), **self.start}
-        self.bounds = self._user_bounds or default_bounds(self._s2, self._diameter)
+        self.bounds = self._user_bounds or self._default_bounds()
         params = starting.initial_params(values["gamma"], values["delta"], values["sigma2"], values["beta"],
-                                     self.knots, self.kernel)
+                                         self.knots, self._start_kernel)
+        if isinstance(self.kernel, MaternFamily):  # its further coordinates κ start at the family's start
+            params = params.with_u(np.concatenate([params.u, self.kernel.start_kappa()]))
         self.params = params.with_u(np.clip(params.u, *self.bounds))
         self._record("init", now, 0)
         n_s = pilot_size(self._n_j, self.policy.pilot_points, self.policy.pilot_share)
@@ -252,6 +255,20 @@ class StatsServer(FederatedServer):
             self.phase = Phase.PILOT
             return
         self._start_loop(now)
+
+    def _default_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """likelihood.default_bounds for (log δ, log σ², log β), then an estimated family's own box on κ."""
+        lo, hi = default_bounds(self._s2, self._diameter)
+        if isinstance(self.kernel, MaternFamily):
+            klo, khi = self.kernel.bounds()
+            lo, hi = np.concatenate([lo, klo]), np.concatenate([hi, khi])
+        return lo, hi
+
+    @property
+    def u_names(self) -> tuple[str, ...]:
+        """The names of u's entries: U_NAMES, then an estimated family's (log ν, log r, φ)."""
+        extra = self.kernel.names[1:] if isinstance(self.kernel, MaternFamily) else ()
+        return U_NAMES + tuple(extra)
 
     def _pilot_round(self, now: float) -> None:
         """After a pilot answer or a drop: the pilot's next point (a "pilot" trace row) or, once done, the loop."""
@@ -344,7 +361,7 @@ class StatsServer(FederatedServer):
         if new is None:  # the second-order model is not positive definite there: ℓ at the step is unknown until asked
             new = dataclasses.replace(base, u=base.u + step.p)
         self._epoch_step, self._epoch_pred = distance(new.u, base.u), step.predicted
-        self.boundary = at_bound(new.u, lower, upper)
+        self.boundary = at_bound(new.u, lower, upper, self.u_names)
         self._set_params(new)
         self._record(STATS_STEP, now, 0, new.loglik)
         self.epochs += 1
@@ -424,7 +441,8 @@ class StatsServer(FederatedServer):
             return None
 
     def _set_params(self, pr: Profile) -> None:
-        self.params = Params(pr.mu, pr.Sigma, pr.gamma, *(float(v) for v in np.exp(pr.u)))  # (δ, σ², β) = e^u
+        # (δ, σ², β) = e^u[:3], κ = u[3:]
+        self.params = Params(pr.mu, pr.Sigma, pr.gamma, *(float(v) for v in np.exp(pr.u[:3])), kappa=pr.u[3:])
 
     # --- the end --------------------------------------------------------------------------------------
     def _stop(self, reason: str, now: float) -> None:
@@ -443,7 +461,7 @@ class StatsServer(FederatedServer):
     def _finish(self, pr: Profile, reason: str, now: float) -> None:
         """Report the estimate and ℓ_LR at pr (the "final" trace row; exact, or within O(‖p‖³): stop_point), stop."""
         self._set_params(pr)
-        self.boundary = at_bound(pr.u, *self.bounds)
+        self.boundary = at_bound(pr.u, *self.bounds, self.u_names)
         self.loglik = pr.loglik
         self.stop_reason = reason
         self.converged = reason == "tol"

@@ -35,7 +35,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 # noqa F401 below: MODES, PRESETS, METHODS, RESIDUAL_CHOICES, RESIDUALS, RUNTIMES, PROFILES are the CLI's choices
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401
 from spatialfed.algorithm.likelihood import U_NAMES
-from spatialfed.api import inputs, loading, options, predicting, resuming, scripts, settings, signals
+from spatialfed.api import covariance, inputs, loading, options, predicting, resuming, scripts, settings, signals
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.settings import METHODS  # noqa: F401
@@ -71,7 +71,14 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         "mpp" | "pp" (Remark 3). The structure used is ``residual_`` (fit.json "residual").
     vecchia_k : neighbours per point of the Vecchia residual (default 15, model/vecchia_order.py VECCHIA_K).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
-    nu : Matérn smoothness ν (fixed).
+    nu : Matérn smoothness ν: a number (fixed; default 0.5) or "estimate" (log ν fitted with the other parameters
+        in 0.2–4; ν̂, the standard error of log ν from the observed information and a 95 % Wald interval in
+        ``variogram_params_``; api/covariance.py, docs/equations.md "Covariance options"). Compare candidate models
+        by held-out prediction too (``predictive_scores``): the likelihood can prefer a smoothness that predicts worse.
+    anisotropy : False, or True for geometric anisotropy: the major range β along an angle φ from north and the
+        minor range β/r across it (``variogram_params_``: range_major, range_minor, anisotropy_ratio, angle_deg);
+        predictions and maps krige with it. With ``nu="estimate"`` or ``anisotropy`` the statistics scheme fits
+        u = (log δ, log σ², log β [, log ν] [, log r, φ]) (method "lowrank", preset None or "stats", no privacy).
     agg_threshold : Agg_threshold in 1..J (async; default 1 for the default preset "stats", where every answer is
         a whole site's statistics; ceil(0.2·J) for the block presets); sync always uses J.
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
@@ -151,7 +158,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
-                 max_iter=50, tol=1e-5, runtime="auto", seed=0, *, preset=None, strategies=None, time_budget=None,
+                 max_iter=50, tol=1e-5, runtime="auto", seed=0, *, anisotropy=False, preset=None, strategies=None,
+                 time_budget=None,
                  start=None, domain=None, crs=None, covariates=None, transform=None, vecchia_k=None, privacy=None,
                  checkpoint=None, checkpoint_every=None, progress=True, cluster=None, emulation=None, **moved):
         given = options.absorb_moved({"cluster": cluster, "emulation": emulation, "progress": progress,
@@ -161,6 +169,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.residual = residual
         self.knots = knots
         self.nu = nu
+        self.anisotropy = anisotropy
         self.agg_threshold = agg_threshold
         self.max_iter = max_iter
         self.tol = tol
@@ -301,7 +310,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
             self.residual_ = settings.site_residual(self, server.config, info.sizes)
             say.started(self, runtime, server, monitor.url)
-            specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, Matern(self.nu),
+            specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, covariance.kernel(self),
                                     self.residual_, self.vecchia_k_)
             run_tic = time.perf_counter()
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
@@ -335,7 +344,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.domain_ = domain
         self.params_ = {"gamma": np.asarray(phi.gamma, dtype=float).copy(), "delta": float(phi.delta),
                         "sigma2": float(phi.sigma2), "beta": float(phi.beta)}
-        self.variogram_params_ = variogram_params(self.params_, self.nu, info.crs)
+        fitted = covariance.fitted(server)  # ν̂ and the anisotropy of an estimated family (api/covariance.py)
+        self.params_.update({k: fitted[k] for k in ("nu", "anisotropy_ratio", "angle_deg") if k in fitted})
+        self.variogram_params_ = {**variogram_params(self.params_, fitted.get("nu", self.nu), info.crs), **fitted}
         self.boundary_ = _on_bound(server)
         self.mu_ = np.asarray(phi.mu, dtype=float).copy()
         self.Sigma_ = np.asarray(phi.Sigma, dtype=float).copy()
@@ -387,7 +398,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
             return FgprServer(n_workers, Matern(self.nu), config, self.start)
         from spatialfed.algorithm.make_server import server_for
 
-        return server_for(n_workers, knots, Matern(self.nu), config, self.start)
+        return server_for(n_workers, knots, covariance.kernel(self), config, self.start)
 
     # --- results -------------------------------------------------------------------------------------------
     def _check_fitted(self, what: str = "this method") -> None:
@@ -425,7 +436,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         return FitResult(
             method=self.method, mode="sync" if self.method == "fgpr" else self.mode,
             residual=getattr(self, "residual_", self.residual),
-            nu=float(self.nu),
+            nu=float(self.variogram_params_["nu"]),
             n_workers=self.n_workers_, n_obs=self.n_obs_, params=self.params_, loglik=self.loglik_,
             knots=self.knots_, iterations=self.n_iter_, wall_time_s=self.wall_time_s_, converged=self.converged_,
             trace=self.trace_, mu=self.mu_, Sigma=self.Sigma_, dropped_workers=self.dropped_workers_,

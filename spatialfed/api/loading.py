@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spatialfed.api import covariance
 from spatialfed.errors import DataError, StoreError
 
 DATA_ZARR = "data.zarr"   # the in-memory data of the fit, saved beside fit.json
@@ -152,7 +153,11 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
                   "sigma2": float(p["sigma2"]), "beta": float(p["beta"])}
     gp.store_fingerprint_ = fit.store_fingerprint
     gp.store_crs_ = extra["store_crs"] if "store_crs" in extra else _store_crs(gp.store_)
-    gp.variogram_params_ = variogram_params(gp.params_, fit.nu, gp.store_crs_)
+    saved_vp = {k: v for k, v in (extra.get("variogram_params") or {}).items() if k in covariance.FITTED_KEYS}
+    if saved_vp:  # an estimated family: ν̂ (fit.json "nu"), its interval, the ranges and the metric
+        gp.params_.update({"nu": float(fit.nu), **{k: float(saved_vp[k]) for k in ("anisotropy_ratio", "angle_deg")
+                                                    if k in saved_vp}})
+    gp.variogram_params_ = {**variogram_params(gp.params_, fit.nu, gp.store_crs_), **saved_vp}
     gp.knots_, gp.mu_, gp.Sigma_ = model.knots, fit.mu, fit.Sigma
     gp.loglik_ = None if fit.loglik is None else float(fit.loglik)
     gp.residual_, gp.covariate_names_ = fit.residual, list(model.covariate_names or [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from spatialfed.api import covariance
 from spatialfed.errors import DataError, option
 from spatialfed.version import __version__
 
@@ -98,8 +99,9 @@ def restored_server(gp, resume, n_workers: int):
     server = restore_server(snap)  # FederatedServer, StatsServer or FgprServer, as the snapshot says
     if server.n_workers != n_workers:
         raise DataError(f"the checkpoint is of a fit with {server.n_workers} workers; the store has {n_workers}")
-    if float(server.kernel.nu) != float(gp.nu):
-        raise ValueError(f"the checkpoint's fit used nu={server.kernel.nu}; this estimator has nu={gp.nu}")
+    if server.kernel != covariance.kernel(gp):
+        raise ValueError(f"the checkpoint's fit used the covariance {server.kernel}; this estimator's is "
+                         f"{covariance.kernel(gp)} (nu={gp.nu!r}, anisotropy={gp.anisotropy!r})")
     rules = {"max_iter": gp.max_iter, "tol": gp.tol, "time_budget": gp.time_budget}
     config = server.config
     stopping = getattr(config, "stopping", None)  # FitConfig's Stopping; FgprConfig holds its rules flat

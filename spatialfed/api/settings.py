@@ -7,11 +7,11 @@ validates); nothing is learned.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
+from spatialfed.api import covariance
 from spatialfed.api.options import cluster_of, emulation_of
 from spatialfed.model import transform
 from spatialfed.model.residuals import keeps_local_covariance, resolve_sites
@@ -58,8 +58,7 @@ def check_settings(gp) -> None:
         if e.profile not in PROFILES and not str(e.profile).startswith("graded:"):
             raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {e.profile!r}")
         profile_slowdowns(e.profile, 1)  # graded:<min cores>: a bad number raises with the fix
-    if not (isinstance(gp.nu, (int, float)) and math.isfinite(gp.nu) and gp.nu > 0):
-        raise ValueError(f"nu (Matérn smoothness) must be a number > 0, got {gp.nu!r}")
+    covariance.check(gp)
     if runtime == "simulated" and (c.address or c.client is not None or c.jobqueue):
         raise ValueError("runtime='simulated' runs in this process; a cluster address, client or jobqueue needs "
                          "runtime='dask'")

@@ -26,13 +26,23 @@ from spatialfed.cli.args import (add_dask, add_jobqueue, add_quiet, add_tls, das
 CHECKPOINT_NAME = "checkpoint.zip"  # a ZIP of JSON and .npy arrays (algorithm/checkpoint.py)
 LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"  # the same format under its earlier name: still read by --resume DIR
 #: options handed to FederatedGP under their own name when given
-ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "agg_threshold", "preset", "max_iter", "tol",
+ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "anisotropy", "agg_threshold", "preset", "max_iter", "tol",
                      "time_budget", "profile", "slowdown", "domain", "seed", "on_worker_error", "delays",
                      "activations", "checkpoint_every", "vecchia_k", "secure_aggregation")
 #: FgprConfig settings (--method fgpr)
 FGPR_OPTIONS = ("local_steps", "batch_size", "optimizer", "lr", "batching", "participation")
 
 NAME = "fit"
+
+
+def _smoothness(text: str):
+    """--nu: a number or "estimate"."""
+    if text.strip().lower() == "estimate":
+        return "estimate"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'estimate', got {text!r}") from None
 HELP = "fit the federated low-rank GP (or a baseline: independent, fgpr) on a partitioned store"
 
 
@@ -75,7 +85,12 @@ def register(subparsers) -> None:
     p.add_argument("--y", default=None, metavar="COL", help="y / latitude column of --knots FILE")
     p.add_argument("--crs", default=None, metavar="CRS",
                    help="CRS of --knots FILE, e.g. EPSG:4326 (default: the file's own, else the store's)")
-    p.add_argument("--nu", type=float, default=None, help="Matérn smoothness ν (default 0.5)")
+    p.add_argument("--nu", type=_smoothness, default=None, metavar="NU|estimate",
+                   help="Matérn smoothness ν (default 0.5), or 'estimate': fitted with the other parameters within "
+                        "0.2–4 (ν̂ with a 95%% interval in fit.json; docs/equations.md, Covariance options)")
+    p.add_argument("--anisotropy", action="store_true", default=None,
+                   help="geometric anisotropy: a major range along an angle from north and a minor range across "
+                        "it, fitted (statistics scheme; the maps krige with it)")
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",
                    help="async: aggregate once A new answers arrived (1..J; default 1 with the default preset "
                         "stats, where each answer is a whole site's statistics; ceil(0.2·J) with the block "

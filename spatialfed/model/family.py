@@ -85,6 +85,24 @@ class MaternFamily:
             hi += [LOG_RATIO_BOUND, 2.0 * np.pi]
         return np.array(lo), np.array(hi)
 
+    @property
+    def base(self) -> Matern:
+        """The fixed-ν isotropic Matérn the start φ₀ is fitted with (ν = 1 when ν is estimated)."""
+        return Matern(float(self.nu) if self.nu is not None else 1.0)
+
+    def start_kappa(self) -> np.ndarray:
+        """κ after log β at the start: ν = 1 when estimated, ratio 1.5 at angle 0 (a direction to move in: at
+        ratio 1 the angle has no gradient)."""
+        return np.array(([0.0] if self.nu is None else []) + ([np.log(1.5), 0.0] if self.anisotropy else []))
+
+    def metric(self, kappa) -> np.ndarray:
+        """A (2×2) with d(s, s') = ‖A(s − s')‖ (planar distance): rows along and across the major axis, the
+        second scaled by r, so that the fitted model is the isotropic Matérn of range β in the coordinates As."""
+        if self.distance == "chordal":
+            raise ValueError("chordal distances have no planar metric")
+        _, _, r, phi = self.split(kappa)
+        return np.array([[np.sin(phi), np.cos(phi)], [r * np.cos(phi), -r * np.sin(phi)]])
+
     def split(self, kappa) -> tuple[float, float, float, float]:
         """(β, ν, r, φ) of κ."""
         kappa = np.atleast_1d(np.asarray(kappa, dtype=float))

@@ -22,6 +22,7 @@ from spatialfed.errors import check_finite
 from spatialfed.model import dense, kriging, vecchia
 from spatialfed.model import theta as theta_step
 from spatialfed.model.basis import KnotBasis, check_knots
+from spatialfed.model.family import MaternFamily
 from spatialfed.model.linalg import DenseFactor, DiagFactor, inner
 from spatialfed.model.matern import Matern, check_points
 from spatialfed.model.names import BLOCK_STEPS
@@ -98,8 +99,8 @@ class LocalModel:
                 f"locs, z and X must have the same number of rows, got {n}, {self.z.shape[0]}, {self.X.shape[0]}"
             )
         self.knots = check_knots(knots)
-        if not isinstance(kernel, Matern):
-            raise TypeError(f"kernel must be a spatialfed Matern, got {type(kernel).__name__}")
+        if not isinstance(kernel, (Matern, MaternFamily)):  # a family: its statistics only (model/family_stats.py)
+            raise TypeError(f"kernel must be a spatialfed Matern or MaternFamily, got {type(kernel).__name__}")
         self.kernel = kernel
         self.residual = resolve_residual(residual, n)
         self.vecchia_k = check_k(vecchia_k)  # neighbours per point of the Vecchia residual (SPEC §2c)

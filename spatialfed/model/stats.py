@@ -25,6 +25,8 @@ import numpy as np
 from spatialfed.model import vecchia
 from spatialfed.model.dense import inverse_in_place, residual_beta, residual_beta2_terms
 from spatialfed.model.linalg import apply, inner, matmul, trace, transpose
+from spatialfed.model.family import MaternFamily
+from spatialfed.model.family_stats import family_statistics
 from spatialfed.model.local import LocalModel
 from spatialfed.model.names import PAIRS
 from spatialfed.model.params import Params
@@ -57,8 +59,13 @@ def site_statistics(lm: LocalModel, params) -> dict:
     "S" (k×k), "dS" (3×k×k), "d2S" (6×k×k, pairs in PAIRS order), "d", "dd" (3), "d2d" (6), and "c", the
     direction of u along which S scales exactly (S(u + sc) = e^{s}S(u): c = (1, −1, 0) for full/mpp, where
     R = σ²W̃ + δ⁻¹I scales by e^{−s}; (1, 0, 0) for pp).
-    Reuses the LocalModel's cached knot basis and factorisation of R_j at (δ, σ², β).
+    Reuses the LocalModel's cached knot basis and factorisation of R_j at (δ, σ², β). A LocalModel of a
+    MaternFamily (ν estimated, anisotropy, chordal) answers at its u = (log δ, log σ², κ) (family_statistics).
     """
+    if isinstance(lm.kernel, MaternFamily):
+        u = params.u if isinstance(params, Params) else np.asarray(params, dtype=float).reshape(-1)
+        return family_statistics(lm.locs, lm.z, lm.X, lm.knots, lm.kernel, lm.residual, u, lm.vecchia_k,
+                                 lm.vecchia_ordering)
     u = _u_of(params)
     delta, sigma2, beta = (float(v) for v in np.exp(u))
     m, p, n = lm.m, lm.p, lm.n

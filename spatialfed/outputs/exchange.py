@@ -117,7 +117,7 @@ def solve_exchange(U: np.ndarray, anchors: dict, posteriors: dict, model) -> Exc
     """The server's side (module docstring): from the sites' posteriors at their exchange points, μ_v, M and Σ_v,
     and each site's pieces of `correct`. Only lower triangles of the |U| × |U| matrices are formed."""
     par, noise = model.params, 1.0 / model.params.delta
-    C = residual_covariance(model.kernel, model.knots, par.beta, par.sigma2, U, U).T  # symmetric; F-order, which
+    C = residual_covariance(model.kernel, model.space_knots, par.beta, par.sigma2, U, U).T  # symmetric; F-order, which
     C[np.diag_indices_from(C)] += noise  # LAPACK factorises in place (a C-ordered one would be copied first)
     prior = {j: linalg.cho_factor(C[np.ix_(ix, ix)], lower=True) for j, ix in anchors.items()}
     Q = _inverse_lower(C, "the exchange points' prior covariance")

@@ -106,5 +106,5 @@ def predict_block(workers, model, locs0, X0, h: float, ex: exchange.Exchange | N
     answers = workers.call("residual_kriging", {j: (locs0[idx], model.params) + ((tied[j],) if j in tied else ())
                                                 for j, idx in asked.items()})
     parts = {j: (asked[j], exchange.correct(ex, j, answers[j]) if j in tied else answers[j]) for j in asked}
-    out = combine_blend(locs0, X0, model.params, model.knots, model.kernel, weights, parts)
+    out = combine_blend(locs0, X0, model.params, model.space_knots, model.kernel, weights, parts)
     return {**out, "owner": owners}

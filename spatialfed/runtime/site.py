@@ -42,7 +42,9 @@ _REGISTRY_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class SiteSpec:
     """How to build site j's LocalModel where it runs: run id, store path, index, knots, kernel, residual (and the
-    Vecchia residual's neighbour count k)."""
+    Vecchia residual's neighbour count k). `metric`: a 2×2 A (nested tuples) for a fitted anisotropic model, whose
+    prediction is the isotropic one in the coordinates As (model/family.py MaternFamily.metric): the site's
+    locations are mapped on load, the knots given mapped; what maps show (sites, hull) is mapped back."""
 
     run_id: str
     store: str
@@ -51,6 +53,7 @@ class SiteSpec:
     kernel: Matern
     residual: str
     vecchia_k: int = VECCHIA_K
+    metric: tuple | None = None
 
     @property
     def key(self) -> str:
@@ -58,11 +61,15 @@ class SiteSpec:
 
 
 def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residual: str,
-               vecchia_k: int = VECCHIA_K) -> list[SiteSpec]:
-    """One SiteSpec per federated worker of `store` (its absolute path: every site opens it itself)."""
+               vecchia_k: int = VECCHIA_K, metric=None) -> list[SiteSpec]:
+    """One SiteSpec per federated worker of `store` (its absolute path: every site opens it itself); with a
+    `metric` A the knots are given in the store's coordinates and mapped here."""
     store = os.path.abspath(os.fspath(store))
     knots = np.asarray(knots, dtype=float).reshape(-1, 2)
-    return [SiteSpec(run_id, store, j, knots, kernel, residual, int(vecchia_k)) for j in range(int(n_workers))]
+    if metric is not None:
+        metric = tuple(tuple(float(v) for v in row) for row in np.asarray(metric, dtype=float).reshape(2, 2))
+        knots = knots @ np.asarray(metric).T
+    return [SiteSpec(run_id, store, j, knots, kernel, residual, int(vecchia_k), metric) for j in range(int(n_workers))]
 
 
 def local_model(spec: SiteSpec) -> LocalModel:
@@ -73,7 +80,10 @@ def local_model(spec: SiteSpec) -> LocalModel:
         from spatialfed.data.store import load_worker
 
         locs, z, X = load_worker(spec.store, spec.worker)
+        if spec.metric is not None:
+            locs = locs @ np.asarray(spec.metric).T
         lm = LocalModel(locs, z, X, spec.knots, spec.kernel, residual=spec.residual, vecchia_k=spec.vecchia_k)
+        lm.unmapped = None if spec.metric is None else np.linalg.inv(np.asarray(spec.metric))  # As -> s
         with _REGISTRY_LOCK:
             lm = _REGISTRY.setdefault(spec.key, lm)
     return lm
@@ -124,13 +134,19 @@ def _spacing(lm: LocalModel) -> float:
     return spacing(lm.locs) if len(np.unique(lm.locs, axis=0)) >= 2 else float("nan")
 
 
+def _store_locs(lm: LocalModel) -> np.ndarray:
+    """The site's locations in the store's coordinates (a fitted anisotropic model's sites hold them mapped)."""
+    back = getattr(lm, "unmapped", None)
+    return lm.locs if back is None else lm.locs @ back.T
+
+
 def _hull(lm: LocalModel) -> bytes:
     """The region the site's observations sample (geometry.points_hull), as WKB: a polygon, not the points."""
     import shapely
 
     from spatialfed.data.geometry import points_hull
 
-    return shapely.to_wkb(points_hull(lm.locs))
+    return shapely.to_wkb(points_hull(_store_locs(lm)))
 
 
 #: what a site computes for prediction and for the default domain (each returns request-sized arrays only)
@@ -143,7 +159,7 @@ SITE_CALLS = {
     "bounds": _bounds,                                        # 4 numbers
     "spacing": _spacing,                                      # 1 number (the seamless predictor's band)
     "hull": _hull,                                            # one polygon (the default map domain)
-    "sites": lambda lm: lm.locs,                              # observation sites (for maps only; --no-sites omits)
+    "sites": _store_locs,                                     # observation sites (for maps only; --no-sites omits)
 }
 
 

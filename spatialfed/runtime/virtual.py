@@ -58,14 +58,15 @@ class FlopCost:
         from spatialfed.model.stats import site_statistics
 
         lm = sorted(models, key=lambda model: model.n)[len(models) // 2]
-        key = (int(lm.n), int(lm.m), int(lm.p), str(lm.residual))
+        key = (int(lm.n), int(lm.m), int(lm.p), str(lm.residual), repr(lm.kernel))
         if key not in _RATES:
             best = np.inf
+            kappa = getattr(lm.kernel, "start_kappa", lambda: np.zeros(0))()  # an estimated family's κ beyond β
             for i in range(int(repeats)):  # a new u each time: the model caches its factorisation at u
                 tic = time.process_time()
-                site_statistics(lm, np.array([0.1 * i, -0.1 * i, np.log(0.1) + 0.05 * i]))
+                site_statistics(lm, np.concatenate([[0.1 * i, -0.1 * i, np.log(0.1) + 0.05 * i], kappa]))
                 best = min(best, time.process_time() - tic)
-            flops = stats_flops(lm.n, lm.m, lm.p, lm.residual, lm.vecchia_k)
+            flops = stats_flops(lm.n, lm.m, lm.p, lm.residual, lm.vecchia_k) * _blocks(3 + kappa.size) / _blocks(3)
             _RATES[key] = flops / max(best, 1e-6)
         return cls(rate=_RATES[key])
 
@@ -80,12 +81,18 @@ class FlopCost:
             flops = local_flops(lm, p)
         elif p.step in (STATS_STEP, PILOT_STEP):
             sub = lm if p.step == STATS_STEP else lm.pilot(p.extra["points"])
-            flops = stats_flops(sub.n, m, k, sub.residual, sub.vecchia_k)
+            flops = stats_flops(sub.n, m, k, sub.residual, sub.vecchia_k) * _blocks(len(p.params.u)) / _blocks(3)
         else:
             flops = lm.strategy.solve_flops(n, m, k, lm.vecchia_k)
             if p.step == "theta":
                 flops *= self.theta_factor
         return flops / self.rate
+
+
+def _blocks(q: int) -> int:
+    """The k×k blocks of a statistics message for u of q entries (S, its q first and q(q+1)/2 second derivatives):
+    a site's work grows with them (an estimated family's u has q > 3)."""
+    return 1 + q + q * (q + 1) // 2
 
 
 @dataclass(frozen=True)

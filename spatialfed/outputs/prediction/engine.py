@@ -47,7 +47,7 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
                                  n_dask_workers=n_dask_workers)
 
     specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
-                            model.residual, model.vecchia_k)
+                            model.residual, model.vecchia_k, model.metric)
     with open_runtime(runtime, client=client, scheduler=scheduler, n_dask_workers=n_dask_workers,
                       n_sites=info.n_workers, insecure=insecure) as workers:
         try:
@@ -117,6 +117,7 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
     its blocks; `ols` is one pooled moment call, then batches."""
     check_predictor(predictor, worker, workers.n_workers)
     locs0, X0 = _check_targets(model, locs0, X0)
+    locs0 = model.to_space(locs0)  # a fitted anisotropy kriges isotropically in As (the sites hold theirs so)
     batch = batch_size(0, batch)
     if predictor == "ols":
         mom = workers.call("moments", {j: () for j in range(workers.n_workers)})
@@ -173,7 +174,7 @@ def _predict_block(workers, model: FittedModel, locs0, X0, predictor: str, worke
         if residual_strategy(model.residual).kriges:
             parts = workers.call("residual_kriging", {j: (locs0[idx], par) for j, idx in groups.items()})
             owned = {j: (groups[j], part) for j, part in parts.items()}
-        out = combine_prediction(locs0, X0, par, model.knots, model.kernel, model.residual, owned)
+        out = combine_prediction(locs0, X0, par, model.space_knots, model.kernel, model.residual, owned)
     else:
         parts = workers.call("independent_kriging", {j: (locs0[idx], X0[idx], par) for j, idx in groups.items()})
         mean, var = np.empty(len(locs0)), np.empty(len(locs0))

@@ -32,18 +32,30 @@ class FittedModel:
     store_fingerprint: str | None = None
     vecchia_k: int = VECCHIA_K            # neighbours of the Vecchia residual (fit.json "vecchia_k")
     transform: str = "none"               # "log": fitted on log values, predicted on their own scale (fit.json)
+    metric: tuple | None = None           # a fitted anisotropy's A: isotropic in As (fit.json "metric")
 
     @property
     def kernel(self) -> Matern:
         return Matern(self.nu)
 
+    def to_space(self, locs) -> np.ndarray:
+        """Points in the coordinates the kriging works in: As for a fitted anisotropy (`metric`), else as given."""
+        locs = np.asarray(locs, dtype=float)
+        return locs if self.metric is None else locs @ np.asarray(self.metric).T
+
+    @property
+    def space_knots(self) -> np.ndarray:
+        """The knots in those coordinates (the sites' are mapped alike: runtime.site.site_specs)."""
+        return self.to_space(self.knots)
+
     @classmethod
     def from_estimator(cls, gp) -> "FittedModel":
         """The FittedModel of a fitted `FederatedGP` (what `load_model` reads from the directory it saves)."""
         return cls(_params(gp.params_, gp.mu_, gp.Sigma_, len(gp.knots_)),
-                   np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.nu),
+                   np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.variogram_params_["nu"]),
                    getattr(gp, "residual_", gp.residual), gp.method, list(gp.covariate_names_),
-                   vecchia_k=gp.vecchia_k_, transform=getattr(gp, "transform_", "none"))
+                   vecchia_k=gp.vecchia_k_, transform=getattr(gp, "transform_", "none"),
+                   metric=gp.variogram_params_.get("metric"))
 
 
 def _params(p: dict, mu, Sigma, m: int) -> Params:
@@ -67,7 +79,19 @@ def load_model(fit_dir) -> FittedModel:
     params = _params(fit.params, fit.mu, fit.Sigma, m)  # non-low-rank fits: no low-rank part
     return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"),
                        fit.extra.get("store"), fit.store_fingerprint, int(fit.extra.get("vecchia_k", VECCHIA_K)),
-                       transform.check_transform(fit.extra.get("transform")))
+                       transform.check_transform(fit.extra.get("transform")),
+                       _metric(fit.extra.get("variogram_params", {}).get("metric")))
+
+
+def _metric(value) -> tuple | None:
+    """A fit.json "metric" as a 2×2 of finite numbers (None: isotropic); anything else is a damaged file."""
+    if value is None:
+        return None
+    A = np.asarray(value, dtype=float)
+    if A.shape != (2, 2) or not np.all(np.isfinite(A)) or abs(np.linalg.det(A)) < 1e-12:
+        raise DataError(f"fit.json's anisotropy metric {value!r} is not an invertible 2×2 matrix; run `spatialfed "
+                        "fit` again")
+    return tuple(tuple(float(v) for v in row) for row in A)
 
 
 def check_store(model: FittedModel, info: StoreInfo) -> None:

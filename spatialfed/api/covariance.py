@@ -1,0 +1,110 @@
+"""The covariance the estimator fits, from its ``nu`` and ``anisotropy`` settings (docs/equations.md, "Covariance
+options"): a Matérn with ν fixed and isotropic distances (model/matern.py, the default ν = 0.5), or a
+``MaternFamily`` (model/family.py) with ν estimated (``nu="estimate"``, log ν in NU_RANGE) and/or geometric
+anisotropy (``anisotropy=True``: a major range β along the angle φ from north and a minor range β/r), fitted by
+the same statistics server with u = (log δ, log σ², log β [, log ν] [, log r, φ]).
+
+What a fit reports about it (`fitted`): ν̂ with the standard error of log ν from the observed information −H of
+the exact ℓ_LR at the estimate and its Wald interval exp(log ν̂ ± 1.96 se) (within NU_RANGE); the major and minor ranges, the ratio
+r ≥ 1 and the major axis' angle in degrees clockwise from north in [0°, 180°).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spatialfed.algorithm.likelihood import NotPositiveDefinite, profile_loglik
+from spatialfed.model.family import NU_RANGE, MaternFamily
+from spatialfed.model.matern import Matern
+
+#: the value of ``nu`` that estimates it
+ESTIMATE = "estimate"
+#: what a fit with an estimated family adds to variogram_params_ (and fit.json's "variogram_params")
+FITTED_KEYS = ("nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric")
+#: the normal quantile of the Wald interval
+Z95 = 1.959963984540054
+
+
+def check(gp) -> None:
+    """One line naming the fix for a ``nu``/``anisotropy`` setting the fit cannot take."""
+    nu = gp.nu
+    if not (nu == ESTIMATE or (isinstance(nu, (int, float)) and not isinstance(nu, bool) and math.isfinite(nu)
+                               and nu > 0)):
+        raise ValueError(f"nu (Matérn smoothness) must be a number > 0 or {ESTIMATE!r} (fitted within "
+                         f"{NU_RANGE[0]}–{NU_RANGE[1]}), got {nu!r}")
+    if not isinstance(gp.anisotropy, bool):
+        raise ValueError(f"anisotropy must be True or False, got {gp.anisotropy!r}")
+    if not estimated(gp):
+        return
+    what = f"nu={ESTIMATE!r}" if nu == ESTIMATE else "anisotropy=True"
+    if gp.method != "lowrank":
+        raise ValueError(f"{what} is fitted by the statistics scheme of method='lowrank'; method={gp.method!r} has "
+                         f"a fixed isotropic Matérn: give a number for nu (and anisotropy=False)")
+    if gp.preset not in (None, "stats") or gp.privacy is not None:
+        raise ValueError(f"{what} is fitted by the statistics scheme (preset None or 'stats', without privacy=); "
+                         "the block presets and privacy noise or secure aggregation take a fixed isotropic Matérn")
+
+
+def estimated(gp) -> bool:
+    """Whether the fit estimates covariance parameters beyond (σ², β): ν, or the anisotropy."""
+    return gp.nu == ESTIMATE or gp.anisotropy is True
+
+
+def kernel(gp):
+    """The kernel the server and the sites use: Matern(ν) or the MaternFamily of the settings."""
+    if not estimated(gp):
+        return Matern(float(gp.nu))
+    return MaternFamily(None if gp.nu == ESTIMATE else float(gp.nu), bool(gp.anisotropy))
+
+
+def fitted(server) -> dict:
+    """{"nu", "nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric"} of a
+    finished statistics fit with a MaternFamily (the entries its family has; "metric" the A of
+    MaternFamily.metric, in which prediction is isotropic); {} for a fixed-ν isotropic one."""
+    family = server.kernel
+    if not isinstance(family, MaternFamily):
+        return {}
+    u = np.asarray(server.params.u, dtype=float)
+    beta, nu, r, phi = family.split(u[2:])
+    out: dict = {"nu": nu}
+    se = standard_errors(server)
+    if family.nu is None:
+        i = 3
+        s = float(se[i]) if se is not None else float("nan")
+        out["nu_se_log"] = s
+        lo, hi = (float(np.clip(np.exp(u[i] + k * Z95 * s), *NU_RANGE)) for k in (-1.0, 1.0))
+        out["nu_95"] = [lo, hi] if math.isfinite(s) else None  # within the box ν is fitted in
+    if family.anisotropy:
+        major, ratio, angle = major_axis(beta, r, phi)
+        out.update(range_major=major, range_minor=major / ratio, anisotropy_ratio=ratio, angle_deg=angle,
+                   metric=family.metric(u[2:]).tolist())
+    return out
+
+
+def major_axis(beta: float, r: float, phi: float) -> tuple[float, float, float]:
+    """(major range, ratio ≥ 1, angle of the major axis in degrees from north in [0, 180)): (β, r, φ) and
+    (β/r, 1/r, φ + 90°) are one model."""
+    if r < 1.0:
+        beta, r, phi = beta / r, 1.0 / r, phi + 0.5 * math.pi
+    return float(beta), float(r), float(math.degrees(phi) % 180.0)
+
+
+def standard_errors(server) -> np.ndarray | None:
+    """√diag((−H)⁻¹) of ℓ_LR in u at the exact round nearest the estimate (its sites' summed statistics), or None
+    when there is none or −H is not positive definite (ν weakly identified: reported as nan, not as a number)."""
+    rounds = getattr(getattr(server, "records", None), "rounds", {})
+    active = sorted(server.active)
+    u = np.asarray(server.params.u, dtype=float)
+    exact = [e for e in rounds.values() if sorted(e["sites"]) == active]
+    if not exact:
+        return None
+    entry = min(exact, key=lambda e: float(np.linalg.norm(np.asarray(e["sum"]["u"], dtype=float) - u)))
+    try:
+        hess = profile_loglik(entry["sum"], server.knots, server.kernel).hess
+        cov = np.linalg.inv(-hess)
+    except (NotPositiveDefinite, np.linalg.LinAlgError):
+        return None
+    diag = np.diag(cov)
+    return np.where(diag > 0, np.sqrt(np.abs(diag)), np.nan)
