@@ -85,7 +85,24 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
         "iterations": int(result.iterations), "loglik": None if result.loglik is None else float(result.loglik),
         "wall_time_s": float(result.wall_time_s), "dropped": list(result.dropped_workers or []),
         "sites": site_times(arrivals or [], int(result.n_workers)) if arrivals else [],
+        "covariance": {k: v for k, v in (extra.get("variogram_params") or {}).items()
+                       if k in ("nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg")},
     }
+
+
+def _covariance_text(facts: dict) -> str:
+    """The estimated family's ν̂ (with its interval) and anisotropy, as the fit's summary line says them."""
+    cov, unit, e = facts.get("covariance") or {}, facts.get("unit"), html.escape
+    text = ""
+    if "nu_se_log" in cov:
+        ci = cov.get("nu_95")
+        text += f"<br>smoothness ν̂ = {facts['nu']:.3g}" + (f" (95 % Wald interval {ci[0]:.3g}–{ci[1]:.3g})" if ci
+                                                           else " (weakly identified: no interval)")
+    if "angle_deg" in cov:
+        text += (f"<br>anisotropy: major range {e(distance(cov['range_major'], unit))} at {cov['angle_deg']:.1f}° "
+                 f"from north, minor range {e(distance(cov['range_minor'], unit))} (ratio "
+                 f"{cov['anisotropy_ratio']:.3g})")
+    return text
 
 
 def trace_facts(trace_rows: list[dict], arrivals: list[dict], n_workers: int) -> dict:
@@ -184,7 +201,7 @@ def summary_html(facts: dict) -> str:
         ("Settings", e(", ".join(settings)) or "—"),
         ("Estimates", f"γ: {gamma}<br>nugget variance 1/δ = {_g(facts['nugget'])}, partial sill σ² = "
                       f"{_g(facts['partial_sill'])} (squared units of the response); range β = "
-                      f"{e(distance(facts['range'], facts.get('unit')))}{practical}"),
+                      f"{e(distance(facts['range'], facts.get('unit')))}{practical}{_covariance_text(facts)}"),
         ("Convergence", f"{e(conv)} after {facts['iterations']} iterations; final log-likelihood "
                         f"ℓ = {_g(facts['loglik'], 8)}"
                         + (f"; continued without sites {facts['dropped']}" if facts["dropped"] else "")),

@@ -127,3 +127,28 @@ def test_handlers_are_thin():
         assert {"register", "run"} <= set(functions) and command.NAME and command.HELP, path.name
         body = functions["run"].body
         assert body[-1].end_lineno - body[0].lineno + 1 <= 40, f"{path.name}: run() is longer than 40 lines"
+
+
+def test_the_covariance_options_reach_the_estimator():
+    args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--nu", "estimate", "--anisotropy"])
+    assert estimator_settings(args) == {"nu": "estimate", "anisotropy": True, "progress": True}
+    assert build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--nu", "1.5"]).nu == 1.5
+
+
+def test_fit_with_estimated_nu_and_anisotropy_reports_them_and_predicts(tmp_path, capsys):
+    import json
+
+    from spatialfed.data.simulate import simulate_store
+
+    simulate_store(tmp_path / "s.zarr", 3, 60, test_size=20, seed=4)
+    assert main(["fit", str(tmp_path / "s.zarr"), "--nu", "estimate", "--anisotropy", "--knots", "16", "--mode",
+                 "sync", "--out", str(tmp_path / "fit")]) == 0
+    said = capsys.readouterr().err  # the summary
+    vp = json.loads((tmp_path / "fit" / "fit.json").read_text())["variogram_params"]
+    assert {"nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric"} <= set(vp)
+    assert f"ν̂ = {vp['nu']:.3g}" in said and f"at {vp['angle_deg']:.1f}° from north" in said
+    report = (tmp_path / "fit" / "report.html").read_text()
+    assert "smoothness ν̂" in report and "anisotropy: major range" in report
+    assert main(["predict", str(tmp_path / "fit"), "--store", str(tmp_path / "s.zarr"), "--out",
+                 str(tmp_path / "p.csv"), "--quiet"]) == 0
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 21
