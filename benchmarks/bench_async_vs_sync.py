@@ -176,12 +176,12 @@ def time_to_target(trace, ref, rtol=RTOL) -> float | None:
 
 def fit(store, setting, runtime, mode, profile, client=None, max_iter=300, tol=1e-10, time_budget=None,
         strategies=None, preset="paper"):
-    from spatialfed.api import FederatedGP
+    from spatialfed.api import Emulation, FederatedGP
 
-    gp = FederatedGP(mode=mode, residual=setting.residual, knots=setting.knots, nu=setting.nu,
-                     agg_threshold=setting.agg if mode == "async" else None, max_iter=max_iter, tol=tol,
-                     runtime=runtime, profile=profile, client=client, seed=0, time_budget=time_budget,
-                     strategies=strategies, preset=preset, progress=False)
+    asked = {**(strategies or {}), **({"agg_threshold": setting.agg} if mode == "async" else {})}
+    gp = FederatedGP(mode=mode, residual=setting.residual, knots=setting.knots, nu=setting.nu, max_iter=max_iter,
+                     tol=tol, runtime=runtime, emulation=Emulation(profile=profile), cluster=client, seed=0,
+                     time_budget=time_budget, strategies=asked or None, preset=preset, progress=False)
     tic = time.perf_counter()
     gp.fit(store)
     gp.wall_s = time.perf_counter() - tic
@@ -397,16 +397,17 @@ def fit_stats_dask(store, client, setting, mode, profile, max_iter=100, tol=1e-5
     LocalCluster's scheduler). `scale`: every site's slowdown is multiplied by it (slowdown_scale in run_stats_dask)."""
     from distributed import get_task_stream
 
-    from spatialfed.api import FederatedGP
+    from spatialfed.api import Emulation, FederatedGP
     from spatialfed.data.geometry import jittered_unit_grid
     from spatialfed.runtime.heterogeneity import profile_slowdowns
 
     J, M, NU, residual = setting.workers, setting.knots, setting.nu, setting.residual
     knots = jittered_unit_grid(M, seed=0)
-    gp = FederatedGP(mode=mode, residual=residual, knots=knots, nu=NU, agg_threshold=1 if mode == "async" else None,
-                     max_iter=max_iter, tol=tol, runtime="dask", profile=profile, client=client, seed=0,
-                     slowdown=(scale * profile_slowdowns(profile, J)).tolist(), time_budget=time_budget,
-                     preset="stats", progress=False)
+    slowdown = tuple((scale * profile_slowdowns(profile, J)).tolist())
+    gp = FederatedGP(mode=mode, residual=residual, knots=knots, nu=NU,
+                     strategies={"agg_threshold": 1} if mode == "async" else None, max_iter=max_iter, tol=tol,
+                     runtime="dask", emulation=Emulation(profile=profile, slowdown=slowdown), cluster=client, seed=0,
+                     time_budget=time_budget, preset="stats", progress=False)
     cpu0, here = client.run(time.process_time), time.process_time()
     tic = time.perf_counter()
     with get_task_stream(client) as ts:

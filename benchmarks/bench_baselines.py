@@ -56,7 +56,7 @@ def run(name, store, out_dir, runtime, client, truth, **settings):
     from spatialfed.api import FederatedGP
     from spatialfed.outputs.prediction import predict
 
-    gp = FederatedGP(nu=NU, runtime=runtime, client=client, progress=False, **settings)
+    gp = FederatedGP(nu=NU, runtime=runtime, cluster=client, progress=False, **settings)
     tic = time.perf_counter()
     gp.fit(store)
     total = time.perf_counter() - tic
@@ -106,7 +106,8 @@ def main(argv=None) -> int:
             truth = info.truth
             rows = [
                 run("lowrank_async", store, tmp, args.runtime, client, truth, method="lowrank", mode="async",
-                    knots=M_KNOTS, preset="tuned", agg_threshold=math.ceil(0.2 * J), max_iter=300, tol=1e-6),
+                    knots=M_KNOTS, preset="tuned", strategies={"agg_threshold": math.ceil(0.2 * J)}, max_iter=300,
+                    tol=1e-6),
                 run("independent_sync", store, tmp, args.runtime, client, truth, method="independent", mode="sync",
                     max_iter=100, tol=1e-8),
                 run("fgpr", store, tmp, args.runtime, client, truth, method="fgpr", max_iter=args.fgpr_rounds,

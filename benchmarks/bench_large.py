@@ -168,10 +168,9 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
         pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1]}).to_csv(targets, index=False)
         say(f"[{tag}] ingested {len(train)} cells into {J} area sites in {ingest_s:.1f} s ({info.crs})")
 
-        if args.vecchia_k is not None:
-            settings["vecchia_k"] = args.vecchia_k
-        gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
-                         client=client, progress=args.progress, **settings)
+        k = "" if args.vecchia_k is None or residual not in ("vecchia", "auto") else f":{args.vecchia_k}"
+        gp = FederatedGP(residual=residual + k, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
+                         cluster=client, progress=args.progress, **settings)
         tic = time.perf_counter()
         gp.fit(store)
         fit_s = time.perf_counter() - tic

@@ -98,8 +98,9 @@ def params_of(server) -> dict:
 def run_fit(store, *, mode, preset, profile, knots, agg_threshold=None, max_iter=100, seed=0) -> dict:
     """One fit on the virtual clock; never raises: a failed fit's row carries `error` and the server's state."""
     GP = _estimator()
-    gp = GP(mode=mode, residual="mpp", preset=preset, knots=knots, nu=NU, runtime="simulated", profile=profile,
-            agg_threshold=agg_threshold if mode == "async" else None, max_iter=max_iter, progress=False, seed=seed)
+    gp = GP(mode=mode, residual="mpp", preset=preset, knots=knots, nu=NU, runtime="simulated", emulation=profile,
+            strategies={"agg_threshold": agg_threshold} if mode == "async" and agg_threshold else None,
+            max_iter=max_iter, progress=False, seed=seed)
     tic = time.perf_counter()
     error = None
     try:

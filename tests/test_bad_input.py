@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spatialfed import Emulation
+from spatialfed import Checkpoint, Emulation
 from spatialfed.cli import main
 from spatialfed.errors import SpatialFedError
 
@@ -209,8 +209,8 @@ def world(tmp_path_factory):
     (badfit / "fit.json").write_text('{"method": "lowrank", ')
     w["BADFIT"] = str(badfit)
     CK = base / "ck"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(CK / "checkpoint.zip"),
-                checkpoint_every=1).fit(S).save(CK)
+    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False,
+                checkpoint=Checkpoint(CK / "checkpoint.zip", every=1)).fit(S).save(CK)
     w["CK"] = str(CK)
     for how in ("deleted", "corrupted", "truncated", "no_group", "no_root", "bad_root_json", "bad_group_json",
                 "bad_array_json"):
@@ -607,7 +607,7 @@ CLI_CASES = [
     ("fit-time-budget-neg", ["fit", "{S}", "--out", "{T}/out", *FIT, "--time-budget", "-10"],
      r"time_budget must be a number of seconds > 0", None),
     ("fit-checkpoint-every-0", ["fit", "{S}", "--out", "{T}/out", *FIT, "--checkpoint-every", "0"],
-     r"checkpoint_every must be a positive integer", None),
+     r"--checkpoint-every K: K must be a positive integer", None),
     ("fit-dask-workers-0", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--dask-workers", "0"],
      r"--dask-workers must be a positive integer, got 0", None),
     ("fit-dask-workers-1000", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--dask-workers", "1000"],
@@ -1079,10 +1079,11 @@ API_CASES = [
     ("api-nu-nan", _fit("S", nu=float("nan")), r"nu .*> 0"),
     ("api-nu-huge", _fit("S", nu=1e6), r"nu must be at most 40"),
     ("api-nu-string", _fit("S", nu="half"), r"nu \(Matérn smoothness\) must be a number > 0, got 'half'"),
-    ("api-agg-threshold-0", _fit("S", agg_threshold=0), r"agg_threshold must be an integer in 1\.\.J = 1\.\.3 .*got 0"),
-    ("api-agg-threshold-J+1", _fit("S", agg_threshold=4),
+    ("api-agg-threshold-0", _fit("S", strategies={"agg_threshold": 0}),
+     r"agg_threshold must be an integer in 1\.\.J = 1\.\.3 .*got 0"),
+    ("api-agg-threshold-J+1", _fit("S", strategies={"agg_threshold": 4}),
      r"agg_threshold must be an integer in 1\.\.J = 1\.\.3 .*got 4"),
-    ("api-agg-threshold-sync", _fit("S", agg_threshold=4, mode="sync"),
+    ("api-agg-threshold-sync", _fit("S", strategies={"agg_threshold": 4}, mode="sync"),
      r"agg_threshold must be an integer in 1\.\.J = 1\.\.3 .*got 4"),
     ("api-slowdown-count", _fit("S", emulation=Emulation(slowdown=[1, 2])),
      r"got 2 slowdown factors for 3 workers"),
@@ -1091,8 +1092,8 @@ API_CASES = [
     ("api-max-iter-0", _fit("S", max_iter=0), r"max_iter must be an integer ≥ 1, got 0"),
     ("api-tol-neg", _fit("S", tol=-1), r"tol must be > 0, got -1"),
     ("api-time-budget-0", _fit("S", time_budget=0), r"time_budget must be a number of seconds > 0"),
-    ("api-checkpoint-every-0", _fit("S", checkpoint="{T}/c.pkl", checkpoint_every=0),
-     r"checkpoint_every must be a positive integer"),
+    ("api-checkpoint-every-0", lambda w, T: _gp(checkpoint=Checkpoint(T / "c.zip", every=0)).fit(w["S"]),
+     r"Checkpoint\(path, every=K\): K must be a positive integer"),
     ("api-unknown-strategy", _fit("S", strategies={"warp": True}), r"unknown fit setting\(s\) \['warp'\]"),
     ("api-bad-start", _fit("S", start={"delta": -1.0}), r"delta must be a finite number > 0, got -1"),
     ("api-missing-store", _fit("{T}/nope.zarr"), r"nope\.zarr is not a Zarr v3 store"),

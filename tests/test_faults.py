@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from spatialfed import Cluster
+from spatialfed import Checkpoint, Cluster
 from spatialfed.api import FederatedGP
 from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import SpatialFedError
@@ -180,7 +180,7 @@ def _fit_with_kill(settings, store, kill, when, checkpoint, **cluster):
     """Fit with `kill()` run when `when()` holds; returns (estimator or the exception, kill time, end time)."""
     thread, killed = _when(when, kill)
     try:
-        result = FederatedGP(**settings, checkpoint=checkpoint, checkpoint_every=1, **cluster).fit(store)
+        result = FederatedGP(**settings, checkpoint=Checkpoint(checkpoint, every=1), **cluster).fit(store)
     except SpatialFedError as exc:
         result = exc
     end = time.perf_counter()

@@ -9,7 +9,8 @@ import importlib
 _EXPORTS = {"FederatedGP": "estimator", "METHODS": "estimator", "MODES": "estimator", "PRESETS": "estimator",
             "PROFILES": "estimator", "RESIDUALS": "estimator", "RESIDUAL_CHOICES": "estimator",
             "RUNTIMES": "estimator",
-            "NotFittedError": "predicting", "Cluster": "options", "Emulation": "options"}
+            "NotFittedError": "predicting", "Cluster": "options", "Emulation": "options",
+            "Checkpoint": "options"}
 __all__ = list(_EXPORTS)
 
 

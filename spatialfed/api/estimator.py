@@ -62,14 +62,15 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     method : "lowrank" (the federated low-rank model), "independent" (the independence model of Eq. 3, fitted by
         the same algorithm with no knots; its loglik is ℓ_ind) or "fgpr" (the same model fitted by FGPR: FedAvg over
         clients running E local SGD/Adam steps on mini-batch exact GP likelihoods, algorithm/fgpr.py, docs/fgpr.md;
-        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `agg_threshold` and `preset` do not apply to it
-        and fit.json records mode "sync".
+        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `preset` and strategies' agg_threshold do not apply
+        to it and fit.json records mode "sync".
     mode : "sync" | "async".
     residual : "auto" (default: each site uses the dense `full` residual up to 1,000 points and its Vecchia
         approximation above; `full` with the block scheme's presets and for method="independent"/"fgpr") | "full" |
         "vecchia" (the full residual's Vecchia approximation, SPEC §2c: sites of any size; preset "stats" only) |
-        "mpp" | "pp" (Remark 3). The structure used is ``residual_`` (fit.json "residual").
-    vecchia_k : neighbours per point of the Vecchia residual (default 15, model/vecchia_order.py VECCHIA_K).
+        "mpp" | "pp" (Remark 3); "vecchia:K" and "auto:K" set the Vecchia residual's K neighbours per point (default
+        15, model/vecchia_order.py VECCHIA_K; fit.json "vecchia_k"). The structure used is ``residual_`` (fit.json
+        "residual": a plain name).
     knots : int m (a jittered grid of m knots over the domain; the paper's layout on [0,1]²) or an (m, 2) array.
     nu : Matérn smoothness ν: a number (fixed; default 0.5) or "estimate" (log ν fitted with the other parameters
         in 0.2–4; ν̂, the standard error of log ν from the observed information and a 95 % Wald interval in
@@ -79,8 +80,6 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         minor range β/r across it (``variogram_params_``: range_major, range_minor, anisotropy_ratio, angle_deg);
         predictions and maps krige with it. With ``nu="estimate"`` or ``anisotropy`` the statistics scheme fits
         u = (log δ, log σ², log β [, log ν] [, log r, φ]) (method "lowrank", preset None or "stats", no privacy).
-    agg_threshold : Agg_threshold in 1..J (async; default 1 for the default preset "stats", where every answer is
-        a whole site's statistics; ceil(0.2·J) for the block presets); sync always uses J.
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
     runtime : "auto" (default: in this process for small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask
         option given; Dask otherwise: ``runtime.factory.choose_runtime``) | "dask" | "simulated".
@@ -94,7 +93,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         {"correction": False, "hessian": "block"} for the block presets, {"settle_tol": 0.02} for "stats"), or for
         method="fgpr" FgprConfig's: ``local_steps`` (E, default 5), ``batch_size`` (M, 64), ``optimizer`` ("adam" |
         "sgd"), ``lr``, ``batching`` ("uniform" | "nearest"), ``participation`` (K_c clients per round), ``floor``,
-        ``patience``. A setting of the other scheme is refused in one line.
+        ``patience``. A setting of the other scheme is refused in one line. ``{"agg_threshold": A}``: aggregate once A
+        new answers arrived, 1..J (async; default 1 for the default preset "stats", where every answer is a whole
+        site's statistics; ceil(0.2·J) for the block presets); sync always uses J.
     time_budget : stop after this many seconds (of the runtime's clock).
     start : optional starting values {"gamma", "delta", "sigma2", "beta"} overriding the data-driven φ₀ (with large
         sites the pilot start still refines it unless it is already as near as the pilot can tell: docs/algorithm.md).
@@ -116,11 +117,10 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         "clip": c or {key: c_k}, "delta": 1e-5, "seed": None}`` (the loss is in ``privacy_report_`` and fit.json; not
         with method="fgpr"); or "secure_aggregation" (sync statistics fits, ≥ 3 sites): the server decodes only the
         sum of the sites' statistics, never one site's (docs/secure-aggregation.md).
-    checkpoint : path of a checkpoint file (docs/recovery.md) written atomically during a Dask fit: every
-        ``checkpoint_every`` aggregations (default 10 when only ``checkpoint`` is given), when the fit is interrupted
-        (KeyboardInterrupt, SIGTERM, a failed task or lost cluster), and once at the end. ``FederatedGP.resume(path)``
-        continues.
-    checkpoint_every : aggregation count K between checkpoints.
+    checkpoint : a checkpoint file (docs/recovery.md) written atomically during a Dask fit, as
+        ``spatialfed.Checkpoint(path, every=K)``: every K aggregations (a path alone: every 10, further apart when a
+        write costs over 5 % of the wall time), when the fit is interrupted (KeyboardInterrupt, SIGTERM, a failed
+        task or lost cluster), and once at the end. ``FederatedGP.resume(path)`` continues.
     progress : True (progress on stderr: iteration, parameters, max staleness), False (quiet) or "live" (also a live
         Bokeh page of parameters, log-likelihood, arrivals and staleness on 127.0.0.1 during a Dask fit; its address
         is printed). Every fit keeps the same plots; ``save`` writes them as ``report.html``.
@@ -133,8 +133,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         activations="poisson:RATE", n_sites=J)`` (docs/delays.md; ``n_sites``: the automatic area partition of
         in-memory data without ``groups``); a profile name alone is ``Emulation(profile=name)``.
     Parameters of earlier versions (scheduler, client, n_dask_workers, jobqueue, tls, insecure, scheduler_timeout,
-    on_worker_error; profile, slowdown, delays, activations, n_sites; live, fgpr, secure_aggregation) are accepted
-    for one release with a FutureWarning naming the new spelling.
+    on_worker_error; profile, slowdown, delays, activations, n_sites; live, fgpr, secure_aggregation; vecchia_k,
+    checkpoint_every, agg_threshold) are accepted for one release with a FutureWarning naming the new spelling.
     Further asynchronous options go in ``strategies`` (BlockScheme fields): ``staleness_bound`` (VAFL's D),
     ``dominance`` (AsyncManifold's arrival-frequency correction), ``alpha_rule``; docs/algorithm.md. The preset
     "section5" is the basic algorithm analysed in the paper's Section 5 (no strategy, α_t = (τ̄+1)⁻¹(τ+1)⁻¹).
@@ -157,20 +157,19 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     (after ``FederatedGP.load``: the directory read; only what save wrote is restored, e.g. no arrivals in monitor_).
     """
 
-    def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, agg_threshold=None,
-                 max_iter=50, tol=1e-5, runtime="auto", seed=0, *, anisotropy=False, preset=None, strategies=None,
-                 time_budget=None,
-                 start=None, domain=None, crs=None, covariates=None, transform=None, vecchia_k=None, privacy=None,
-                 checkpoint=None, checkpoint_every=None, progress=True, cluster=None, emulation=None, **moved):
+    def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, max_iter=50, tol=1e-5,
+                 runtime="auto", seed=0, *, anisotropy=False, preset=None, strategies=None, time_budget=None,
+                 start=None, domain=None, crs=None, covariates=None, transform=None, privacy=None, checkpoint=None,
+                 progress=True, cluster=None, emulation=None, **moved):
         given = options.absorb_moved({"cluster": cluster, "emulation": emulation, "progress": progress,
-                                      "strategies": strategies, "privacy": privacy}, moved)
+                                      "strategies": strategies, "privacy": privacy, "residual": residual,
+                                      "checkpoint": checkpoint}, moved)
         self.method = method
         self.mode = mode
-        self.residual = residual
+        self.residual = given["residual"]
         self.knots = knots
         self.nu = nu
         self.anisotropy = anisotropy
-        self.agg_threshold = agg_threshold
         self.max_iter = max_iter
         self.tol = tol
         self.runtime = runtime
@@ -183,10 +182,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.crs = crs
         self.covariates = covariates
         self.transform = transform
-        self.vecchia_k = vecchia_k
         self.privacy = given["privacy"]
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint = given["checkpoint"]
         self.progress = given["progress"]
         self.cluster = given["cluster"]
         self.emulation = given["emulation"]
@@ -218,7 +215,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
     @property
     def vecchia_k_(self) -> int:
-        """k of the Vecchia residual (the default when vecchia_k is None; api.settings.vecchia_k)."""
+        """k of the Vecchia residual (K of residual="vecchia:K" / "auto:K", else the default; api.settings)."""
         return settings.vecchia_k(self)
 
     def _slowdowns(self, n_workers: int) -> np.ndarray:
@@ -239,9 +236,9 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         Model and algorithm settings come from the checkpoint's meta (written by ``fit(checkpoint=...)``); `store`
         replaces the recorded store path (e.g. moved); `overrides` may change only the stopping rules and the cluster
-        settings (``max_iter``, ``tol``, ``time_budget``, ``cluster``, ``checkpoint``, ``checkpoint_every``,
-        ``progress``; the checkpoint never says where to connect). By default it keeps checkpointing to
-        `checkpoint_path`."""
+        settings (``max_iter``, ``tol``, ``time_budget``, ``cluster``, ``checkpoint`` (a path or a Checkpoint; a
+        path alone keeps the recorded ``every``), ``progress``; the checkpoint never says where to connect). By
+        default it keeps checkpointing to `checkpoint_path`, as often as recorded."""
         from spatialfed.api.resuming import resume
 
         return resume(cls, checkpoint_path, store, overrides)
@@ -298,7 +295,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         resumed = None if server is None else {"t": int(server.t), "time_s": float(server.time_s)}
         say = Progress(self.progress)
         monitor = FitMonitor(info.n_workers, live=self.progress == "live" and self.runtime_used_ == "dask")
-        ckpt = Checkpointer(self.checkpoint, self.checkpoint_every, resuming.meta(self, info.path),
+        asked = options.checkpoint_of(self.checkpoint)  # None: no checkpoint file (a lost cluster's rescue only)
+        ckpt = Checkpointer(asked and asked.path, asked and asked.every, resuming.meta(self, info.path),
                             wall_s=getattr(server, "wall_time_s", 0.0))
         c = self._cluster
         cluster = scripts.embedded_cluster(self.runtime_used_, client=c.client, scheduler=c.address,
@@ -459,7 +457,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         from spatialfed.outputs.report import data_name
         from spatialfed.outputs.results import write_results
 
-        own = Path(self.checkpoint) if self.checkpoint else None
+        own = None if self.checkpoint is None else Path(options.checkpoint_of(self.checkpoint).path)
         if Path(out_dir).is_dir():  # a file in the way is write_results' error
             refuse_existing(out_dir, overwrite,
                             keep=(own.name,) if own and own.resolve().parent == Path(out_dir).resolve() else ())

@@ -32,12 +32,13 @@ SAVED = "estimator"       # model.zarr settings key of the estimator's settings
 
 def saved_settings(gp) -> dict:
     """The settings ``save`` adds to model.zarr's attributes for ``load`` (``FitResult.extra``)."""
-    from spatialfed.api.options import Cluster, Emulation, cluster_of, emulation_of
+    from spatialfed.api.options import Cluster, Emulation, checkpoint_of, cluster_of, emulation_of
 
     params = {}
     cluster, emulation = cluster_of(gp.cluster), emulation_of(gp.emulation)
     plain = {**gp.get_params(deep=False), "cluster": None if cluster == Cluster() else cluster.saved(),
-             "emulation": None if emulation == Emulation() else emulation.saved()}
+             "emulation": None if emulation == Emulation() else emulation.saved(),
+             "checkpoint": None if gp.checkpoint is None else checkpoint_of(gp.checkpoint).saved()}
     for name, value in plain.items():
         try:
             params[name] = json.loads(json.dumps(value, default=_plain, allow_nan=False))
@@ -117,7 +118,7 @@ def _settings(cls, fit, extra) -> dict:
                  "vecchia_k": extra.get("vecchia_k")}
     if isinstance(saved.get("knots"), list):  # an (m, 2) array of knots
         saved["knots"] = np.asarray(saved["knots"], dtype=float)
-    from spatialfed.api.options import Cluster, emulation_of, recorded_cluster, spelled
+    from spatialfed.api.options import Cluster, checkpoint_of, emulation_of, recorded_cluster, spelled
 
     saved = spelled(saved)  # fit directories of earlier versions hold the old flat names
     # a fit directory is data: where to connect (address, jobqueue, tls) comes from the caller, never the files
@@ -125,6 +126,7 @@ def _settings(cls, fit, extra) -> dict:
     saved["cluster"] = None if cluster == Cluster() else cluster
     if isinstance(saved.get("emulation"), dict):
         saved["emulation"] = emulation_of(saved["emulation"])
+    saved["checkpoint"] = checkpoint_of(saved.get("checkpoint"))
     return {k: v for k, v in saved.items() if k in cls._get_param_names()}
 
 

@@ -1,17 +1,22 @@
-"""The estimator's two setting objects besides the model and fit settings: where a Dask fit runs (`Cluster`) and
-what an experiment emulates (`Emulation`), with the spellings of earlier versions mapped onto them.
+"""The estimator's setting objects besides the model and fit settings: where a Dask fit runs (`Cluster`), what an
+experiment emulates (`Emulation`) and where its checkpoint goes (`Checkpoint`), with the spellings of earlier
+versions mapped onto them.
 
     FederatedGP(cluster="tcp://10.0.0.5:8786")                       # a running scheduler
     FederatedGP(cluster=client)                                      # a distributed.Client (not closed)
     FederatedGP(cluster=Cluster(n_workers=4, tls=True))              # an embedded LocalCluster
     FederatedGP(cluster=Cluster(jobqueue={"kind": "slurm", "cores": 4, "memory": "8GB"}))
     FederatedGP(runtime="simulated", emulation=Emulation(profile="straggler", delays="exponential:0.5"))
+    FederatedGP(checkpoint=Checkpoint("run1/fit.ckpt", every=5))         # or checkpoint="run1/fit.ckpt"
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
+
+from spatialfed.errors import option
 
 ON_WORKER_ERROR = ("stop", "drop")
 
@@ -82,6 +87,29 @@ class Emulation:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a Dask fit keeps its checkpoint (docs/recovery.md): the file `path`, written atomically every `every`
+    aggregations (None: every 10, further apart when a write costs more than 5 % of the wall time), when the fit is
+    interrupted, and once at the end."""
+
+    path: str
+    every: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
+            raise ValueError(f"Checkpoint needs the path of the file to write, got {self.path!r}")
+        object.__setattr__(self, "path", str(self.path))
+        K = self.every
+        if K is not None and (isinstance(K, bool) or not isinstance(K, (int, float)) or not float(K).is_integer()
+                              or K < 1):
+            raise ValueError(f"{option('Checkpoint(path, every=K)', '--checkpoint-every K')}: K must be a positive "
+                             f"integer (aggregations), got {K!r}")
+
+    def saved(self) -> dict:
+        return asdict(self)
+
+
 def cluster_of(value) -> Cluster:
     """The Cluster of a ``cluster=`` value: None (defaults), a Cluster, an address string, a distributed.Client, or
     a dict of Cluster's settings."""
@@ -93,6 +121,14 @@ def cluster_of(value) -> Cluster:
 def emulation_of(value) -> Emulation:
     """The Emulation of an ``emulation=`` value: None (none), an Emulation, a profile name, or a dict."""
     return _coerced(value, Emulation, "profile", "a spatialfed.Emulation, a profile name")
+
+
+def checkpoint_of(value) -> Checkpoint | None:
+    """The Checkpoint of a ``checkpoint=`` value: None (none), a Checkpoint, a path, or a dict of its settings."""
+    if value is None:
+        return None
+    return _coerced(os.fspath(value) if isinstance(value, os.PathLike) else value, Checkpoint, "path",
+                    "a file path, a spatialfed.Checkpoint")
 
 
 def _coerced(value, cls, text_field: str, what: str):
@@ -128,10 +164,70 @@ MOVED = {"scheduler": ("cluster", "address"), "client": ("cluster", "client"),
          "slowdown": ("emulation", "slowdown"), "delays": ("emulation", "delays"),
          "activations": ("emulation", "activations"), "n_sites": ("emulation", "n_sites")}
 _SPELLING = {"cluster": "Cluster", "emulation": "Emulation"}
-#: parameters of earlier versions folded into another parameter -> (it, how the value maps, the new spelling)
+#: parameters of earlier versions folded into another parameter -> (it, how the value maps, the new spelling: a
+#: string, or a function of the folded value)
 FOLDED = {"live": ("progress", lambda v, old: "live" if v else old, "progress='live'"),
           "fgpr": ("strategies", lambda v, old: {**(old or {}), **(v or {})}, "strategies={...} (method='fgpr')"),
-          "secure_aggregation": ("privacy", lambda v, old: _secure(v, old), "privacy='secure_aggregation'")}
+          "secure_aggregation": ("privacy", lambda v, old: _secure(v, old), "privacy='secure_aggregation'"),
+          "vecchia_k": ("residual", lambda v, old: _with_k(v, old), lambda new: f"residual={new!r}"),
+          "checkpoint_every": ("checkpoint", lambda v, old: _every(v, old),
+                               "checkpoint=Checkpoint(path, every=...) (from spatialfed import Checkpoint)"),
+          "agg_threshold": ("strategies", lambda v, old: old if v is None else {**(old or {}), "agg_threshold": v},
+                            "strategies={'agg_threshold': ...}")}
+
+
+def homes(names) -> set[str]:
+    """The parameters the earlier-version `names` (of MOVED and FOLDED) live in now."""
+    return {(MOVED.get(k) or FOLDED[k])[0] for k in names}
+
+
+#: the residual structures whose neighbour count K is written "name:K"
+WITH_K = ("vecchia", "auto")
+
+
+def residual_k(value) -> tuple[str, int | None]:
+    """(structure, K) of a ``residual=`` value: "vecchia:K" and "auto:K" carry the Vecchia residual's neighbour
+    count K (None: the default, model/vecchia_order.py VECCHIA_K); any other value is a plain name."""
+    name, colon, k = str(value).partition(":")
+    if not colon:
+        return str(value), None
+    if name not in WITH_K:
+        raise ValueError(f"{_residual(value)}: only vecchia:K and auto:K take a neighbour count K; give "
+                         f"{_residual(name)} alone")
+    try:
+        K = int(k)
+    except ValueError:
+        K = 0
+    if K < 1:
+        raise ValueError(f"{_residual(value)}: K (neighbours per point of the Vecchia residual) must be an integer "
+                         f"≥ 1, e.g. {_residual(name + ':30')}")
+    return name, K
+
+
+def _residual(value) -> str:
+    """residual=VALUE in the caller's spelling (api or command line)."""
+    return option(f"residual={str(value)!r}", f"--residual {value}")
+
+
+def _with_k(k, residual):
+    """residual= of vecchia_k=`k` beside residual=`residual`: K joins a structure that has one (vecchia, auto); the
+    others never used it, as before."""
+    name, had = residual_k(residual)
+    if k is None or name not in WITH_K:
+        return residual
+    if had is not None and had != k:
+        raise ValueError(f"{_residual(residual)} and {option('vecchia_k=', '--vecchia-k ')}{k} give two neighbour "
+                         f"counts: give one, {_residual(name + ':K')}")
+    return f"{name}:{k}"
+
+
+def _every(every, checkpoint):
+    """checkpoint= of checkpoint_every=`every` beside checkpoint=`checkpoint`."""
+    if every is None:
+        return checkpoint
+    if checkpoint is None:
+        raise ValueError("checkpoint_every needs the file to write: checkpoint=Checkpoint(path, every=K)")
+    return replace(checkpoint_of(checkpoint), every=every)
 
 
 def _secure(asked, noise):
@@ -147,9 +243,10 @@ def spelled(flat: dict) -> dict:
     live now, silently."""
     moved = {k: v for k, v in flat.items() if k in MOVED or k in FOLDED}
     rest = {k: v for k, v in flat.items() if k not in moved}
-    base = {"cluster": None, "emulation": None, "progress": True, "strategies": None, "privacy": None}
+    base = {"cluster": None, "emulation": None, "progress": True, "strategies": None, "privacy": None,
+            "residual": "auto", "checkpoint": None}
     settings = absorb_moved({**base, **rest}, moved, warn=False)
-    touched = set(rest) | {(MOVED.get(k) or FOLDED[k])[0] for k in moved}
+    touched = set(rest) | homes(moved)
     return {k: v for k, v in settings.items() if k in touched}
 
 
@@ -164,6 +261,7 @@ def absorb_moved(settings: dict, moved: dict, warn: bool = True) -> dict:
         if name in FOLDED:
             into, fold, spelling = FOLDED[name]
             settings[into] = fold(value, settings[into])
+            spelling = spelling(settings[into]) if callable(spelling) else spelling
         else:
             into, field = MOVED[name]
             spelling = f"{into}={_SPELLING[into]}({field}=...) (from spatialfed import {_SPELLING[into]})"

@@ -12,13 +12,14 @@ from spatialfed.version import __version__
 #: settings a resume may change (the rest come from the checkpoint: the model and the algorithm's state); `cluster`
 #: whole: its size and timeout, and on_worker_error, so that a fit stopped by a failing site can continue without
 #: it, recorded as dropped
-RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "cluster", "progress", "checkpoint", "checkpoint_every")
+RESUME_OVERRIDES = ("max_iter", "tol", "time_budget", "cluster", "progress", "checkpoint")
 
 
 def resume(cls, checkpoint_path, store, overrides: dict):
     """``cls.resume``: a new estimator with the checkpoint's settings and `overrides`, fitted from the checkpoint."""
     from spatialfed.algorithm.checkpoint import CheckpointError, read_checkpoint
-    from spatialfed.api.options import FOLDED, MOVED, absorb_moved, cluster_of, recorded_cluster, spelled
+    from spatialfed.api.options import (FOLDED, MOVED, Checkpoint, absorb_moved, checkpoint_of, cluster_of, homes,
+                                        recorded_cluster, spelled)
 
     snap = read_checkpoint(checkpoint_path)
     meta = snap.get("meta") or {}
@@ -27,12 +28,13 @@ def resume(cls, checkpoint_path, store, overrides: dict):
         raise CheckpointError(f"{checkpoint_path} has no estimator settings in its meta; it was not written by "
                               "FederatedGP.fit(checkpoint=...)")
     moved = {k: overrides[k] for k in overrides if k in MOVED or k in FOLDED}
-    if moved:  # earlier spellings (FutureWarning), onto the cluster and progress
+    if moved:  # earlier spellings (FutureWarning), onto the cluster, progress, checkpoint (or refused below)
         folded = absorb_moved({"cluster": overrides.get("cluster"), "emulation": None,
-                               "progress": overrides.get("progress", True), "strategies": None, "privacy": None},
+                               "progress": overrides.get("progress", True), "strategies": None, "privacy": None,
+                               "residual": "auto", "checkpoint": overrides.get("checkpoint", str(checkpoint_path))},
                               moved)
         overrides = {**{k: v for k, v in overrides.items() if k not in moved},
-                     **{k: folded[k] for k in ("cluster", "progress") if k in folded}}
+                     **{k: folded[k] for k in homes(moved)}}
     bad = sorted(set(overrides) - set(RESUME_OVERRIDES))
     if bad:
         raise ValueError(f"resume cannot change {bad} (the checkpoint fixes them); allowed: "
@@ -41,7 +43,10 @@ def resume(cls, checkpoint_path, store, overrides: dict):
     kept, recorded = recorded_cluster(params.pop("cluster", None))
     settings = {k: v for k, v in params.items() if k in cls._get_param_names()}
     settings["cluster"] = kept  # never where to connect, what to submit, or how securely
-    settings["checkpoint"] = str(checkpoint_path)  # keep checkpointing where the checkpoint is now
+    recorded_every = getattr(checkpoint_of(params.get("checkpoint")), "every", None)
+    settings["checkpoint"] = Checkpoint(str(checkpoint_path), recorded_every)  # where the checkpoint is now
+    if isinstance(overrides.get("checkpoint"), (str, Path)):  # a path alone: as often as recorded
+        overrides = {**overrides, "checkpoint": Checkpoint(str(overrides["checkpoint"]), recorded_every)}
     shown = {k: recorded[k] for k in ("address", "jobqueue") if k in recorded}
     if shown:
         settings["runtime"] = "dask" if settings.get("runtime", "auto") == "auto" else settings["runtime"]
@@ -73,11 +78,12 @@ def meta(gp, store_path) -> dict:
     """What a checkpoint needs besides the server's state to continue this fit (docs/recovery.md)."""
     from spatialfed.data.store import store_fingerprint
 
-    from spatialfed.api.options import cluster_of, emulation_of
+    from spatialfed.api.options import checkpoint_of, cluster_of, emulation_of
 
     params = {k: str(v) if isinstance(v, Path) else v for k, v in gp.get_params(deep=False).items()}
     params["cluster"] = cluster_of(gp.cluster).saved()  # plain values, never the live client
     params["emulation"] = emulation_of(gp.emulation).saved()
+    params["checkpoint"] = None if gp.checkpoint is None else checkpoint_of(gp.checkpoint).saved()
     return {"store": str(Path(store_path).resolve()), "store_fingerprint": store_fingerprint(store_path),
             "params": params, "version": __version__}
 

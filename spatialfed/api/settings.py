@@ -12,11 +12,11 @@ import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
 from spatialfed.api import covariance
-from spatialfed.api.options import cluster_of, emulation_of
+from spatialfed.api.options import checkpoint_of, cluster_of, emulation_of, residual_k
 from spatialfed.model import transform
 from spatialfed.model.residuals import keeps_local_covariance, resolve_sites
 from spatialfed.model.names import RESIDUAL_CHOICES
-from spatialfed.model.vecchia_order import VECCHIA_K, check_k
+from spatialfed.model.vecchia_order import VECCHIA_K
 from spatialfed.runtime.factory import runtime_name
 from spatialfed.runtime.heterogeneity import PROFILES, profile_slowdowns, resolve_slowdowns
 
@@ -28,9 +28,10 @@ SECURE = "secure_aggregation"
 def check_settings(gp) -> None:
     """Refuse settings that cannot work together (one line naming the parameter and the fix)."""
     for name, value, allowed in (("method", gp.method, METHODS), ("mode", gp.mode, MODES),
-                                 ("residual", gp.residual, RESIDUAL_CHOICES)):
+                                 ("residual", residual_k(gp.residual)[0], RESIDUAL_CHOICES)):
         if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+            extra = " (or 'vecchia:K', 'auto:K': K neighbours per point)" if name == "residual" else ""
+            raise ValueError(f"{name} must be one of {allowed}{extra}, got {getattr(gp, name)!r}")
     runtime = runtime_name(gp.runtime)
     c, e = cluster_of(gp.cluster), emulation_of(gp.emulation)
     if gp.progress not in (True, False, "live"):
@@ -40,15 +41,14 @@ def check_settings(gp) -> None:
         raise ValueError(f"privacy={SECURE!r} sums the low-rank statistics scheme's messages; method={gp.method!r} "
                          "has none")
     transform.check_transform(gp.transform)
-    if gp.vecchia_k is not None:
-        check_k(gp.vecchia_k)
-    if gp.method in ("independent", "fgpr") and not keeps_local_covariance(gp.residual):
+    if gp.method in ("independent", "fgpr") and not keeps_local_covariance(residual_name(gp)):
         raise ValueError(f"method={gp.method!r} (Eq. 3) uses each worker's full local covariance; "
                          f"residual={gp.residual!r} applies to method='lowrank' only")
     if gp.method == "fgpr":
-        for name, default in (("agg_threshold", None), ("preset", None)):
-            if not _same(getattr(gp, name), default):
-                raise ValueError(f"{name}= does not apply to method='fgpr' (synchronous FedAvg rounds); give "
+        for name, value in (("strategies={'agg_threshold': ...}", (gp.strategies or {}).get("agg_threshold")),
+                            ("preset=", gp.preset)):
+            if not _same(value, None):
+                raise ValueError(f"{name} does not apply to method='fgpr' (synchronous FedAvg rounds); give "
                                  "FGPR's settings as strategies={...}, e.g. strategies={'participation': 2} for "
                                  "K_c = 2 clients per round")
         if gp.privacy is not None:
@@ -72,12 +72,7 @@ def check_settings(gp) -> None:
         from spatialfed.runtime.cluster import check_transport
 
         check_transport(c.address, c.jobqueue, c.tls not in (None, False), bool(c.insecure))
-    if gp.checkpoint_every is not None:
-        K = gp.checkpoint_every
-        if isinstance(K, bool) or not float(K).is_integer() or K < 1:
-            raise ValueError(f"checkpoint_every must be a positive integer (aggregations), got {K!r}")
-        if gp.checkpoint is None:
-            raise ValueError("checkpoint_every needs checkpoint= (the file to write)")
+    checkpoint_of(gp.checkpoint)  # a path, a Checkpoint or a dict of its settings
 
 
 def store_transform(gp, info) -> str:
@@ -93,8 +88,14 @@ def store_transform(gp, info) -> str:
 
 
 def vecchia_k(gp) -> int:
-    """k of the Vecchia residual (VECCHIA_K when vecchia_k is None)."""
-    return VECCHIA_K if gp.vecchia_k is None else check_k(gp.vecchia_k)
+    """k of the Vecchia residual: K of residual="vecchia:K" or "auto:K", else VECCHIA_K."""
+    k = residual_k(gp.residual)[1]
+    return VECCHIA_K if k is None else k
+
+
+def residual_name(gp) -> str:
+    """The structure asked for by ``residual`` without its K ("vecchia", "auto", "full", ...)."""
+    return residual_k(gp.residual)[0]
 
 
 def site_residual(gp, config, sizes) -> str:
@@ -103,7 +104,7 @@ def site_residual(gp, config, sizes) -> str:
     resolves to, or stays "auto" when the sizes straddle VECCHIA_AUTO_N (each site then resolves its own)."""
     if gp.method != "lowrank":
         return "full"
-    return resolve_sites(gp.residual, sizes, getattr(config, "scheme_name", "stats") == "block")
+    return resolve_sites(residual_name(gp), sizes, getattr(config, "scheme_name", "stats") == "block")
 
 
 def config(gp, n_workers: int):
@@ -123,7 +124,7 @@ def config(gp, n_workers: int):
         extra["privacy"] = gp.privacy
     if gp.privacy == SECURE:
         extra["secure_aggregation"] = True
-    return FitConfig.preset(gp.preset, gp.mode, agg_threshold=gp.agg_threshold, max_iter=gp.max_iter,
+    return FitConfig.preset(gp.preset, gp.mode, max_iter=gp.max_iter,
                             tol=gp.tol, time_budget=gp.time_budget, n_workers=J, **extra)
 
 

@@ -70,12 +70,13 @@ def register(subparsers) -> None:
                    help="replace the result files of an existing DIR (atomically, once the new fit is complete)")
     p.add_argument("--method", choices=METHODS, default=None, help="model (default lowrank)")
     p.add_argument("--mode", choices=MODES, default=None, help="synchronous or asynchronous (default async)")
-    p.add_argument("--residual", choices=RESIDUAL_CHOICES, default=None,
+    p.add_argument("--residual", type=residual_arg, default=None, metavar="|".join(RESIDUAL_CHOICES) + "[:K]",
                    help="residual structure R_j: auto (default: full up to 1,000 points per site, vecchia above), "
                         "full local covariance, its Vecchia approximation (sites of any size; preset stats), "
-                        "modified or plain predictive process")
+                        "modified or plain predictive process; vecchia:K and auto:K: K neighbours per point of the "
+                        "Vecchia residual (default 15)")
     p.add_argument("--vecchia-k", type=int, default=None, metavar="K",
-                   help="neighbours per point of the Vecchia residual (default 15)")
+                   help="neighbours per point of the Vecchia residual (default 15; as --residual vecchia:K, auto:K)")
     p.add_argument("--knots", type=knots_arg, default=None, metavar="M|FILE",
                    help="number of knots m (default 100: a jittered grid over the domain), or a file of knot points "
                         "(CSV, GeoPackage, GeoParquet; columns --x/--y or detected, in --crs or the file's own CRS, "
@@ -167,6 +168,23 @@ def register(subparsers) -> None:
                    help="serve a live monitoring page on 127.0.0.1 while the fit runs (its address is printed)")
     add_quiet(p)
     p.set_defaults(handler=run)
+
+
+def residual_arg(text: str) -> str:
+    """--residual: a structure, or vecchia:K / auto:K (api.options.residual_k)."""
+    from spatialfed.api.options import residual_k
+    from spatialfed.errors import command_line
+    from spatialfed.model.names import RESIDUAL_CHOICES
+
+    try:
+        with command_line():  # the message names --residual
+            name = residual_k(text)[0]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if name not in RESIDUAL_CHOICES:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(RESIDUAL_CHOICES)}, "
+                                         "vecchia:K, auto:K)")
+    return text
 
 
 def knots_arg(text: str):

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from conftest import simulate_parts
-from spatialfed import Cluster
+from spatialfed import Checkpoint, Cluster
 from spatialfed.algorithm import fgpr_local as fgpr  # the site side: losses, batches, softplus
 from spatialfed.algorithm.config import FitConfig
 from spatialfed.algorithm.fgpr import FgprConfig, FgprServer
@@ -235,7 +235,7 @@ def test_store(tmp_path_factory):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"agg_threshold": 2}, "does not apply to method='fgpr'"),
+    ({"strategies": {"agg_threshold": 2}}, "does not apply to method='fgpr'"),
     ({"preset": "paper"}, "does not apply to method='fgpr'"),
     ({"strategies": {"max_iter": 3}}, r"give \['max_iter'\] as FederatedGP"),
     ({"strategies": {"participation": 9}}, "exceeds the J = 3 workers"),
@@ -351,7 +351,7 @@ def test_dask_fit_writes_checkpoints_and_resume_returns_its_result(test_store, t
 
     path = tmp_path / "fgpr.ckpt"
     settings = dict(method="fgpr", progress=False, cluster=Cluster(n_workers=2), strategies={"batch_size": 32})
-    first = FederatedGP(max_iter=4, checkpoint=path, checkpoint_every=2, **settings).fit(test_store)
+    first = FederatedGP(max_iter=4, checkpoint=Checkpoint(path, every=2), **settings).fit(test_store)
     assert first.checkpoint_writes_ >= 2 and first.n_iter_ == 4
     resumed = FederatedGP.resume(path)  # the last checkpoint is the finished fit: resuming returns its result
     assert resumed.n_iter_ == 4 and resumed.params_["beta"] == first.params_["beta"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from spatialfed import Cluster, Emulation
+from spatialfed import Checkpoint, Cluster, Emulation
 from spatialfed.api import FederatedGP
 from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
@@ -38,11 +38,11 @@ def copy_store(store, tmp_path) -> Path:
 
 
 def test_constructor_only_stores_settings():
-    gp = FederatedGP(mode="sync", knots=25, agg_threshold=99, cluster="tcp://nowhere:1",
+    gp = FederatedGP(mode="sync", knots=25, strategies={"agg_threshold": 99}, cluster="tcp://nowhere:1",
                      emulation=Emulation(profile="bogus"))
-    assert gp.get_params()["knots"] == 25 and gp.agg_threshold == 99  # nothing validated or started yet
+    assert gp.get_params()["knots"] == 25 and gp.strategies == {"agg_threshold": 99}  # nothing validated yet
     assert not hasattr(gp, "params_") and gp.cluster == "tcp://nowhere:1"
-    gp.set_params(emulation=Emulation(profile="graded"), agg_threshold=None)
+    gp.set_params(emulation=Emulation(profile="graded"), strategies=None)
     assert gp.emulation.profile == "graded"
     assert "mode='sync'" in repr(gp)
     with pytest.raises(ValueError, match="Invalid parameter 'colour'"):  # scikit-learn's set_params
@@ -64,7 +64,7 @@ def test_a_graded_profile_with_its_minimum_cores_sets_the_slowdowns(store):
 
 
 def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
-    gp = FederatedGP(mode="async", knots=16, agg_threshold=2, runtime="simulated", max_iter=8,
+    gp = FederatedGP(mode="async", knots=16, strategies={"agg_threshold": 2}, runtime="simulated", max_iter=8,
                      preset="tuned", emulation=Emulation(profile="graded"))  # the block scheme: max_iter counts aggregations
     assert gp.fit(store) is gp
     err = capsys.readouterr().err
@@ -112,12 +112,13 @@ def test_duplicate_knots_are_refused(store):
 @pytest.mark.parametrize("threshold", [0, J + 1, 2.5])
 def test_agg_threshold_outside_1_to_J(store, threshold):
     with pytest.raises(ValueError, match=rf"1\.\.J = 1\.\.{J}"):
-        FederatedGP(mode="async", agg_threshold=threshold, runtime="simulated", progress=False).fit(store)
+        FederatedGP(mode="async", strategies={"agg_threshold": threshold}, runtime="simulated",
+                    progress=False).fit(store)
 
 
 def test_sync_with_partial_threshold(store):
     with pytest.raises(ValueError, match="mode='async'"):
-        FederatedGP(mode="sync", agg_threshold=2, runtime="simulated", progress=False).fit(store)
+        FederatedGP(mode="sync", strategies={"agg_threshold": 2}, runtime="simulated", progress=False).fit(store)
 
 
 def test_store_with_missing_worker_group(store, tmp_path):
@@ -149,7 +150,7 @@ def test_unreachable_scheduler_is_named(store):
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"method": "fgpr", "agg_threshold": 2}, "does not apply to method='fgpr'"),
+    ({"method": "fgpr", "strategies": {"agg_threshold": 2}}, "does not apply to method='fgpr'"),
     ({"method": "independent", "residual": "pp"}, "full local covariance"),
     ({"method": "kriging"}, "method must be one of"),
     ({"mode": "fast"}, "mode must be one of"),
@@ -256,8 +257,8 @@ def test_async_presets(store, preset):
 
     if not hasattr(FitConfig, preset) and preset != "paper":
         pytest.skip(f"FitConfig.{preset} not available")
-    gp = FederatedGP(mode="async", knots=9, agg_threshold=2, runtime="simulated", max_iter=2, preset=preset,
-                     strategies={"omega": 0.5}, progress=False).fit(store)
+    gp = FederatedGP(mode="async", knots=9, runtime="simulated", max_iter=2, preset=preset,
+                     strategies={"omega": 0.5, "agg_threshold": 2}, progress=False).fit(store)
     assert gp.config_.block.omega == 0.5  # strategies override the preset
     assert gp.config_.block.moving_average == (preset == "paper")
 
@@ -298,8 +299,9 @@ def test_each_preset_converges_on_a_small_problem(store, preset, mode):
 
 
 def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
-    """scheduler=, profile=, live=, fgpr=, secure_aggregation= ... still work for one release: a FutureWarning names
-    the new spelling and the value is where it now lives; the constructor has about 20 parameters."""
+    """scheduler=, profile=, live=, fgpr=, secure_aggregation=, vecchia_k=, checkpoint_every=, agg_threshold= ... still
+    work for one release: a FutureWarning names the new spelling and the value is where it now lives; the
+    constructor has about 20 parameters."""
     import inspect
 
     import warnings
@@ -316,7 +318,21 @@ def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
         assert FederatedGP(method="fgpr", fgpr={"lr": 0.2}).strategies == {"lr": 0.2}
     with pytest.warns(FutureWarning, match="privacy='secure_aggregation'"):
         assert FederatedGP(secure_aggregation=True).privacy == "secure_aggregation"
+    with pytest.warns(FutureWarning, match=r"FederatedGP\(vecchia_k=\.\.\.\) is now residual='vecchia:30'"):
+        gp = FederatedGP(residual="vecchia", vecchia_k=30)
+    assert gp.residual == "vecchia:30" and gp.vecchia_k_ == 30
+    with pytest.warns(FutureWarning, match="is now residual='auto:30'"):  # the default residual keeps its K
+        assert FederatedGP(vecchia_k=30).residual == "auto:30"
+    with pytest.warns(FutureWarning, match=r"checkpoint=Checkpoint\(path, every=\.\.\.\)"):
+        assert FederatedGP(checkpoint="c.zip", checkpoint_every=3).checkpoint == Checkpoint("c.zip", every=3)
+    with pytest.warns(FutureWarning, match=r"strategies=\{'agg_threshold': \.\.\.\}"):
+        gp = FederatedGP(agg_threshold=2, strategies={"omega": 0.5})
+    assert gp.strategies == {"omega": 0.5, "agg_threshold": 2} and "agg_threshold" not in gp.get_params()
+    with pytest.raises(ValueError, match="two neighbour counts"):  # refused before the warning
+        FederatedGP(residual="vecchia:20", vecchia_k=30)
+    with pytest.raises(ValueError, match="checkpoint_every needs the file to write"):
+        FederatedGP(checkpoint_every=3)
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):
         FederatedGP(colour="red")
-    assert len(FederatedGP._get_param_names()) <= 25
+    assert len(FederatedGP._get_param_names()) <= 23  # model and fit settings flat, as scikit-learn; the rest in objects
     assert "moved" not in FederatedGP._get_param_names() and "**moved" in str(inspect.signature(FederatedGP))

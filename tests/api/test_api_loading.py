@@ -208,3 +208,41 @@ def test_a_fit_directory_written_before_load_existed_still_loads(tmp_path):
     assert back.store_crs_ == gp.store_crs_ and back.variogram_params_ == gp.variogram_params_
     X, coords = np.zeros((3, 5)), np.full((3, 2), 0.4)
     np.testing.assert_allclose(back.predict(X, coords=coords), gp.predict(X, coords=coords), rtol=0, atol=1e-10)
+
+
+def test_a_fit_directory_and_a_checkpoint_of_earlier_versions_hold_the_old_flat_names(tmp_path):
+    """vecchia_k, agg_threshold, checkpoint_every (earlier constructor parameters) in model.zarr's settings or a
+    checkpoint's meta land in residual, strategies and checkpoint, silently (the files are data, not a call)."""
+    import warnings
+
+    import zarr
+
+    from spatialfed import Checkpoint
+    from spatialfed.algorithm.checkpoint import read_checkpoint, write_checkpoint
+
+    store = tmp_path / "s.zarr"
+    simulate_store(store, 3, 30, seed=5)
+    path = tmp_path / "fit" / "checkpoint.zip"
+    gp = FederatedGP(mode="sync", checkpoint=Checkpoint(path, every=1), **FAST).fit(store)
+    gp.save(tmp_path / "fit")
+    old = {"residual": "vecchia", "vecchia_k": 7, "strategies": None, "agg_threshold": 3,
+           "checkpoint": str(path), "checkpoint_every": 2}
+    group = zarr.open_group(str(tmp_path / "fit" / "model.zarr"), mode="r+")
+    settings = dict(group.attrs["settings"])
+    settings["estimator"] = {**settings["estimator"], **old}
+    group.attrs["settings"] = settings
+    snap = read_checkpoint(path)
+    snap["meta"]["params"] = {**snap["meta"]["params"], **old}
+    write_checkpoint(path, snap)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        back, resumed = FederatedGP.load(tmp_path / "fit"), FederatedGP.resume(path)
+    for gp_ in (back, resumed):
+        assert gp_.residual == "vecchia:7" and gp_.vecchia_k_ == 7 and gp_.strategies == {"agg_threshold": 3}
+        assert gp_.checkpoint == Checkpoint(str(path), every=2)
+    assert resumed.n_iter_ == back.n_iter_  # the finished fit the checkpoint holds
+    with pytest.warns(FutureWarning, match=r"checkpoint_every=\.\.\.\) is now checkpoint=Checkpoint"):
+        again = FederatedGP.resume(path, checkpoint_every=5)
+    assert again.checkpoint == Checkpoint(str(path), every=5)
+    assert FederatedGP.resume(path, checkpoint=str(tmp_path / "c2.zip")).checkpoint == Checkpoint(
+        str(tmp_path / "c2.zip"), every=2)  # a path alone keeps how often the fit checkpointed

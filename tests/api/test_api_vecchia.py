@@ -23,7 +23,7 @@ def fit(vecchia_store, **kw):
 
 
 def test_vecchia_fit_and_prediction_follow_the_full_residual(vecchia_store, tmp_path):
-    full, vec = fit(vecchia_store, residual="full"), fit(vecchia_store, residual="vecchia", vecchia_k=15)
+    full, vec = fit(vecchia_store, residual="full"), fit(vecchia_store, residual="vecchia:15")
     assert vec.residual_ == "vecchia" and vec.converged_
     for name in ("delta", "sigma2", "beta"):
         np.testing.assert_allclose(vec.params_[name], full.params_[name], rtol=0.1, err_msg=name)
@@ -50,5 +50,8 @@ def test_auto_uses_the_full_residual_on_small_sites_and_vecchia_on_large(vecchia
 def test_vecchia_with_the_block_scheme_is_refused(vecchia_store):
     with pytest.raises(ValueError, match="residual='vecchia' needs the statistics scheme"):
         fit(vecchia_store, residual="vecchia", preset="tuned")
-    with pytest.raises(ValueError, match="vecchia_k"):
-        fit(vecchia_store, residual="vecchia", vecchia_k=0)
+    for bad in ("vecchia:0", "vecchia:x", "auto:-2"):
+        with pytest.raises(ValueError, match=r"K \(neighbours per point of the Vecchia residual\) must be an integer"):
+            fit(vecchia_store, residual=bad)
+    with pytest.raises(ValueError, match="only vecchia:K and auto:K take a neighbour count"):
+        fit(vecchia_store, residual="full:5")

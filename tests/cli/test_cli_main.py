@@ -89,9 +89,30 @@ def test_only_options_given_reach_the_estimator():
 
 
 def test_the_vecchia_residual_reaches_the_estimator():
+    """--vecchia-k K (and --agg-threshold A, --checkpoint-every K) are mapped onto the estimator's spelling silently;
+    --residual vecchia:K says the same in one option."""
+    from spatialfed import Checkpoint
+    from spatialfed.api.options import spelled
+
     args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--residual", "vecchia", "--vecchia-k", "12"])
     assert estimator_settings(args) == {"residual": "vecchia", "vecchia_k": 12, "progress": True}
+    assert spelled(estimator_settings(args)) == {"residual": "vecchia:12", "progress": True}
+    args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--residual", "vecchia:30"])
+    assert spelled(estimator_settings(args)) == {"residual": "vecchia:30", "progress": True}
     assert build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--residual", "auto"]).residual == "auto"
+    args = build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--vecchia-k", "9", "--agg-threshold", "2",
+                                      "--checkpoint-every", "4", "--staleness-bound", "3"])
+    settings = {**estimator_settings(args), "checkpoint": "o/checkpoint.zip"}  # as fit_into adds it
+    assert spelled(settings) == {"residual": "auto:9", "strategies": {"staleness_bound": 3, "agg_threshold": 2},
+                                 "checkpoint": Checkpoint("o/checkpoint.zip", every=4), "progress": True}
+
+
+@pytest.mark.parametrize("residual, said", [("vecchia:0", "must be an integer ≥ 1"), ("full:3", "--residual full:3: only vecchia:K"),
+                                            ("diag", "invalid choice: 'diag'")])
+def test_a_bad_residual_is_one_usage_line(residual, said, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["fit", "s.zarr", "--out", "o", "--residual", residual])
+    assert said in capsys.readouterr().err
 
 
 def test_every_command_is_registered_with_a_help():

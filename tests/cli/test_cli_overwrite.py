@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spatialfed.api import FederatedGP
+from spatialfed.api import Checkpoint, FederatedGP
 from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import OutputError
@@ -80,8 +80,8 @@ def test_estimator_save_is_refused_then_replaced_with_overwrite(small_store, tmp
     assert other.save(out, overwrite=True) == out and _knots(out) == 16
     # a directory holding only the fit's own checkpoint is not an output yet: save needs no overwrite=True
     own = tmp_path / "own"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, checkpoint=str(own / "checkpoint.zip"),
-                checkpoint_every=1).fit(small_store).save(own)
+    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False,
+                checkpoint=Checkpoint(own / "checkpoint.zip", every=1)).fit(small_store).save(own)
     assert _knots(own) == 9 and (own / "checkpoint.zip").exists()
 
 

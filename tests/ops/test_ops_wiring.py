@@ -1,6 +1,6 @@
 """Ops wiring: `FederatedGP(cluster=Cluster(tls=...))` / `fit --tls`, and checkpoint/resume through run_dask, FederatedGP and the CLI."""
 
-from spatialfed import Cluster
+from spatialfed import Checkpoint, Cluster
 import numpy as np
 import pytest
 
@@ -77,7 +77,7 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, tmp_path, monkeypat
     with monkeypatch.context() as m:
         _interrupt_at(m, 7)
         with pytest.raises(KeyboardInterrupt):
-            FederatedGP(**settings, checkpoint=path, checkpoint_every=3).fit(store)
+            FederatedGP(**settings, checkpoint=Checkpoint(path, every=3)).fit(store)
     snap = read_checkpoint(path)
     assert snap["phase"] == "loop" and snap["t"] >= 7 and snap["meta"]["params"]["mode"] == mode
     gp = FederatedGP.resume(path)
@@ -95,12 +95,12 @@ def test_resume_refuses_model_changes(store, tmp_path):
     from spatialfed.api import FederatedGP
 
     path = tmp_path / "fit.ckpt"
-    FederatedGP(mode="sync", knots=9, max_iter=2, progress=False, checkpoint=path,
-                checkpoint_every=1, cluster=Cluster(n_workers=2)).fit(store)
+    FederatedGP(mode="sync", knots=9, max_iter=2, progress=False, checkpoint=Checkpoint(path, every=1),
+                cluster=Cluster(n_workers=2)).fit(store)
     with pytest.raises(ValueError, match="knots"):
         FederatedGP.resume(path, knots=16)
-    with pytest.raises(ValueError, match="checkpoint="):
-        FederatedGP(checkpoint_every=2)._check_settings()
+    with pytest.raises(ValueError, match="the path of the file to write"):
+        Checkpoint(None, every=2)
 
 
 def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch, capsys):
