@@ -19,6 +19,10 @@ class Model:
     knots: np.ndarray
     kernel: Matern
 
+    @property
+    def space_knots(self) -> np.ndarray:  # FittedModel's knots in the kriging's coordinates (isotropic: as given)
+        return self.knots
+
 
 def _sites(residual="full", vecchia_k=4, seed=0):
     """Three area sites side by side on [0, 3] × [0, 1] (60 points each), 9 knots, a field with a residual part."""
