@@ -75,7 +75,8 @@ def fitted(server) -> dict:
         s = float(se[i]) if se is not None else float("nan")
         out["nu_se_log"] = s
         lo, hi = (float(np.clip(np.exp(u[i] + k * Z95 * s), *NU_RANGE)) for k in (-1.0, 1.0))
-        out["nu_95"] = [lo, hi] if math.isfinite(s) else None  # within the box ν is fitted in
+        # within the box ν is fitted in; on its bound none (the curvature there does not describe it)
+        out["nu_95"] = [lo, hi] if math.isfinite(s) and "nu" not in getattr(server, "boundary", ()) else None
     if family.anisotropy:
         major, ratio, angle = major_axis(beta, r, phi)
         out.update(range_major=major, range_minor=major / ratio, anisotropy_ratio=ratio, angle_deg=angle,

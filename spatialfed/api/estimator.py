@@ -475,8 +475,8 @@ def _on_bound(server) -> dict:
     if bounds is None or not names:
         return {}
     u = server.params.u
-    return {name: "lower" if u[i] <= bounds[0][i] + 1e-9 else "upper" for i, name in enumerate(U_NAMES)
-            if name in names}
+    return {name: "lower" if u[i] <= bounds[0][i] + 1e-9 else "upper"
+            for i, name in enumerate(getattr(server, "u_names", U_NAMES)) if name in names}
 
 
 def _scheduler_address(client) -> str | None:

@@ -77,6 +77,15 @@ _ON_BOUND = {
                        "consider a covariate)",
     ("beta", "lower"): "range on its lower bound (1e-4 × the study diameter: no spatial correlation at the data's "
                        "spacing)",
+    ("nu", "upper"): "smoothness ν on its upper bound 4 (the data cannot tell a smoother field; ν = 4 is the "
+                     "constrained estimate)",
+    ("nu", "lower"): "smoothness ν on its lower bound 0.2 (a very rough field)",
+    ("log_ratio", "upper"): "anisotropy ratio on its bound 20 (ranges across the axis tiny: check the angle and "
+                            "the sites' layout, or fit without anisotropy)",
+    ("log_ratio", "lower"): "anisotropy ratio on its bound 1/20 (ranges across the axis tiny: check the angle and "
+                            "the sites' layout, or fit without anisotropy)",
+    ("angle", "upper"): "anisotropy angle on its bound (two turns; the angle wrapped)",
+    ("angle", "lower"): "anisotropy angle on its bound (two turns; the angle wrapped)",
 }
 
 
@@ -84,4 +93,4 @@ def on_bound(boundary: dict) -> list[str]:
     """One phrase per parameter the fit left on a bound of its box, from {name: "lower" | "upper"} (``boundary_``):
     e.g. {"delta": "upper"} → "nugget ≈ 0 (...)". The estimate there is the constrained maximum, reported
     converged."""
-    return [_ON_BOUND[(name, side)] for name, side in boundary.items()]
+    return [_ON_BOUND.get((name, side), f"{name} on its {side} bound") for name, side in boundary.items()]

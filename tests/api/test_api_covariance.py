@@ -130,3 +130,15 @@ def test_settings_the_fit_cannot_take_are_one_line(settings, says):
     with pytest.raises(ValueError, match=None) as err:
         _fit(parts, **settings)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_nu_on_its_bound_is_reported_in_words():
+    """Few points of a smooth-looking field: ν̂ = 4 is on the box's bound, reported in boundary_ and in words."""
+    from spatialfed.api.units import on_bound
+
+    parts = simulate_parts(J=3, n=60, nu=0.5, beta=0.2, seed=3)
+    gp = _fit(parts, nu="estimate")
+    assert gp.params_["nu"] == pytest.approx(4.0) and gp.boundary_ == {"nu": "upper"}
+    assert gp.variogram_params_["nu_95"] is None  # no Wald interval on a bound
+    assert on_bound(gp.boundary_) == ["smoothness ν on its upper bound 4 (the data cannot tell a smoother field; "
+                                      "ν = 4 is the constrained estimate)"]
