@@ -1,6 +1,6 @@
 """Federated site-blocked cross-validation of a statistics fit (``FederatedGP.site_blocked_cv_``; docs/equations.md,
-"Site-blocked CV"): each site's points scored under the model conditioned on the other sites' data only, at the
-fitted û (no refit), beside ℓ.
+the map's "site-blocked CV" row): each site's points scored under the model conditioned on the other sites' data
+only, at the fitted û (no refit), beside ℓ.
 
 The server holds every site's statistics (``StatsServer.records.stats``), moved to û by their models
 (``likelihood.taylor_statistics``: exact at the u they were taken, O(|û − u_j|³) otherwise; the models the final

@@ -1,5 +1,5 @@
-"""A site's part of site-blocked cross-validation (docs/equations.md, "Site-blocked CV"; the server's part is
-api/blocked_cv.py): site j's own points scored under the low-rank model conditioned on the other sites' data only.
+"""A site's part of site-blocked cross-validation (the server's part is api/blocked_cv.py; docs/equations.md, the
+map's "site-blocked CV" row): site j's own points scored under the low-rank model conditioned on the other sites.
 
 The server sends (μ₋ⱼ, Σ₋ⱼ, γ₋ⱼ) of the knot posterior without site j and the fitted u; at each of its points s
 with covariates x the site predicts
