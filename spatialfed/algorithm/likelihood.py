@@ -160,6 +160,23 @@ def _cho(A: np.ndarray, what: str):
         raise NotPositiveDefinite(f"{what} is not positive definite at this u") from None
 
 
+def knot_terms(knots, kernel, u):
+    """K = σ²ρ_K at u with K⁻¹, log det K and their u-derivatives: KnotCovariance for a Matern, FamilyKnots for a
+    MaternFamily (the knot block profile_loglik adds to the summed S)."""
+    if isinstance(kernel, MaternFamily):
+        return FamilyKnots(knots, kernel, u)
+    return KnotCovariance(knots, kernel, float(np.exp(u[1])), float(np.exp(u[2])))
+
+
+def knot_posterior(F: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, tuple | None, tuple]:
+    """(x = (μ, γ̂) = A⁻¹b, Σ = M⁻¹, the Cholesky factors of M and A) of F = S + blockdiag(K⁻¹, 0, 0) (module
+    docstring); NotPositiveDefinite when M or A is not."""
+    Mcf = _cho(F[:m, :m], "M = K⁻¹ + Σ_j B_jᵀR_j⁻¹B_j") if m else None
+    Sigma = linalg.cho_solve(Mcf, np.eye(m)) if m else np.zeros((0, 0))
+    Acf = _cho(F[:-1, :-1], "the (μ, γ) normal matrix (collinear covariates?)")
+    return linalg.cho_solve(Acf, F[:-1, -1]), 0.5 * (Sigma + Sigma.T), Mcf, Acf
+
+
 def profile_loglik(stats: dict, knots, kernel, derivatives: bool = True) -> Profile:
     """ℓ_LR with γ profiled out (SPEC §1, with the −N/2 log 2π constant), Σ, μ, γ̂ and, if asked, the exact gradient
     and Hessian in u, from summed statistics at stats["u"] (sum_statistics / taylor_statistics)."""
@@ -170,18 +187,13 @@ def profile_loglik(stats: dict, knots, kernel, derivatives: bool = True) -> Prof
     k = F.shape[0]
     logdetK = 0.0
     if m:
-        kc = (FamilyKnots(knots, kernel, u) if isinstance(kernel, MaternFamily)
-              else KnotCovariance(knots, kernel, float(np.exp(u[1])), float(np.exp(u[2]))))
+        kc = knot_terms(knots, kernel, u)
         Ki = kc.Kinv
         F[:m, :m] += Ki
         logdetK = kc.logdet
-    Mcf = _cho(F[:m, :m], "M = K⁻¹ + Σ_j B_jᵀR_j⁻¹B_j") if m else None
-    Sigma = linalg.cho_solve(Mcf, np.eye(m)) if m else np.zeros((0, 0))
-    Sigma = 0.5 * (Sigma + Sigma.T)
+    x, Sigma, Mcf, Acf = knot_posterior(F, m)
     logdetM = 2.0 * float(np.sum(np.log(np.diag(Mcf[0])))) if m else 0.0
-    Acf = _cho(F[:-1, :-1], "the (μ, γ) normal matrix (collinear covariates?)")
     b = F[:-1, -1]
-    x = linalg.cho_solve(Acf, b)
     Q = float(F[-1, -1] - b @ x)
     if not Q > 0:
         raise NotPositiveDefinite("the profiled quadratic form is not positive at this u")

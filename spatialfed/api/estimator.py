@@ -35,7 +35,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 # noqa F401 below: MODES, PRESETS, METHODS, RESIDUAL_CHOICES, RESIDUALS, RUNTIMES, PROFILES are the CLI's choices
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401
 from spatialfed.algorithm.likelihood import U_NAMES
-from spatialfed.api import covariance, inputs, loading, options, predicting, resuming, scripts, settings, signals
+from spatialfed.api import (blocked_cv, covariance, inputs, loading, options, predicting, resuming, scripts,
+                            settings, signals)
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
 from spatialfed.api.settings import METHODS  # noqa: F401
@@ -154,7 +155,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     checkpoint_seconds_ (number and total wall seconds of checkpoint writes), resumed_from_, result_, boundary_
     ({"delta" | "sigma2" | "beta": "lower" | "upper"} for a parameter the fit left on a bound of its box, e.g.
     {"delta": "upper"}: nugget ≈ 0; ``api.units.on_bound`` says it in words; fit.json "boundary"), loaded_from_
-    (after ``FederatedGP.load``: the directory read; only what save wrote is restored, e.g. no arrivals in monitor_).
+    (after ``FederatedGP.load``: the directory read; only what save wrote is restored, e.g. no arrivals in monitor_),
+    site_blocked_cv_ (each site predicted from the others at params_: ``api.blocked_cv``; None where it does not apply).
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, max_iter=50, tol=1e-5,
@@ -316,6 +318,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                   on_worker_error=c.on_worker_error, checkpointer=ckpt,
                   **settings.delay_models(self, info.n_workers))
             self._fitted(info, server, runtime, knots, domain, ckpt.wall_s + time.perf_counter() - run_tic)
+            self.site_blocked_cv_ = blocked_cv.for_fit(self, server, runtime, specs)  # after the fit's wall time
         self.monitor_, self.resumed_from_ = monitor, resumed
         self.checkpoint_writes_, self.checkpoint_seconds_ = ckpt.writes, ckpt.seconds
         self.total_time_s_ = time.perf_counter() - tic
@@ -444,7 +447,8 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                    "stop_reason": self.stop_reason_, "covariate_names": self.covariate_names_,
                    "config": cfg.as_dict(), "discarded_stale": self.discarded_stale_,
                    "variogram_params": dict(self.variogram_params_), "boundary": dict(self.boundary_),
-                   "vecchia_k": self.vecchia_k_, **loading.saved_settings(self)},
+                   "vecchia_k": self.vecchia_k_, "site_blocked_cv": getattr(self, "site_blocked_cv_", None),
+                   **loading.saved_settings(self)},
             privacy=self.privacy_report_, store_fingerprint=getattr(self, "store_fingerprint_", None),
         )
 

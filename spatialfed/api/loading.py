@@ -167,6 +167,7 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     gp.converged_, gp.stop_reason_, gp.wall_time_s_ = bool(fit.converged), extra.get("stop_reason"), fit.wall_time_s
     gp.trace_ = _trace(fit.trace, d)
     gp.boundary_ = dict(extra.get("boundary") or {})
+    gp.site_blocked_cv_ = extra.get("site_blocked_cv")  # None: saved before it existed, or not applicable
     gp.dropped_workers_, gp.privacy_report_ = list(fit.dropped_workers), fit.privacy
     gp.discarded_stale_ = int(extra.get("discarded_stale", 0))
     gp.slowdowns_ = np.asarray(extra.get("slowdowns", np.ones(fit.n_workers)), dtype=float)

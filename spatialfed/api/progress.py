@@ -371,8 +371,11 @@ class Progress:
                 self.line(f"covariates: {', '.join(names) or 'none'}")
             vp = getattr(gp, "variogram_params_", None)
             if vp is not None:
-                from spatialfed.api.units import describe, on_bound
+                from spatialfed.api.units import describe, describe_cv, on_bound
 
                 self.line(describe(vp))
                 for phrase in on_bound(getattr(gp, "boundary_", {})):
                     self.line(f"on the boundary: {phrase}")
+                cv = describe_cv(getattr(gp, "site_blocked_cv_", None))
+                if cv:
+                    self.line(cv)

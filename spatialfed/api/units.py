@@ -66,6 +66,15 @@ def describe(vp: dict) -> str:
     return line
 
 
+
+def describe_cv(cv: dict | None) -> str | None:
+    """One line of the site-blocked CV score (``site_blocked_cv_``, api/blocked_cv.py), None without one."""
+    if not cv:
+        return None
+    return (f"site-blocked CV ({len(cv['per_site'])} sites, each predicted from the others at the fitted parameters):"
+            f" RMSE {cv['rmse']:.4g}, CRPS {cv['crps']:.4g}, mean log predictive density {cv['mlpd']:.4g}")
+
+
 #: what a parameter on a bound of the fit's box (algorithm.likelihood.default_bounds) means, by (name, side)
 _ON_BOUND = {
     ("delta", "upper"): "nugget ≈ 0 (1/δ on its lower bound, 1e-6 of the residual variance: no measurement error "

@@ -67,6 +67,13 @@ def back(pred: dict, transform) -> dict:
             "q025": np.exp(m - Z975 * s), "q975": np.exp(m + Z975 * s), "mean_log": m, "sd_log": s}
 
 
+def crps_normal(z, mu, sigma) -> np.ndarray:
+    """CRPS(N(μ, σ²), z) = σ [t(2Φ(t) − 1) + 2φ(t) − 1/√π], t = (z − μ)/σ (Gneiting & Raftery 2007), per point."""
+    z, mu, sigma = (np.asarray(a, dtype=float) for a in (z, mu, sigma))
+    t = (z - mu) / sigma
+    return sigma * (t * (2 * stats.norm.cdf(t) - 1) + 2 * stats.norm.pdf(t) - 1 / np.sqrt(np.pi))
+
+
 def crps_lognormal(z, mu, sigma) -> np.ndarray:
     """CRPS(LN(μ, σ²), z) = z[2Φ(t) − 1] − 2 exp(μ + σ²/2)[Φ(t − σ) + Φ(σ/√2) − 1], t = (log z − μ)/σ
     (Baran & Lerch 2015, Eq. 5), per point; z > 0."""

@@ -34,10 +34,8 @@ def mae(observed, mean) -> float:
 
 
 def crps_gaussian(observed, mean, sd) -> np.ndarray:
-    """CRPS(N(μ, σ²), y) = σ [t(2Φ(t) − 1) + 2φ(t) − 1/√π], t = (y − μ)/σ (Gneiting & Raftery 2007), per point."""
-    y, m, s = _check(observed, mean, sd)
-    t = (y - m) / s
-    return s * (t * (2 * stats.norm.cdf(t) - 1) + 2 * stats.norm.pdf(t) - 1 / np.sqrt(np.pi))
+    """CRPS(N(μ, σ²), y) per point, checked (model.transform.crps_normal)."""
+    return transform.crps_normal(*_check(observed, mean, sd))
 
 
 def coverage(observed, mean, sd, level: float = 0.95) -> float:

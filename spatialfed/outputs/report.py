@@ -87,6 +87,7 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
         "sites": site_times(arrivals or [], int(result.n_workers)) if arrivals else [],
         "covariance": {k: v for k, v in (extra.get("variogram_params") or {}).items()
                        if k in ("nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg")},
+        "blocked_cv": extra.get("site_blocked_cv"),
     }
 
 
@@ -103,6 +104,15 @@ def _covariance_text(facts: dict) -> str:
                  f"from north, minor range {e(distance(cov['range_minor'], unit))} (ratio "
                  f"{cov['anisotropy_ratio']:.3g})")
     return text
+
+
+def _blocked_text(facts: dict) -> str:
+    """The site-blocked CV score (fit.json "site_blocked_cv", api/blocked_cv.py) beside ℓ; '' without one."""
+    cv = facts.get("blocked_cv")
+    if not cv:
+        return ""
+    return (f"<br>site-blocked CV (each of {len(cv['per_site'])} sites predicted from the others at these estimates): "
+            f"RMSE {_g(cv['rmse'])}, CRPS {_g(cv['crps'])}, mean log predictive density {_g(cv['mlpd'])}")
 
 
 def trace_facts(trace_rows: list[dict], arrivals: list[dict], n_workers: int) -> dict:
@@ -201,7 +211,8 @@ def summary_html(facts: dict) -> str:
         ("Settings", e(", ".join(settings)) or "—"),
         ("Estimates", f"γ: {gamma}<br>nugget variance 1/δ = {_g(facts['nugget'])}, partial sill σ² = "
                       f"{_g(facts['partial_sill'])} (squared units of the response); range β = "
-                      f"{e(distance(facts['range'], facts.get('unit')))}{practical}{_covariance_text(facts)}"),
+                      f"{e(distance(facts['range'], facts.get('unit')))}{practical}{_covariance_text(facts)}"
+                      f"{_blocked_text(facts)}"),
         ("Convergence", f"{e(conv)} after {facts['iterations']} iterations; final log-likelihood "
                         f"ℓ = {_g(facts['loglik'], 8)}"
                         + (f"; continued without sites {facts['dropped']}" if facts["dropped"] else "")),

@@ -95,6 +95,8 @@ class FitResult:
             doc["boundary"] = dict(self.extra["boundary"])
         if may_be_vecchia(self.residual) and (self.extra or {}).get("vecchia_k"):  # beyond SPEC §6 (§2c)
             doc["vecchia_k"] = int(self.extra["vecchia_k"])
+        if (self.extra or {}).get("site_blocked_cv"):  # beyond SPEC §6: the site-blocked CV score (api/blocked_cv.py)
+            doc["site_blocked_cv"] = dict(self.extra["site_blocked_cv"])
         return doc
 
 

@@ -5,8 +5,9 @@ runs — into a per-process registry (`_REGISTRY`, keyed by run id and j) as a `
 then serves every later request. It answers two kinds of request:
 
 - `answer(spec, p)`: L_j(p) of Eq. (13) (`algorithm.protocol.evaluate`), followed by the emulated slowdown wait;
-- `call(spec, name, args)`: one of `SITE_CALLS`, the small functions prediction and the default domain need
-  (kriging pieces, moments, bounding box), each returning arrays sized by the request, never by n_j.
+- `call(spec, name, args)`: one of `SITE_CALLS`, the small functions prediction, the default domain and
+  site-blocked CV need (kriging pieces, moments, bounding box, score sums), each returning arrays sized by the
+  request, never by n_j.
 
 The Dask runtime runs these inside tasks pinned to the Dask worker holding the partition; the virtual runtime and
 in-process prediction run them here. Nothing else reads a partition.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
+from spatialfed.model.blocked import blocked_scores
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
 from spatialfed.model.vecchia_order import VECCHIA_K
@@ -149,7 +151,8 @@ def _hull(lm: LocalModel) -> bytes:
     return shapely.to_wkb(points_hull(_store_locs(lm)))
 
 
-#: what a site computes for prediction and for the default domain (each returns request-sized arrays only)
+#: what a site computes for prediction, the default domain and site-blocked CV (each returns request-sized arrays
+#: only)
 SITE_CALLS = {
     "nearest_distance": LocalModel.nearest_distance,          # n₀ distances
     "residual_kriging": LocalModel.residual_kriging,          # n₀-sized mean, n₀×m BRk, n₀ kRk (n₀×|U_j| cross)
@@ -160,6 +163,7 @@ SITE_CALLS = {
     "spacing": _spacing,                                      # 1 number (the seamless predictor's band)
     "hull": _hull,                                            # one polygon (the default map domain)
     "sites": _store_locs,                                     # observation sites (for maps only; --no-sites omits)
+    "blocked_scores": blocked_scores,                         # 4 sums: site-blocked CV (api/blocked_cv.py)
 }
 
 
