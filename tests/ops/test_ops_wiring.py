@@ -79,7 +79,7 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, running, tmp_path, 
 
     # async: the "tuned" preset converges to the maximum likelihood estimate, whatever the arrival order (the
     # paper preset keeps hovering around it at ~1e-3 with J = 3), so two async runs can be compared
-    settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, cluster=Cluster(n_workers=3),
+    settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, cluster=Cluster(n_workers=2),
                     preset="tuned" if mode == "async" else "paper")
     # sync's uninterrupted fit on the in-process runtime (a Dask cluster less): it takes the same steps whatever the
     # clock; async's stays on Dask (its simulated arrival order does not reach the estimate in 400 iterations)
