@@ -1,4 +1,4 @@
-"""One writer per `spatialfed fit --out` (spatialfed.outputs.lock): fits started together into one directory (three;
+"""One writer per `spatialfed fit --out` (spatialfed.outputs.lock): fits started together into one directory (four;
 ten, twenty times, in the slow test), exactly one writes and the others are refused with one line each; a lock whose
 holder was killed (-9) is free again.
 
@@ -39,7 +39,7 @@ def check_one_writer(results, out) -> None:
 
 def test_concurrent_fits_into_one_out_have_one_writer(store, tmp_path):
     out = tmp_path / "same"
-    check_one_writer(concurrent_fits(store, out, n=3), out)  # ten, twenty times: the slow test below
+    check_one_writer(concurrent_fits(store, out, n=4), out)  # ten, twenty times: the slow test below
 
 
 @pytest.mark.slow
