@@ -143,7 +143,7 @@ def test_one_store_per_data_set(monkeypatch, capsys):
 
     monkeypatch.setattr(simulate, "simulate_store", counted)
     # graded:62 slows no site (62 cores each): a second profile that costs what balanced costs
-    out = run(capsys, ["--workers", "3", "--n-per-worker", "60", "--knots", "25", "--range", "0.2", "--seeds", "3",
+    out = run(capsys, ["--workers", "3", "--n-per-worker", "60", "--knots", "9", "--range", "0.2", "--seeds", "3",
                        "--profiles", "balanced,graded:62", "--partition", "random,area", "--sizes", "equal,inverse"])
     assert len(made) == 4 and len(set(map(str, made))) == 4
     assert (3, "area", [30, 60, 90]) in made  # Figure 7's inverse layout: 0.5·n_j up to 1.5·n_j
@@ -189,7 +189,7 @@ def test_rows_file_resumes(tmp_path, monkeypatch, capsys):
     import spatialfed.data.simulate as simulate
 
     rows_file = tmp_path / "rows.jsonl"
-    argv = ["--workers", "3", "--n-per-worker", "40", "--knots", "16", "--seeds", "0-1",
+    argv = ["--workers", "3", "--n-per-worker", "40", "--knots", "9", "--seeds", "0-1",
             "--profiles", "balanced,graded:62", "--rows", str(rows_file)]
     first = run(capsys, argv[:7] + ["0"] + argv[8:])  # seed 0 only
     assert len(rows_file.read_text().splitlines()) == 2

@@ -46,6 +46,17 @@ def test_cli_tls_flags():
 
 # --- checkpoint and resume ---------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def running():
+    """One running plain-TCP Dask cluster for the fits and resumes here whose check is not the embedded cluster's
+    start (a LocalCluster start is ~2-3 s): a resume of a finished checkpoint, the refused resume's fit, the CLI's
+    resume (--scheduler). The interrupted fits and the first API resume keep their embedded clusters."""
+    from spatialfed.runtime.cluster import local_cluster
+
+    with local_cluster(2, security=False) as handle:  # plain TCP: the CLI joins it with --scheduler
+        yield handle.client.scheduler.address
+
+
 def _interrupt_at(monkeypatch, t_stop):
     """Make the fit die (KeyboardInterrupt from the progress hook, between receive calls) once server.t >= t_stop."""
     from spatialfed.api.progress import Progress
@@ -62,13 +73,13 @@ def _vector(params):
 
 
 @pytest.mark.parametrize("mode, rtol", [("sync", 1e-6), pytest.param("async", 1e-3, marks=pytest.mark.slow)])
-def test_interrupted_fit_resumes_to_the_same_estimate(store, tmp_path, monkeypatch, mode, rtol):
+def test_interrupted_fit_resumes_to_the_same_estimate(store, running, tmp_path, monkeypatch, mode, rtol):
     from spatialfed.algorithm.checkpoint import read_checkpoint
     from spatialfed.api import FederatedGP
 
     # async: the "tuned" preset converges to the maximum likelihood estimate, whatever the arrival order (the
     # paper preset keeps hovering around it at ~1e-3 with J = 3), so two async runs can be compared
-    settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, cluster=Cluster(n_workers=3),
+    settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, cluster=Cluster(n_workers=2),
                     preset="tuned" if mode == "async" else "paper")
     # sync's uninterrupted fit on the in-process runtime (a Dask cluster less): it takes the same steps whatever the
     # clock; async's stays on Dask (its simulated arrival order does not reach the estimate in 400 iterations)
@@ -87,23 +98,23 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, tmp_path, monkeypat
     np.testing.assert_allclose(_vector(gp.params_), _vector(full.params_), rtol=rtol)
     np.testing.assert_allclose(gp.loglik_, full.loglik_, rtol=rtol)
     assert read_checkpoint(path)["phase"] == "done"  # the final state; resuming it returns the same result
-    again = FederatedGP.resume(path)
+    again = FederatedGP.resume(path, cluster=Cluster(address=running))  # on the running cluster: no third start
     np.testing.assert_array_equal(_vector(again.params_), _vector(gp.params_))
 
 
-def test_resume_refuses_model_changes(store, tmp_path):
+def test_resume_refuses_model_changes(store, running, tmp_path):
     from spatialfed.api import FederatedGP
 
     path = tmp_path / "fit.ckpt"
     FederatedGP(mode="sync", knots=9, max_iter=2, progress=False, checkpoint=Checkpoint(path, every=1),
-                cluster=Cluster(n_workers=2)).fit(store)
+                cluster=Cluster(address=running)).fit(store)
     with pytest.raises(ValueError, match="knots"):
         FederatedGP.resume(path, knots=16)
     with pytest.raises(ValueError, match="the path of the file to write"):
         Checkpoint(None, every=2)
 
 
-def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch, capsys):
+def test_cli_checkpoint_and_resume(store, running, tmp_path, monkeypatch, capsys):
     import json
 
     from spatialfed.cli import main
@@ -115,7 +126,8 @@ def test_cli_checkpoint_and_resume(store, tmp_path, monkeypatch, capsys):
                      "--dask-workers", "2", "--checkpoint-every", "2", "--preset", "tuned", "--quiet"]) == 130  # Ctrl-C: no traceback
     assert f"`spatialfed fit --resume {out}`" in capsys.readouterr().err
     assert (out / "checkpoint.zip").exists() and not (out / "fit.json").exists()
-    main(["fit", "--resume", str(out), "--quiet"])
+    # the interrupted fit ran on an embedded cluster; the resume joins the running one (a checkpoint never says where)
+    assert main(["fit", "--resume", str(out), "--quiet", "--scheduler", running]) == 0
     fit = json.loads((out / "fit.json").read_text())
     assert fit["iterations"] == 10
 
