@@ -21,7 +21,9 @@ from spatialfed.model.matern import Matern
 
 #: the value of ``nu`` that estimates it
 ESTIMATE = "estimate"
-#: what a fit with an estimated family adds to variogram_params_ (and fit.json's "variogram_params")
+#: what a fit with an estimated family adds to params_ (beside γ, δ, σ², β)
+PARAM_KEYS = ("nu", "anisotropy_ratio", "angle_deg")
+#: what it adds to variogram_params_ (and fit.json's "variogram_params")
 FITTED_KEYS = ("nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric")
 #: the normal quantile of the Wald interval
 Z95 = 1.959963984540054

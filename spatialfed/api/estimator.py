@@ -346,7 +346,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.params_ = {"gamma": np.asarray(phi.gamma, dtype=float).copy(), "delta": float(phi.delta),
                         "sigma2": float(phi.sigma2), "beta": float(phi.beta)}
         fitted = covariance.fitted(server)  # ν̂ and the anisotropy of an estimated family (api/covariance.py)
-        self.params_.update({k: fitted[k] for k in ("nu", "anisotropy_ratio", "angle_deg") if k in fitted})
+        self.params_.update({k: fitted[k] for k in covariance.PARAM_KEYS if k in fitted})
         self.variogram_params_ = {**variogram_params(self.params_, fitted.get("nu", self.nu), info.crs), **fitted}
         self.boundary_ = _on_bound(server)
         self.mu_ = np.asarray(phi.mu, dtype=float).copy()

@@ -157,8 +157,8 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     gp.store_crs_ = extra["store_crs"] if "store_crs" in extra else _store_crs(gp.store_)
     saved_vp = {k: v for k, v in (extra.get("variogram_params") or {}).items() if k in covariance.FITTED_KEYS}
     if saved_vp:  # an estimated family: ν̂ (fit.json "nu"), its interval, the ranges and the metric
-        gp.params_.update({"nu": float(fit.nu), **{k: float(saved_vp[k]) for k in ("anisotropy_ratio", "angle_deg")
-                                                    if k in saved_vp}})
+        gp.params_.update({k: float(fit.nu if k == "nu" else saved_vp[k]) for k in covariance.PARAM_KEYS
+                           if k == "nu" or k in saved_vp})
     gp.variogram_params_ = {**variogram_params(gp.params_, fit.nu, gp.store_crs_), **saved_vp}
     gp.knots_, gp.mu_, gp.Sigma_ = model.knots, fit.mu, fit.Sigma
     gp.loglik_ = None if fit.loglik is None else float(fit.loglik)
