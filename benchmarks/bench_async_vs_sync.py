@@ -180,8 +180,8 @@ def fit(store, setting, runtime, mode, profile, client=None, max_iter=300, tol=1
 
     asked = {**(strategies or {}), **({"agg_threshold": setting.agg} if mode == "async" else {})}
     gp = FederatedGP(mode=mode, residual=setting.residual, knots=setting.knots, nu=setting.nu, max_iter=max_iter,
-                     tol=tol, runtime=runtime, emulation=Emulation(profile=profile), cluster=client, seed=0,
-                     time_budget=time_budget, strategies=asked or None, preset=preset, progress=False)
+                     tol=tol, emulation=Emulation(profile=profile), cluster=runtime if client is None else client, seed=0,
+                     time_budget=time_budget, strategies={"preset": preset, **asked}, progress=False)
     tic = time.perf_counter()
     gp.fit(store)
     gp.wall_s = time.perf_counter() - tic
@@ -390,7 +390,7 @@ def run_block(store, setting, runtime, profiles, max_iter, options=None, preset=
 
 
 def fit_stats_dask(store, client, setting, mode, profile, max_iter=100, tol=1e-5, time_budget=None, scale=1.0):
-    """The estimator itself, ``FederatedGP(preset="stats", runtime="dask", client=...)`` (servers.server_for →
+    """The estimator itself, ``FederatedGP(preset="stats", cluster=client)`` (servers.server_for →
     StatsServer), on the fit_stats knots (jittered_unit_grid(M, seed=0)) and settings (async: agg_threshold 1, what
     StatsServer takes when given none); returns (gp, measures: answers per site, median wall of a statistics task,
     CPU seconds of the Dask worker processes and of this process, which runs the server, the client and the
@@ -405,9 +405,10 @@ def fit_stats_dask(store, client, setting, mode, profile, max_iter=100, tol=1e-5
     knots = jittered_unit_grid(M, seed=0)
     slowdown = tuple((scale * profile_slowdowns(profile, J)).tolist())
     gp = FederatedGP(mode=mode, residual=residual, knots=knots, nu=NU,
-                     strategies={"agg_threshold": 1} if mode == "async" else None, max_iter=max_iter, tol=tol,
-                     runtime="dask", emulation=Emulation(profile=profile, slowdown=slowdown), cluster=client, seed=0,
-                     time_budget=time_budget, preset="stats", progress=False)
+                     strategies={"preset": "stats", **({"agg_threshold": 1} if mode == "async" else {})},
+                     max_iter=max_iter, tol=tol,
+                     emulation=Emulation(profile=profile, slowdown=slowdown), cluster=client, seed=0,
+                     time_budget=time_budget, progress=False)
     cpu0, here = client.run(time.process_time), time.process_time()
     tic = time.perf_counter()
     with get_task_stream(client) as ts:
@@ -533,7 +534,7 @@ def run_stats_dask(store, setting, profiles, max_iter, dask_workers, slowdown_sc
     J, M, NU, residual = setting.workers, setting.knots, setting.nu, setting.residual
     say("reference: the estimator, synchronous stats fit to tol 1e-10 (simulated runtime)")
     ref_gp = FederatedGP(mode="sync", residual=residual, knots=jittered_unit_grid(M, seed=0), nu=NU, max_iter=100,
-                         tol=1e-10, runtime="simulated", seed=0, preset="stats", progress=False).fit(str(store))
+                         tol=1e-10, cluster="simulated", seed=0, strategies="stats", progress=False).fit(str(store))
     ref = ref_gp.params_
     say(f"  reference: {ref_gp.n_iter_} iterations, ℓ={ref_gp.loglik_:.6f}")
     rows = []

@@ -56,7 +56,7 @@ def run(name, store, out_dir, runtime, client, truth, **settings):
     from spatialfed.api import FederatedGP
     from spatialfed.outputs.prediction import predict
 
-    gp = FederatedGP(nu=NU, runtime=runtime, cluster=client, progress=False, **settings)
+    gp = FederatedGP(nu=NU, cluster=runtime if client is None else client, progress=False, **settings)
     tic = time.perf_counter()
     gp.fit(store)
     total = time.perf_counter() - tic

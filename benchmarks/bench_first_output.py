@@ -159,7 +159,7 @@ def run_api(store: Path, args) -> dict:
     try:
         tl.t0 = time.perf_counter()
         gp = FederatedGP(residual=args.residual, knots=args.knots, nu=0.5, mode=args.mode, max_iter=args.max_iter,
-                         runtime=args.runtime, n_dask_workers=args.dask_workers if args.runtime == "dask" else None,
+                         cluster=args.runtime, n_dask_workers=args.dask_workers if args.runtime == "dask" else None,
                          seed=args.seed, progress=True)
         gp.fit(str(store))
     finally:

@@ -169,8 +169,8 @@ def run_spatialfed(train, test, J, residual, args, client, work: Path, keep: dic
         say(f"[{tag}] ingested {len(train)} cells into {J} area sites in {ingest_s:.1f} s ({info.crs})")
 
         k = "" if args.vecchia_k is None or residual not in ("vecchia", "auto") else f":{args.vecchia_k}"
-        gp = FederatedGP(residual=residual + k, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
-                         cluster=client, progress=args.progress, **settings)
+        gp = FederatedGP(residual=residual + k, knots=args.knots, nu=0.5, seed=args.seed,
+                         cluster=args.runtime if client is None else client, progress=args.progress, **settings)
         tic = time.perf_counter()
         gp.fit(store)
         fit_s = time.perf_counter() - tic

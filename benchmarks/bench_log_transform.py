@@ -45,7 +45,7 @@ def held_out(frame: pd.DataFrame, transform, folds: int, repeats: int, knots: in
         fold = np.random.default_rng(r).permutation(len(frame)) % folds
         for k in range(folds):
             train, test = frame[fold != k], frame[fold == k]
-            gp = FederatedGP(mode="sync", knots=knots, runtime="simulated", progress=False, transform=transform,
+            gp = FederatedGP(mode="sync", knots=knots, cluster="simulated", progress=False, transform=transform,
                              covariates=covariates, crs="EPSG:28992", emulation=Emulation(n_sites=4), seed=r)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # e.g. sites of fewer than 20 rows at high fold counts

@@ -102,7 +102,7 @@ def fit_row(store: Path, sizes: list[int], residual: str, scheme: str, args, cli
     from spatialfed.api import FederatedGP
 
     settings = {"mode": "sync", "max_iter": args.max_iter, "preset": "stats" if scheme == "stats" else "tuned"}
-    gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
+    gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, cluster=args.runtime, seed=args.seed,
                      client=client, progress=args.progress, **settings)
     tracker = PeakRSS(children=args.runtime == "dask")
     base = tracker.sample() / 2**20

@@ -51,7 +51,7 @@ def fit(store: Path, residual: str, preset: str, args, client) -> tuple[dict, ob
         settings["mode"] = args.mode
     if preset != "default":
         settings["preset"] = preset
-    gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, runtime=args.runtime, seed=args.seed,
+    gp = FederatedGP(residual=residual, knots=args.knots, nu=0.5, cluster=args.runtime, seed=args.seed,
                      client=client, progress=True, **settings)
     gaps = Gaps(sys.stderr)  # the progress display's stream: when its lines came (docs/user-guide.md, Progress)
     sys.stderr = gaps

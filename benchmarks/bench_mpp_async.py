@@ -3,7 +3,7 @@ fit's log-likelihood? Issue 13, Done-when: "``--residual mpp`` with async on ``d
 diverges: the final log-likelihood is within 1e-3 of the synchronous one."
 
 For every dataset, partition and preset (``stats``: one round trip of sufficient statistics per iteration, SPEC §2b;
-``tuned``: the block scheme) it fits ``FederatedGP(residual="mpp", runtime="simulated", mode="sync")`` once (its ℓ
+``tuned``: the block scheme) it fits ``FederatedGP(residual="mpp", cluster="simulated", mode="sync")`` once (its ℓ
 does not depend on the compute profile) and ``mode="async"`` under each profile (balanced, straggler, graded), all on
 the virtual clock, through the estimator (``FederatedGP.fit`` on the store), with its default Agg_threshold
 (⌈0.2·J⌉) unless ``--agg-threshold`` is given.
@@ -98,8 +98,9 @@ def params_of(server) -> dict:
 def run_fit(store, *, mode, preset, profile, knots, agg_threshold=None, max_iter=100, seed=0) -> dict:
     """One fit on the virtual clock; never raises: a failed fit's row carries `error` and the server's state."""
     GP = _estimator()
-    gp = GP(mode=mode, residual="mpp", preset=preset, knots=knots, nu=NU, runtime="simulated", emulation=profile,
-            strategies={"agg_threshold": agg_threshold} if mode == "async" and agg_threshold else None,
+    gp = GP(mode=mode, residual="mpp", knots=knots, nu=NU, cluster="simulated", emulation=profile,
+            strategies={"preset": preset, **({"agg_threshold": agg_threshold} if mode == "async" and agg_threshold
+                                             else {})},
             max_iter=max_iter, progress=False, seed=seed)
     tic = time.perf_counter()
     error = None

@@ -233,7 +233,7 @@ def map_minima(resolution: float = 20.0) -> dict:
     from spatialfed.data import datasets, geometry
 
     frame = pd.read_csv(datasets.data_file("meuse", "meuse.csv"))[["x", "y", "zinc"]]
-    gp = FederatedGP(runtime="simulated", crs="EPSG:28992", transform="log", n_sites=4, progress=False).fit(
+    gp = FederatedGP(cluster="simulated", crs="EPSG:28992", transform="log", n_sites=4, progress=False).fit(
         frame, "zinc")
     grid = geometry.prediction_grid(datasets.meuse_domain(), resolution)
     pts = grid.points

@@ -198,7 +198,7 @@ def world(tmp_path_factory):
     simulate_store(O, 3, 30, test_size=10, seed=1, progress=False)
     w["S"], w["O"] = str(S), str(O)
     F = base / "fit"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False).fit(S).save(F)
+    FederatedGP(cluster="simulated", knots=9, max_iter=3, progress=False).fit(S).save(F)
     w["F"] = str(F)
     nofit = base / "fit_nojson"
     shutil.copytree(F, nofit)
@@ -209,7 +209,7 @@ def world(tmp_path_factory):
     (badfit / "fit.json").write_text('{"method": "lowrank", ')
     w["BADFIT"] = str(badfit)
     CK = base / "ck"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False,
+    FederatedGP(cluster="simulated", knots=9, max_iter=3, progress=False,
                 checkpoint=Checkpoint(CK / "checkpoint.zip", every=1)).fit(S).save(CK)
     w["CK"] = str(CK)
     for how in ("deleted", "corrupted", "truncated", "no_group", "no_root", "bad_root_json", "bad_group_json",
@@ -621,7 +621,7 @@ CLI_CASES = [
     ("fit-scheduler-and-jobqueue", ["fit", "{S}", "--out", "{T}/out", "--scheduler", "tcp://127.0.0.1:1",
                                     "--jobqueue", "slurm"], r"give either --scheduler or --jobqueue", None),
     ("fit-simulated-with-scheduler", ["fit", "{S}", "--out", "{T}/out", *FIT, "--scheduler", "tcp://127.0.0.1:1"],
-     r"runtime='simulated' runs in this process", None),
+     r"--runtime simulated runs in this process; .* leave --runtime out", None),
     ("fit-fgpr-option-without-fgpr", ["fit", "{S}", "--out", "{T}/out", *FIT, "--local-steps", "3"],
      r"--local-steps apply to --method fgpr only", None),
     ("fit-participation-0", ["fit", "{S}", "--out", "{T}/out", *FIT, "--method", "fgpr", "--participation", "0"],
@@ -680,7 +680,7 @@ CLI_CASES = [
     ("fit-tls-missing-files", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--tls-dir", "{TLSPART}"],
      r"cert\.pem not found", None),
     ("fit-tls-with-simulated", ["fit", "{S}", "--out", "{T}/out", *FIT, "--tls"],
-     r"tls applies to the Dask connections; runtime='simulated' has none",
+     r"tls applies to the Dask connections; --runtime simulated has none",
      None),
     ("fit-tls-scheduler-without-tls-dir", ["fit", "{S}", "--out", "{T}/out", "--quiet", "--scheduler", "{TLSADDR}"],
      r"scheduler tls://127\.0\.0\.1:\d+ uses TLS: pass --tls-dir DIR with the certificates .*docs/hpc\.md", None),
@@ -884,7 +884,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(world, tmp_path, argv, limit
 def _gp(**kw):
     from spatialfed.api import FederatedGP
 
-    return FederatedGP(**{"runtime": "simulated", "knots": 9, "max_iter": 3, "progress": False, **kw})
+    return FederatedGP(**{"cluster": "simulated", "knots": 9, "max_iter": 3, "progress": False, **kw})
 
 
 def _fit(store_key, **kw):
@@ -994,7 +994,7 @@ def _simulate_over_output(w, T):
 
 
 def _fit_scheduler(key):
-    return lambda w, T: _gp(runtime="dask", cluster=w[key]).fit(w["S"])
+    return lambda w, T: _gp(cluster=w[key]).fit(w["S"])
 
 
 def _resume_other_store(w, T):
@@ -1065,8 +1065,8 @@ API_CASES = [
     ("api-unknown-profile", _fit("S", emulation=Emulation(profile="slow")), r"profile must be one of"),
     ("api-profile-bad-min-cores", _fit("S", emulation=Emulation(profile="graded:70")),
      r"the minimum cores must be a number in"),
-    ("api-unknown-preset", _fit("S", preset="fast"), r"preset must be one of .* got 'fast'"),
-    ("api-unknown-runtime", _fit("S", runtime="ray"), r"runtime must be one of .* got 'ray'"),
+    ("api-unknown-preset", _fit("S", strategies="fast"), r"preset must be one of .* got 'fast'"),
+    ("api-unknown-runtime", _fit("S", cluster="ray"), r"cluster must be one of \('dask', 'simulated'\), a scheduler address .* got 'ray'"),
     ("api-knots-0", _fit("S", knots=0), r"knots must be a positive integer m .*got 0"),
     ("api-knots-1", _fit("S", knots=1), r"knots=1: .* at least 2 knots"),
     ("api-knots-neg", _fit("S", knots=-3), r"knots must be a positive integer m .*got -3"),

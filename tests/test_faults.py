@@ -31,8 +31,8 @@ from spatialfed.runtime.driver import ClusterLostError
 #: "tuned" preset converges to the maximum likelihood estimate whatever the order (on the store below, measured on
 #: the simulated runtime: balanced, straggler and graded compute all end within 6e-9 of the sync MLE, in 11, 416 and
 #: 614 iterations; hence max_iter 2000), with tol tight enough that two runs agree to 1e-6 relative
-SYNC = dict(mode="sync", preset="tuned", knots=9, max_iter=40, tol=1e-9, progress=False)  # kills at theta steps
-ASYNC = dict(mode="async", preset="tuned", knots=9, max_iter=2000, tol=1e-9, progress=False)
+SYNC = dict(mode="sync", strategies="tuned", knots=9, max_iter=40, tol=1e-9, progress=False)  # kills at theta steps
+ASYNC = dict(mode="async", strategies="tuned", knots=9, max_iter=2000, tol=1e-9, progress=False)
 ONE_WORKER_S, CLUSTER_S = 60.0, 30.0  # deadlines (kill -> the fit has ended)
 
 
@@ -73,7 +73,7 @@ def reference(store):
     class Undisturbed(dict):
         def __missing__(self, mode):
             settings = SYNC if mode == "sync" else ASYNC
-            self[mode] = FederatedGP(**settings, runtime="simulated").fit(store)
+            self[mode] = FederatedGP(**settings, cluster="simulated").fit(store)
             return self[mode]
 
     return Undisturbed()

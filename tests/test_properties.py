@@ -82,7 +82,7 @@ def test_a_fit_does_not_depend_on_the_numbering_of_the_sites(sim_parts, order, t
     for name, ordered in (("given", parts), ("renumbered", [parts[j] for j in order])):
         path = tmp_path_factory.mktemp("renumber") / f"{name}.zarr"
         write_store(path, ordered, partition="random", crs=None, covariate_names=names)
-        fits.append(FederatedGP(mode="sync", knots=9, max_iter=60, tol=tol, runtime="simulated",
+        fits.append(FederatedGP(mode="sync", knots=9, max_iter=60, tol=tol, cluster="simulated",
                                 progress=False).fit(path))
     a, b = fits
     assert a.converged_ and b.converged_

@@ -30,7 +30,7 @@ PRESETS = ("stats", "tuned", "paper", "basic", "section5")
 DEFAULT_PRESET = "stats"
 #: the preset when privacy noise is asked for and no preset is named: the noise is calibrated for the block scheme
 PRIVACY_PRESET = "tuned"
-TUNED = "preset='tuned'"  # how Python asks for the block scheme's strategies (spatialfed.errors.option)
+TUNED = "strategies='tuned'"  # how Python asks for the block scheme's strategies (spatialfed.errors.option)
 
 
 def preset_name(name: str | None, privacy=None) -> str:

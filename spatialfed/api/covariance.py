@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from spatialfed.algorithm.likelihood import NotPositiveDefinite, profile_loglik
+from spatialfed.api.options import scheme_of
 from spatialfed.model.family import NU_RANGE, MaternFamily
 from spatialfed.model.matern import Matern
 
@@ -44,8 +45,8 @@ def check(gp) -> None:
     if gp.method != "lowrank":
         raise ValueError(f"{what} is fitted by the statistics scheme of method='lowrank'; method={gp.method!r} has "
                          f"a fixed isotropic Matérn: give a number for nu (and anisotropy=False)")
-    if gp.preset not in (None, "stats") or gp.privacy is not None:
-        raise ValueError(f"{what} is fitted by the statistics scheme (preset None or 'stats', without privacy=); "
+    if scheme_of(gp.strategies)[0] not in (None, "stats") or gp.privacy is not None:
+        raise ValueError(f"{what} is fitted by the statistics scheme (strategies None or 'stats', without privacy=); "
                          "the block presets and privacy noise or secure aggregation take a fixed isotropic Matérn")
 
 

@@ -8,7 +8,7 @@ that need them raise ``NotFittedError`` before ``fit``; ``save(out_dir)`` writes
     >>> gp = FederatedGP(mode="async", knots=100, emulation=Emulation(profile="straggler")).fit("data.zarr")
     >>> gp.params_, gp.variogram_params_, gp.loglik_
     >>> gp.save("fit_out")
-    >>> gp = FederatedGP(crs="EPSG:4326", runtime="simulated").fit(frame[["lon", "lat"]], frame["ozone"],
+    >>> gp = FederatedGP(crs="EPSG:4326", cluster="simulated").fit(frame[["lon", "lat"]], frame["ozone"],
     ...                                                             groups=frame["state"])
     >>> mean, sd = gp.predict(new_points, return_std=True)
 
@@ -17,7 +17,7 @@ gets the store's path. DataFrames, GeoDataFrames and arrays are a convenience fo
 cross-validation: they are written to a temporary store (``api.inputs``), kept while the estimator lives.
 A script may fit at top level without ``if __name__ == "__main__":`` (``api.scripts``).
 
-Runtimes (the class docstring's ``runtime``): ``"auto"``, ``"dask"`` (every partition stays on the Dask worker
+Runtimes (the class docstring's ``cluster``): ``None`` (automatic), ``"dask"`` (every partition stays on the Dask worker
 that loaded it), ``"simulated"`` (a virtual clock in this process: for experiments, not for private data).
 """
 
@@ -53,7 +53,7 @@ log = logging.getLogger("spatialfed.api")
 class FederatedGP(RegressorMixin, BaseEstimator):
     """Federated low-rank spatial GP (SPEC §1–4), fitted synchronously or asynchronously; a scikit-learn regressor.
 
-    By default (``preset`` None = "stats", SPEC §2b, ``algorithm/stats_server.py``) each iteration is one round trip:
+    By default (``strategies`` None = the preset "stats", SPEC §2b, ``algorithm/stats_server.py``) each iteration is one round trip:
     every site sends the sufficient statistics of its data at the current (δ, σ², β) and the server takes an exact
     profile-likelihood Newton step (async: the same epochs at the slowest site's pace, while faster sites answer
     where models of every site's statistics lead, so that better steps are taken; docs/algorithm.md). The paper's block-wise Algorithms 1–3 are the presets "tuned", "paper", "basic" and "section5".
@@ -63,7 +63,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     method : "lowrank" (the federated low-rank model), "independent" (the independence model of Eq. 3, fitted by
         the same algorithm with no knots; its loglik is ℓ_ind) or "fgpr" (the same model fitted by FGPR: FedAvg over
         clients running E local SGD/Adam steps on mini-batch exact GP likelihoods, algorithm/fgpr.py, docs/fgpr.md;
-        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, `preset` and strategies' agg_threshold do not apply
+        its loglik is ℓ_ind). FGPR rounds are synchronous: `mode`, a preset and agg_threshold do not apply
         to it and fit.json records mode "sync".
     mode : "sync" | "async".
     residual : "auto" (default: each site uses the dense `full` residual up to 1,000 points and its Vecchia
@@ -80,18 +80,17 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     anisotropy : False, or True for geometric anisotropy: the major range β along an angle φ from north and the
         minor range β/r across it (``variogram_params_``: range_major, range_minor, anisotropy_ratio, angle_deg);
         predictions and maps krige with it. With ``nu="estimate"`` or ``anisotropy`` the statistics scheme fits
-        u = (log δ, log σ², log β [, log ν] [, log r, φ]) (method "lowrank", preset None or "stats", no privacy).
+        u = (log δ, log σ², log β [, log ν] [, log r, φ]) (method "lowrank", the preset "stats", no privacy).
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
-    runtime : "auto" (default: in this process for small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask
-        option given; Dask otherwise: ``runtime.factory.choose_runtime``) | "dask" | "simulated".
     seed : seed of the knot jitter (and of the emulated delays).
-    preset : how an iteration reaches the sites. None (the default) = "stats": one round trip of sufficient
-        statistics per iteration (SPEC §2b), exact profile-likelihood Newton steps in sync mode, stale sites as
-        second-order models in async mode; with privacy noise the default is "tuned". "tuned" (``FitConfig.tuned()``):
-        the block scheme of Algorithms 1–3 with gradient correction, uniform weights and a staleness-scaled step;
-        "paper" (Remark 8's, to reproduce the paper), "basic", "section5" (docs/algorithm.md); ``strategies`` override.
-    strategies : optional dict of further settings of the scheme: FitConfig's (``FitConfig.of``: e.g.
-        {"correction": False, "hessian": "block"} for the block presets, {"settle_tol": 0.02} for "stats"), or for
+    strategies : how an iteration reaches the sites: a preset name, or a dict of settings with the preset under
+        "preset". None (the default) = "stats": one round trip of sufficient statistics per iteration (SPEC §2b),
+        exact profile-likelihood Newton steps in sync mode, stale sites as second-order models in async mode; with
+        privacy noise the default is "tuned". "tuned" (``FitConfig.tuned()``): the block scheme of Algorithms 1–3
+        with gradient correction, uniform weights and a staleness-scaled step; "paper" (Remark 8's, to reproduce the
+        paper), "basic", "section5" (docs/algorithm.md). Further settings of the scheme are FitConfig's
+        (``FitConfig.of``: e.g. {"preset": "tuned", "correction": False, "hessian": "block"} for the block presets,
+        {"settle_tol": 0.02} for "stats"), or for
         method="fgpr" FgprConfig's: ``local_steps`` (E, default 5), ``batch_size`` (M, 64), ``optimizer`` ("adam" |
         "sgd"), ``lr``, ``batching`` ("uniform" | "nearest"), ``participation`` (K_c clients per round), ``floor``,
         ``patience``. A setting of the other scheme is refused in one line. ``{"agg_threshold": A}``: aggregate once A
@@ -125,15 +124,18 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     progress : True (progress on stderr: iteration, parameters, max staleness), False (quiet) or "live" (also a live
         Bokeh page of parameters, log-likelihood, arrivals and staleness on 127.0.0.1 during a Dask fit; its address
         is printed). Every fit keeps the same plots; ``save`` writes them as ``report.html``.
-    cluster : where a Dask fit runs (``spatialfed.Cluster``, api/options.py): None (an embedded LocalCluster), a
-        scheduler address ("tcp://host:8786", "tls://..."), a ``distributed.Client`` (not closed by the estimator),
-        or ``Cluster(address=, client=, n_workers=, jobqueue={"kind": "slurm", ...}, tls=True | DIR, insecure=,
-        timeout=, on_worker_error="stop" | "drop")``.
+    cluster : where the fit runs (``spatialfed.Cluster``, api/options.py): None (the default: in this process for
+        small jobs, N·m ≤ runtime.factory.AUTO_THRESHOLD, with no Dask option given, else an embedded Dask
+        LocalCluster: ``runtime.factory.choose_runtime``), "simulated" (in this process, on a virtual clock), "dask"
+        (an embedded LocalCluster whatever the size), a scheduler address ("tcp://host:8786", "tls://..."), a
+        ``distributed.Client`` (not closed by the estimator), a ``spatialfed.runtime`` Runtime object, or
+        ``Cluster(address=, client=, n_workers=, jobqueue={"kind": "slurm", ...}, tls=True | DIR, insecure=,
+        timeout=, on_worker_error="stop" | "drop", runtime=)``.
     emulation : what an experiment emulates (``spatialfed.Emulation``): ``Emulation(profile="balanced" | "straggler"
         | "graded" | "graded:<min cores>", slowdown=(s_1, ..., s_J), delays="exponential:0.5",
         activations="poisson:RATE", n_sites=J)`` (docs/delays.md; ``n_sites``: the automatic area partition of
         in-memory data without ``groups``); a profile name alone is ``Emulation(profile=name)``.
-    Parameters of earlier versions (scheduler, client, n_dask_workers, jobqueue, tls, insecure, scheduler_timeout,
+    Parameters of earlier versions (runtime, preset; scheduler, client, n_dask_workers, jobqueue, tls, insecure, scheduler_timeout,
     on_worker_error; profile, slowdown, delays, activations, n_sites; live, fgpr, secure_aggregation; vecchia_k,
     checkpoint_every, agg_threshold) are accepted for one release with a FutureWarning naming the new spelling.
     Further asynchronous options go in ``strategies`` (BlockScheme fields): ``staleness_bound`` (VAFL's D),
@@ -160,7 +162,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, max_iter=50, tol=1e-5,
-                 runtime="auto", seed=0, *, anisotropy=False, preset=None, strategies=None, time_budget=None,
+                 seed=0, *, anisotropy=False, strategies=None, time_budget=None,
                  start=None, domain=None, crs=None, covariates=None, transform=None, privacy=None, checkpoint=None,
                  progress=True, cluster=None, emulation=None, **moved):
         given = options.absorb_moved({"cluster": cluster, "emulation": emulation, "progress": progress,
@@ -174,9 +176,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.anisotropy = anisotropy
         self.max_iter = max_iter
         self.tol = tol
-        self.runtime = runtime
         self.seed = seed
-        self.preset = preset
         self.strategies = given["strategies"]
         self.time_budget = time_budget
         self.start = start
@@ -368,12 +368,12 @@ class FederatedGP(RegressorMixin, BaseEstimator):
 
         asked = self._cluster.given + self._emulation.given + (["live"] if self.progress == "live" else [])
         m = 0 if self.method in ("independent", "fgpr") else knot_count(self.knots)
-        return choose_runtime(self.runtime, n_obs=sum(info.sizes), n_knots=m, dask_options=asked)
+        return choose_runtime(self._cluster.runtime, n_obs=sum(info.sizes), n_knots=m, dask_options=asked)
 
     def _open_runtime(self, n_sites: int):
         """The runtime of this fit as a context manager (runtime.factory.open_runtime; a Runtime object as given)."""
-        given = self.runtime if isinstance(self.runtime, Runtime) else getattr(self, "runtime_used_", self.runtime)
         c = self._cluster
+        given = c.runtime if isinstance(c.runtime, Runtime) else getattr(self, "runtime_used_", c.runtime)
         return open_runtime(given, slowdowns=self._slowdowns(n_sites), client=c.client, scheduler=c.address,
                             jobqueue=c.jobqueue, n_dask_workers=c.n_workers, n_sites=n_sites,
                             security=self._security(), timeout=c.timeout, insecure=c.insecure)
@@ -468,7 +468,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         result = self.result_
         report = lambda path: self.monitor_.write_report(  # noqa: E731
             path, title=f"spatialfed fit report: {data_name(result.extra)}", result=result,
-            preset=preset_name(self.preset, settings.noise(self)))
+            preset=preset_name(options.scheme_of(self.strategies)[0], settings.noise(self)))
         return write_results(out_dir, result, extras={"report.html": report, **loading.saved_data(self)})
 
 

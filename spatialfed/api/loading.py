@@ -123,7 +123,8 @@ def _settings(cls, fit, extra) -> dict:
     saved = spelled(saved)  # fit directories of earlier versions hold the old flat names
     # a fit directory is data: where to connect (address, jobqueue, tls) comes from the caller, never the files
     cluster = recorded_cluster(saved.get("cluster"))[0]
-    saved["cluster"] = None if cluster == Cluster() else cluster
+    only_runtime = cluster == Cluster(runtime=cluster.runtime)  # restored as spelled: None, "simulated", "dask"
+    saved["cluster"] = (None if cluster.runtime == "auto" else cluster.runtime) if only_runtime else cluster
     if isinstance(saved.get("emulation"), dict):
         saved["emulation"] = emulation_of(saved["emulation"])
     saved["checkpoint"] = checkpoint_of(saved.get("checkpoint"))

@@ -2,11 +2,13 @@
 experiment emulates (`Emulation`) and where its checkpoint goes (`Checkpoint`), with the spellings of earlier
 versions mapped onto them.
 
+    FederatedGP(cluster="dask")                                      # an embedded LocalCluster, whatever the size
     FederatedGP(cluster="tcp://10.0.0.5:8786")                       # a running scheduler
     FederatedGP(cluster=client)                                      # a distributed.Client (not closed)
     FederatedGP(cluster=Cluster(n_workers=4, tls=True))              # an embedded LocalCluster
     FederatedGP(cluster=Cluster(jobqueue={"kind": "slurm", "cores": 4, "memory": "8GB"}))
-    FederatedGP(runtime="simulated", emulation=Emulation(profile="straggler", delays="exponential:0.5"))
+    FederatedGP(cluster="simulated")                                 # in this process, on a virtual clock
+    FederatedGP(cluster="simulated", emulation=Emulation(profile="straggler", delays="exponential:0.5"))
     FederatedGP(checkpoint=Checkpoint("run1/fit.ckpt", every=5))         # or checkpoint="run1/fit.ckpt"
 """
 
@@ -17,13 +19,17 @@ import warnings
 from dataclasses import asdict, dataclass, fields, replace
 
 from spatialfed.errors import option
+from spatialfed.runtime.factory import ALIASES, RUNTIMES, runtime_name
+from spatialfed.runtime.interface import Runtime
 
 ON_WORKER_ERROR = ("stop", "drop")
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """Where a Dask fit runs. `address`: a running scheduler (tcp://host:port or tls://...; None: an embedded
+    """Where a fit runs. `runtime`: "auto" (in this process for small jobs without a Dask setting, else Dask:
+    runtime.factory.choose_runtime), "dask", "simulated" (in this process, on a virtual clock) or a
+    spatialfed.runtime Runtime object. The rest is where a Dask fit runs: `address`: a running scheduler (tcp://host:port or tls://...; None: an embedded
     LocalCluster, or dask-jobqueue with `jobqueue`); `client`: an existing distributed.Client (not closed by the
     estimator; not with tls); `n_workers`: processes of the embedded LocalCluster (default min(J, usable cores));
     `jobqueue`: a dict for runtime.cluster.jobqueue_cluster ({"kind": "slurm", "cores": 4, ...}); `tls`: encrypt
@@ -40,8 +46,16 @@ class Cluster:
     insecure: bool = False
     timeout: float = 5.0
     on_worker_error: str = "stop"
+    runtime: object = "auto"
 
     def __post_init__(self):
+        name = runtime_name(self.runtime)  # a name or a Runtime; the choices listed otherwise
+        here = option("cluster='simulated'", "--runtime simulated")
+        if name == "simulated" and (self.address or self.client is not None or self.jobqueue):
+            raise ValueError(f"{here} runs in this process; a scheduler address, client or jobqueue runs on Dask: "
+                             f"{option('give Cluster(address=, client= or jobqueue=) alone', 'leave --runtime out')}")
+        if name == "simulated" and self.tls not in (None, False):
+            raise ValueError(f"tls applies to the Dask connections; {here} has none")
         if self.on_worker_error not in ON_WORKER_ERROR:
             raise ValueError(f"on_worker_error must be one of {ON_WORKER_ERROR}, got {self.on_worker_error!r}")
         if self.address is not None and not isinstance(self.address, str):
@@ -58,8 +72,11 @@ class Cluster:
                                       ("n_workers", self.n_workers is not None)) if on]
 
     def saved(self) -> dict:
-        """Its settings as plain values (checkpoint meta, fit.json), without the live client."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "client"}
+        """Its settings as plain values (checkpoint meta, fit.json), without the live client (a Runtime object
+        by its name)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "client"}
+        out["runtime"] = runtime_name(self.runtime)
+        return out
 
 
 @dataclass(frozen=True)
@@ -111,10 +128,15 @@ class Checkpoint:
 
 
 def cluster_of(value) -> Cluster:
-    """The Cluster of a ``cluster=`` value: None (defaults), a Cluster, an address string, a distributed.Client, or
-    a dict of Cluster's settings."""
+    """The Cluster of a ``cluster=`` value: None (defaults), a Cluster, a runtime name ("auto", "dask",
+    "simulated") or Runtime object, a scheduler address, a distributed.Client, or a dict of Cluster's settings."""
     if hasattr(value, "scheduler") and hasattr(value, "submit"):
         return Cluster(client=value)  # a distributed.Client
+    if isinstance(value, Runtime) or (isinstance(value, str) and value in RUNTIMES + tuple(ALIASES)):
+        return Cluster(runtime=value)
+    if isinstance(value, str) and ":" not in value:  # neither a runtime nor host:port
+        raise ValueError(f"cluster must be one of {RUNTIMES[1:]}, a scheduler address such as 'tcp://host:8786', a "
+                         f"distributed.Client or a spatialfed.Cluster, got {value!r}")
     return _coerced(value, Cluster, "address", "a scheduler address, a distributed.Client, a spatialfed.Cluster")
 
 
@@ -160,20 +182,49 @@ def recorded_cluster(value) -> tuple[Cluster, dict]:
 MOVED = {"scheduler": ("cluster", "address"), "client": ("cluster", "client"),
          "n_dask_workers": ("cluster", "n_workers"), "jobqueue": ("cluster", "jobqueue"), "tls": ("cluster", "tls"),
          "insecure": ("cluster", "insecure"), "scheduler_timeout": ("cluster", "timeout"),
-         "on_worker_error": ("cluster", "on_worker_error"), "profile": ("emulation", "profile"),
+         "on_worker_error": ("cluster", "on_worker_error"), "runtime": ("cluster", "runtime"), "profile": ("emulation", "profile"),
          "slowdown": ("emulation", "slowdown"), "delays": ("emulation", "delays"),
          "activations": ("emulation", "activations"), "n_sites": ("emulation", "n_sites")}
 _SPELLING = {"cluster": "Cluster", "emulation": "Emulation"}
 #: parameters of earlier versions folded into another parameter -> (it, how the value maps, the new spelling: a
 #: string, or a function of the folded value)
 FOLDED = {"live": ("progress", lambda v, old: "live" if v else old, "progress='live'"),
-          "fgpr": ("strategies", lambda v, old: {**(old or {}), **(v or {})}, "strategies={...} (method='fgpr')"),
+          "fgpr": ("strategies", lambda v, old: {**_dict(old), **(v or {})}, "strategies={...} (method='fgpr')"),
           "secure_aggregation": ("privacy", lambda v, old: _secure(v, old), "privacy='secure_aggregation'"),
           "vecchia_k": ("residual", lambda v, old: _with_k(v, old), lambda new: f"residual={new!r}"),
           "checkpoint_every": ("checkpoint", lambda v, old: _every(v, old),
                                "checkpoint=Checkpoint(path, every=...) (from spatialfed import Checkpoint)"),
-          "agg_threshold": ("strategies", lambda v, old: old if v is None else {**(old or {}), "agg_threshold": v},
-                            "strategies={'agg_threshold': ...}")}
+          "agg_threshold": ("strategies", lambda v, old: old if v is None else {**_dict(old), "agg_threshold": v},
+                            "strategies={'agg_threshold': ...}"),
+          "preset": ("strategies", lambda v, old: _with_preset(v, old), lambda new: f"strategies={new!r}")}
+
+
+def scheme_of(strategies) -> tuple[str | None, dict]:
+    """(preset, further settings) of a ``strategies=`` value: None (the default scheme), a preset name ("stats",
+    "tuned", "paper", "basic", "section5": algorithm/config.py FitConfig.preset) or a dict of settings, with the
+    preset under "preset"."""
+    if strategies is None or isinstance(strategies, str):
+        return strategies, {}
+    if isinstance(strategies, dict):
+        return strategies.get("preset"), {k: v for k, v in strategies.items() if k != "preset"}
+    raise ValueError(f"strategies must be a preset name (e.g. 'tuned') or a dict of settings, e.g. "
+                     f"{{'preset': 'tuned', 'correction': False}}, got {type(strategies).__name__}")
+
+
+def _dict(strategies) -> dict:
+    """A ``strategies=`` value as one dict (its preset under "preset")."""
+    preset, extra = scheme_of(strategies)
+    return extra if preset is None else {"preset": preset, **extra}
+
+
+def _with_preset(preset, strategies):
+    """strategies= of preset=`preset` beside strategies=`strategies`: a name alone, or the dict with it."""
+    if preset is None:
+        return strategies
+    had, extra = scheme_of(strategies)
+    if had is not None and had != preset:
+        raise ValueError(f"preset={preset!r} and strategies={{'preset': {had!r}}} name two presets: give one")
+    return {"preset": preset, **extra} if extra else preset
 
 
 def homes(names) -> set[str]:
@@ -265,6 +316,8 @@ def absorb_moved(settings: dict, moved: dict, warn: bool = True) -> dict:
         else:
             into, field = MOVED[name]
             spelling = f"{into}={_SPELLING[into]}({field}=...) (from spatialfed import {_SPELLING[into]})"
+            if name == "runtime" and isinstance(value, str) and settings[into] is None:  # the runtime alone
+                spelling = f"cluster={value!r}"
             made = (cluster_of if into == "cluster" else emulation_of)(settings[into])
             settings[into] = replace(made, **{field: value})
         if warn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def resume(cls, checkpoint_path, store, overrides: dict):
         overrides = {**overrides, "checkpoint": Checkpoint(str(overrides["checkpoint"]), recorded_every)}
     shown = {k: recorded[k] for k in ("address", "jobqueue") if k in recorded}
     if shown:
-        settings["runtime"] = "dask" if settings.get("runtime", "auto") == "auto" else settings["runtime"]
+        if kept.runtime == "auto":  # it ran on Dask: so does its resume
+            settings["cluster"] = dataclasses.replace(kept, runtime="dask")
         given = cluster_of(overrides.get("cluster"))
         if not (given.address or given.client is not None or given.jobqueue):
             warnings.warn(not_reconnecting(checkpoint_path, shown), UserWarning, stacklevel=3)
@@ -93,7 +95,6 @@ def restored_server(gp, resume, n_workers: int):
     rules (max_iter, tol, time_budget); None when not resuming."""
     if resume is None:
         return None
-    import dataclasses
 
     from spatialfed.algorithm.checkpoint import read_checkpoint
     from spatialfed.algorithm.make_server import restore_server

@@ -12,7 +12,7 @@ import numpy as np
 
 from spatialfed.algorithm.config import MODES, FitConfig
 from spatialfed.api import covariance
-from spatialfed.api.options import checkpoint_of, cluster_of, emulation_of, residual_k
+from spatialfed.api.options import checkpoint_of, cluster_of, emulation_of, residual_k, scheme_of
 from spatialfed.model import transform
 from spatialfed.model.residuals import keeps_local_covariance, resolve_sites
 from spatialfed.model.names import RESIDUAL_CHOICES
@@ -32,8 +32,8 @@ def check_settings(gp) -> None:
         if value not in allowed:
             extra = " (or 'vecchia:K', 'auto:K': K neighbours per point)" if name == "residual" else ""
             raise ValueError(f"{name} must be one of {allowed}{extra}, got {getattr(gp, name)!r}")
-    runtime = runtime_name(gp.runtime)
     c, e = cluster_of(gp.cluster), emulation_of(gp.emulation)
+    runtime = runtime_name(c.runtime)
     if gp.progress not in (True, False, "live"):
         raise ValueError(f"progress must be True, False or 'live' (a live Bokeh page during a Dask fit), "
                          f"got {gp.progress!r}")
@@ -45,8 +45,9 @@ def check_settings(gp) -> None:
         raise ValueError(f"method={gp.method!r} (Eq. 3) uses each worker's full local covariance; "
                          f"residual={gp.residual!r} applies to method='lowrank' only")
     if gp.method == "fgpr":
-        for name, value in (("strategies={'agg_threshold': ...}", (gp.strategies or {}).get("agg_threshold")),
-                            ("preset=", gp.preset)):
+        preset, extra = scheme_of(gp.strategies)
+        for name, value in (("strategies={'agg_threshold': ...}", extra.get("agg_threshold")),
+                            ("a preset", preset)):
             if not _same(value, None):
                 raise ValueError(f"{name} does not apply to method='fgpr' (synchronous FedAvg rounds); give "
                                  "FGPR's settings as strategies={...}, e.g. strategies={'participation': 2} for "
@@ -59,12 +60,7 @@ def check_settings(gp) -> None:
             raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {e.profile!r}")
         profile_slowdowns(e.profile, 1)  # graded:<min cores>: a bad number raises with the fix
     covariance.check(gp)
-    if runtime == "simulated" and (c.address or c.client is not None or c.jobqueue):
-        raise ValueError("runtime='simulated' runs in this process; a cluster address, client or jobqueue needs "
-                         "runtime='dask'")
-    if c.tls is not None and c.tls is not False:
-        if runtime == "simulated":
-            raise ValueError("tls applies to the Dask connections; runtime='simulated' has none")
+    if c.tls is not None and c.tls is not False:  # (Cluster refuses tls and an address in this process)
         if c.client is not None:
             raise ValueError("tls=... cannot be applied to an existing client; create it with "
                              "Client(cluster, security=spatialfed.runtime.security.tls_security(...)) instead")
@@ -113,18 +109,18 @@ def config(gp, n_workers: int):
     if gp.method == "fgpr":
         from spatialfed.algorithm.fgpr import FgprConfig
 
-        extra = dict(gp.strategies or {})
+        extra = scheme_of(gp.strategies)[1]
         fixed = sorted(set(extra) & {"max_iter", "tol", "time_budget", "seed"})
         if fixed:
             raise ValueError(f"give {fixed} as FederatedGP(...) arguments, not inside strategies={{...}}")
         return FgprConfig(max_iter=gp.max_iter, tol=gp.tol, time_budget=gp.time_budget, seed=gp.seed,
                           **extra).resolved(J)
-    extra = dict(gp.strategies or {})
+    preset, extra = scheme_of(gp.strategies)
     if noise(gp) is not None:
         extra["privacy"] = gp.privacy
     if gp.privacy == SECURE:
         extra["secure_aggregation"] = True
-    return FitConfig.preset(gp.preset, gp.mode, max_iter=gp.max_iter,
+    return FitConfig.preset(preset, gp.mode, max_iter=gp.max_iter,
                             tol=gp.tol, time_budget=gp.time_budget, n_workers=J, **extra)
 
 

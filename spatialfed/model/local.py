@@ -285,7 +285,7 @@ class LocalModel:
         """f_j, ∂f_j/∂u, ∂²f_j/∂u² (Eq. 10 and 13) and G_j = (∂²f_j/∂u∂μ, ∂²f_j/∂u∂Σ) (Eq. 16): model/theta.py."""
         if not self.strategy.block_scheme:
             raise ValueError("residual='vecchia' answers the statistics scheme (preset 'stats', the default) and the "
-                             "mu_sigma/gamma/value sub-steps, not the block scheme's theta step: use preset='stats' "
+                             "mu_sigma/gamma/value sub-steps, not the block scheme's theta step: use strategies='stats' "
                              "or residual='full'")
         return theta_step.theta(self, self.factorise(params), params)
 

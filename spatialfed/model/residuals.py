@@ -110,7 +110,7 @@ def resolve_sites(residual: str, sizes, block: bool) -> str:
     points, vecchia above), or stays "auto" when the sizes straddle VECCHIA_AUTO_N (each site resolves its own)."""
     if str(residual) != "auto":
         if block and not residual_strategy(residual).block_scheme:
-            raise ValueError(f"residual={str(residual)!r} needs the statistics scheme (preset='stats' / --preset "
+            raise ValueError(f"residual={str(residual)!r} needs the statistics scheme (strategies='stats' / --preset "
                              "stats, the default): the block scheme's theta step has no Vecchia form; drop the "
                              "preset or use residual='full'")
         return str(residual)

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from spatialfed.errors import option
 from spatialfed.runtime.interface import Runtime
 
-DASK = "runtime='dask'"  # how Python asks for Dask (spatialfed.errors.option)
+DASK = "cluster='dask'"  # how Python asks for Dask (spatialfed.errors.option)
 
 RUNTIMES = ("auto", "dask", "simulated")
 #: older names of the in-process runtime (prediction called it "simulated", the pipelines "virtual")

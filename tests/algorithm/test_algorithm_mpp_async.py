@@ -34,7 +34,7 @@ PARAM_RTOL = 1e-3
 def fit(store, mode, profile, knots, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return FederatedGP(mode=mode, residual="mpp", preset="stats", knots=knots, runtime="simulated",
+        return FederatedGP(mode=mode, residual="mpp", strategies="stats", knots=knots, cluster="simulated",
                            progress=False, max_iter=300, **kw, emulation=Emulation(profile=profile)).fit(str(store))
 
 

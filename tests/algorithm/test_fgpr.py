@@ -236,7 +236,7 @@ def test_store(tmp_path_factory):
 
 @pytest.mark.parametrize("settings, message", [
     ({"strategies": {"agg_threshold": 2}}, "does not apply to method='fgpr'"),
-    ({"preset": "paper"}, "does not apply to method='fgpr'"),
+    ({"strategies": "paper"}, "does not apply to method='fgpr'"),
     ({"strategies": {"max_iter": 3}}, r"give \['max_iter'\] as FederatedGP"),
     ({"strategies": {"participation": 9}}, "exceeds the J = 3 workers"),
     ({"residual": "pp"}, "full local covariance"),
@@ -245,9 +245,9 @@ def test_estimator_rejects_settings_that_do_not_apply(test_store, settings, mess
     from spatialfed.api import FederatedGP
 
     with pytest.raises(ValueError, match=message):
-        FederatedGP(method="fgpr", runtime="simulated", progress=False, **settings).fit(test_store)
+        FederatedGP(method="fgpr", cluster="simulated", progress=False, **settings).fit(test_store)
     with pytest.raises(ValueError, match=r"unknown fit setting\(s\) \['lr'\]"):
-        FederatedGP(method="lowrank", runtime="simulated", progress=False, strategies={"lr": 0.1}).fit(test_store)
+        FederatedGP(method="lowrank", cluster="simulated", progress=False, strategies={"lr": 0.1}).fit(test_store)
 
 
 def test_cli_fit_fgpr_writes_results_and_predict_works(test_store, tmp_path, capsys):
@@ -282,8 +282,8 @@ def test_dask_runtime_gives_the_simulated_result(test_store):
     from spatialfed.api import FederatedGP
 
     settings = dict(method="fgpr", max_iter=5, progress=False, strategies={"participation": 2, "batch_size": 32})
-    sim = FederatedGP(runtime="simulated", **settings).fit(test_store)
-    dask = FederatedGP(runtime="dask", **settings, cluster=Cluster(n_workers=2)).fit(test_store)
+    sim = FederatedGP(cluster="simulated", **settings).fit(test_store)
+    dask = FederatedGP(**settings, cluster=Cluster(n_workers=2)).fit(test_store)
     for key in ("delta", "sigma2", "beta"):
         assert dask.params_[key] == pytest.approx(sim.params_[key], rel=1e-9)
     np.testing.assert_allclose(dask.params_["gamma"], sim.params_["gamma"], rtol=1e-9)
@@ -300,7 +300,7 @@ def test_map_works_on_an_fgpr_fit(tmp_path, capsys):
     xy = rng.uniform(0, 1000, size=(80, 2)) + [150000.0, 400000.0]
     frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": 1 + np.cos(xy[:, 1] / 250) + 0.1 * rng.normal(size=80)})
     ingest_frame(frame, tmp_path / "s.zarr", value="z", x="x", y="y", crs="EPSG:28992", n_workers=2, partition="area")
-    FederatedGP(method="fgpr", runtime="simulated", max_iter=10, progress=False, strategies={"batch_size": 20}).fit(tmp_path / "s.zarr").save(tmp_path / "fit")
+    FederatedGP(method="fgpr", cluster="simulated", max_iter=10, progress=False, strategies={"batch_size": 20}).fit(tmp_path / "s.zarr").save(tmp_path / "fit")
     rc = main(["map", str(tmp_path / "fit"), "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "m"),
                "--resolution", "100", "--runtime", "simulated"])
     assert rc == 0, capsys.readouterr().err

@@ -28,7 +28,7 @@ def _fit(**settings):
     z = np.concatenate([p[1] for p in PARTS])
     X = np.vstack([p[2][:, 1:] for p in PARTS])  # the intercept is the estimator's own
     groups = np.repeat(np.arange(len(PARTS)), [len(p[1]) for p in PARTS])
-    settings = {"mode": "sync", "knots": KNOTS, "runtime": "simulated", "progress": False, **settings}
+    settings = {"mode": "sync", "knots": KNOTS, "cluster": "simulated", "progress": False, **settings}
     return FederatedGP(**settings).fit(X, z, coords=locs, groups=groups)
 
 
@@ -94,7 +94,7 @@ def test_fit_json_keeps_the_score_and_load_restores_it(fixed_nu_fit, tmp_path):
     assert "site-blocked CV (each of 3 sites" in (out / "report.html").read_text()
 
 
-@pytest.mark.parametrize("settings", [{"privacy": "secure_aggregation"}, {"preset": "tuned", "max_iter": 3}],
+@pytest.mark.parametrize("settings", [{"privacy": "secure_aggregation"}, {"strategies": "tuned", "max_iter": 3}],
                          ids=["secure-aggregation", "block-preset"])
 def test_fits_whose_server_must_not_see_single_sites_record_none(settings, tmp_path):
     gp = _fit(**settings)

@@ -20,7 +20,7 @@ def noise_free(tmp_path_factory):
 
 
 def test_a_nugget_that_runs_to_zero_is_reported_on_its_boundary(noise_free, tmp_path, capsys):
-    gp = FederatedGP(knots=25, nu=1.5, mode="sync", runtime="simulated", progress=True).fit(noise_free)
+    gp = FederatedGP(knots=25, nu=1.5, mode="sync", cluster="simulated", progress=True).fit(noise_free)
     assert gp.converged_ and gp.stop_reason_ == "tol"
     assert gp.boundary_ == {"delta": "upper"}
     # log δ has ≈ 11 to go from φ₀ to its bound in Newton steps of ≈ 1 (ℓ ≈ ℓ∞ − c/δ): once two rounds show the
@@ -40,7 +40,7 @@ def test_the_bound_is_settled_three_round_trips_after_the_direction_is_clear(noi
     """Issue 29: the walk (no probe) moves log δ up at every step from φ₀ in Newton steps of ≈ 1 that never settle.
     One round's answers give one gradient; the second round's are the first that can confirm a direction, so the
     direction is clear after round 2, and the fit has settled on the bound three round trips later."""
-    fit = lambda policy=None: FederatedGP(knots=25, nu=1.5, mode=mode, runtime="simulated", progress=False,  # noqa: E731
+    fit = lambda policy=None: FederatedGP(knots=25, nu=1.5, mode=mode, cluster="simulated", progress=False,  # noqa: E731
                                           strategies=policy).fit(noise_free)
     walked = fit({"policy": {"probe_step": None}})
     log_delta = np.log([row["delta"] for row in walked.trace_])
@@ -54,7 +54,7 @@ def test_the_bound_is_settled_three_round_trips_after_the_direction_is_clear(noi
 def test_the_probe_of_the_bound_saves_the_walk_and_changes_nothing_else(noise_free):
     """Without the probe the fit walks to the same bound in steps of ≈ 1 in log δ: same estimate, three times the
     rounds (both to tol 1e-8, so that the estimates agree to rounding)."""
-    fit = lambda policy=None: FederatedGP(knots=25, nu=1.5, mode="sync", runtime="simulated", progress=False,  # noqa: E731
+    fit = lambda policy=None: FederatedGP(knots=25, nu=1.5, mode="sync", cluster="simulated", progress=False,  # noqa: E731
                                           tol=1e-8, strategies=policy).fit(noise_free)
     probed = fit()
     walked = fit({"policy": {"probe_step": None}})
@@ -72,7 +72,7 @@ def test_a_rejected_probe_costs_one_round_trip(tmp_path):
     start is the variogram's before its bins followed the sites' extents (σ² 0.31, β 13.9, far out on the ridge)."""
     simulate_store(tmp_path / "s.zarr", 2, 200, noise_sd=0.3, beta=30, nu=0.5, seed=1)
     start = {"delta": 10.846765953873293, "sigma2": 0.3130976723153005, "beta": 13.882290339021711}
-    fit = lambda policy=None: FederatedGP(knots=25, nu=0.5, mode="sync", runtime="simulated", progress=False,  # noqa: E731
+    fit = lambda policy=None: FederatedGP(knots=25, nu=0.5, mode="sync", cluster="simulated", progress=False,  # noqa: E731
                                           start=start, strategies=policy).fit(tmp_path / "s.zarr")
     probed = fit()
     walked = fit({"policy": {"probe_step": None}})
@@ -89,7 +89,7 @@ def test_a_far_start_toward_an_interior_estimate_is_not_probed(tmp_path):
     """δ₀ = 1e-4, far below the estimate: the first steps are cut by the trust radius, but −H is not positive definite
     there (no Newton target) and once it is, the target stays put as the fit approaches: no probe, the same rounds."""
     simulate_store(tmp_path / "s.zarr", 2, 150, seed=2, noise_sd=2.0)
-    fit = lambda policy=None: FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False,  # noqa: E731
+    fit = lambda policy=None: FederatedGP(knots=16, mode="sync", cluster="simulated", progress=False,  # noqa: E731
                                           start={"delta": 1e-4}, strategies=policy).fit(tmp_path / "s.zarr")
     probed, walked = fit(), fit({"policy": {"probe_step": None}})
     assert probed.converged_ and probed.boundary_ == {}
@@ -98,7 +98,7 @@ def test_a_far_start_toward_an_interior_estimate_is_not_probed(tmp_path):
 
 def test_an_interior_estimate_has_no_boundary(tmp_path):
     simulate_store(tmp_path / "s.zarr", 2, 100, seed=1)
-    gp = FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False).fit(tmp_path / "s.zarr")
+    gp = FederatedGP(knots=16, mode="sync", cluster="simulated", progress=False).fit(tmp_path / "s.zarr")
     assert gp.converged_ and gp.boundary_ == {}
 
 

@@ -23,7 +23,7 @@ def _fit(parts, mode="sync", residual="auto", **covariance):
     z = np.concatenate([p[1] for p in parts])
     X = np.vstack([p[2][:, 1:] for p in parts])  # the intercept is the estimator's own
     groups = np.repeat(np.arange(len(parts)), [len(p[1]) for p in parts])
-    gp = FederatedGP(mode=mode, residual=residual, knots=KNOTS, runtime="simulated", progress=False, tol=1e-7,
+    gp = FederatedGP(mode=mode, residual=residual, knots=KNOTS, cluster="simulated", progress=False, tol=1e-7,
                      max_iter=200, **covariance)
     return gp.fit(X, z, coords=locs, groups=groups)
 
@@ -123,7 +123,7 @@ def test_a_fitted_anisotropy_predicts_as_the_centralized_kriging(tmp_path):
     ({"nu": -1.0}, "must be a number > 0 or 'estimate'"),
     ({"anisotropy": "yes"}, "anisotropy must be True or False"),
     ({"nu": "estimate", "method": "fgpr"}, "method='fgpr' has a fixed isotropic Matérn"),
-    ({"anisotropy": True, "preset": "tuned"}, "fitted by the statistics scheme"),
+    ({"anisotropy": True, "strategies": "tuned"}, "fitted by the statistics scheme"),
 ])
 def test_settings_the_fit_cannot_take_are_one_line(settings, says):
     parts = simulate_parts(J=3, n=20, seed=3)

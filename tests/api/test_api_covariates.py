@@ -23,7 +23,7 @@ def _table(n=60, seed=2):
 
 
 def _gp(**kw):
-    return FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False, **kw)
+    return FederatedGP(cluster="simulated", knots=9, max_iter=3, progress=False, **kw)
 
 
 def test_an_id_column_and_a_copy_of_the_target_are_refused_not_fitted():
@@ -51,7 +51,7 @@ def test_named_covariates_are_the_only_ones_and_nothing_is_said():
 def test_inferred_covariates_are_announced_in_a_warning_and_the_summary(capsys):
     frame = _table().drop(columns=["record", "joker"])
     with pytest.warns(UserWarning, match=r"covariates inferred from X's other columns: \['elev'\].*covariates=\[\]"):
-        gp = FederatedGP(runtime="simulated", knots=9, max_iter=3).fit(frame, "dayx")
+        gp = FederatedGP(cluster="simulated", knots=9, max_iter=3).fit(frame, "dayx")
     assert gp.covariate_names_ == ["intercept", "elev"] and gp.covariates_inferred_
     err = capsys.readouterr().err
     assert "covariates: intercept, elev (INFERRED from X's other columns: name them with covariates=[...])" in err

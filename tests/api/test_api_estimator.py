@@ -57,15 +57,15 @@ def test_a_graded_profile_with_its_minimum_cores_sets_the_slowdowns(store):
     """profile='graded:<min cores>' (Figure 6's milder imbalances): cores from 62 down to the minimum, slowdown 62/cores."""
     from spatialfed.runtime.heterogeneity import profile_slowdowns
 
-    gp = FederatedGP(mode="async", knots=16, runtime="simulated", max_iter=3, progress=False, emulation=Emulation(profile="graded:12"))
+    gp = FederatedGP(mode="async", knots=16, cluster="simulated", max_iter=3, progress=False, emulation=Emulation(profile="graded:12"))
     gp.fit(store)
     np.testing.assert_allclose(gp.slowdowns_, profile_slowdowns("graded:12", J), rtol=1e-12)
     assert gp.slowdowns_[-1] == pytest.approx(62 / 12) and np.isfinite(gp.loglik_)
 
 
 def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
-    gp = FederatedGP(mode="async", knots=16, strategies={"agg_threshold": 2}, runtime="simulated", max_iter=8,
-                     preset="tuned", emulation=Emulation(profile="graded"))  # the block scheme: max_iter counts aggregations
+    gp = FederatedGP(mode="async", knots=16, strategies={"preset": "tuned", "agg_threshold": 2}, cluster="simulated",
+                     max_iter=8, emulation=Emulation(profile="graded"))  # the block scheme: max_iter counts aggregations
     assert gp.fit(store) is gp
     err = capsys.readouterr().err
     assert "iter" in err and "max staleness" in err and "loglik" in err
@@ -87,45 +87,45 @@ def test_simulated_runtime_fit_and_save(store, tmp_path, capsys):
 
 
 def test_quiet_fit_prints_nothing(store, capsys):
-    FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=2, progress=False).fit(store)
+    FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=2, progress=False).fit(store)
     assert capsys.readouterr().err == ""
 
 
 def test_given_knots_outside_the_domain_are_refused(store):
     knots = np.array([[0.2, 0.2], [0.8, 0.8], [1.5, 0.5]])
     with pytest.raises(DataError, match="outside the domain"):
-        FederatedGP(knots=knots, runtime="simulated", progress=False).fit(store)
+        FederatedGP(knots=knots, cluster="simulated", progress=False).fit(store)
 
 
 @pytest.mark.parametrize("knots", [0, -3, 2.5])
 def test_bad_knot_count(store, knots):
     with pytest.raises(DataError, match="knots"):
-        FederatedGP(knots=knots, runtime="simulated", progress=False).fit(store)
+        FederatedGP(knots=knots, cluster="simulated", progress=False).fit(store)
 
 
 def test_duplicate_knots_are_refused(store):
     with pytest.raises(DataError, match="duplicate"):
-        FederatedGP(knots=np.array([[0.2, 0.2], [0.2, 0.2], [0.5, 0.5]]), runtime="simulated",
+        FederatedGP(knots=np.array([[0.2, 0.2], [0.2, 0.2], [0.5, 0.5]]), cluster="simulated",
                     progress=False).fit(store)
 
 
 @pytest.mark.parametrize("threshold", [0, J + 1, 2.5])
 def test_agg_threshold_outside_1_to_J(store, threshold):
     with pytest.raises(ValueError, match=rf"1\.\.J = 1\.\.{J}"):
-        FederatedGP(mode="async", strategies={"agg_threshold": threshold}, runtime="simulated",
+        FederatedGP(mode="async", strategies={"agg_threshold": threshold}, cluster="simulated",
                     progress=False).fit(store)
 
 
 def test_sync_with_partial_threshold(store):
     with pytest.raises(ValueError, match="mode='async'"):
-        FederatedGP(mode="sync", strategies={"agg_threshold": 2}, runtime="simulated", progress=False).fit(store)
+        FederatedGP(mode="sync", strategies={"agg_threshold": 2}, cluster="simulated", progress=False).fit(store)
 
 
 def test_store_with_missing_worker_group(store, tmp_path):
     bad = copy_store(store, tmp_path)
     shutil.rmtree(bad / "workers" / "3")
     with pytest.raises(StoreError, match="workers/"):
-        FederatedGP(runtime="simulated", progress=False).fit(bad)
+        FederatedGP(cluster="simulated", progress=False).fit(bad)
 
 
 def test_store_with_empty_worker_group(store, tmp_path):
@@ -135,12 +135,12 @@ def test_store_with_empty_worker_group(store, tmp_path):
         del g[name]
         g.create_array(name, shape=shape, dtype="float64")
     with pytest.raises(StoreError, match="workers/1"):
-        FederatedGP(runtime="simulated", progress=False).fit(bad)
+        FederatedGP(cluster="simulated", progress=False).fit(bad)
 
 
 def test_missing_store(tmp_path):
     with pytest.raises(StoreError, match="not a Zarr"):
-        FederatedGP(runtime="simulated", progress=False).fit(tmp_path / "nothing.zarr")
+        FederatedGP(cluster="simulated", progress=False).fit(tmp_path / "nothing.zarr")
 
 
 def test_unreachable_scheduler_is_named(store):
@@ -155,18 +155,18 @@ def test_unreachable_scheduler_is_named(store):
     ({"method": "kriging"}, "method must be one of"),
     ({"mode": "fast"}, "mode must be one of"),
     ({"residual": "diag"}, "residual must be one of"),
-    ({"runtime": "spark"}, "runtime must be one of"),
+    ({"cluster": "spark"}, "cluster must be one of"),
     ({"emulation": Emulation(profile="bogus")}, "profile must be one of"),
     ({"emulation": Emulation(slowdown=[1, 2])}, "one per worker"),
     ({"emulation": Emulation(slowdown=[1, 1, 0.5, 1])}, "≥ 1"),
     ({"nu": -1}, "nu"),
-    ({"runtime": "simulated", "cluster": "tcp://127.0.0.1:1"}, "runtime='dask'"),
+    ({"cluster": {"address": "tcp://127.0.0.1:1", "runtime": "simulated"}}, "cluster='simulated' runs in this process"),
     ({"progress": "loud"}, "progress must be True, False or 'live'"),
     ({"cluster": 3}, "cluster must be a scheduler address"),
 ])
 def test_invalid_settings(store, settings, message):
     with pytest.raises(ValueError, match=message):
-        FederatedGP(**{"runtime": "simulated", "progress": False, **settings}).fit(store)
+        FederatedGP(**{"cluster": "simulated", "progress": False, **settings}).fit(store)
 
 
 def test_fit_command_simulated(store, tmp_path, capsys):
@@ -200,7 +200,7 @@ def test_fit_help_lists_the_spec_options(capsys):
 
 def test_independent_method_fits_eq3_with_no_knots(store, tmp_path):
     start = {"delta": 0.25, "sigma2": 1.0, "beta": 0.1}
-    gp = FederatedGP(method="independent", mode="sync", runtime="simulated", start=start, progress=False).fit(store)
+    gp = FederatedGP(method="independent", mode="sync", cluster="simulated", start=start, progress=False).fit(store)
     assert gp.knots_.shape == (0, 2) and gp.converged_
     parts = [load_worker(store, j) for j in range(J)]
     p = gp.params_
@@ -229,7 +229,7 @@ def projected_store(tmp_path_factory):
 
 def test_knots_default_to_the_workers_bounding_boxes(projected_store):
     path, parts = projected_store
-    gp = FederatedGP(mode="sync", knots=12, runtime="simulated", max_iter=2, progress=False).fit(path)
+    gp = FederatedGP(mode="sync", knots=12, cluster="simulated", max_iter=2, progress=False).fit(path)
     allx = np.vstack([p[0] for p in parts])
     assert gp.knots_.shape == (12, 2)
     assert np.all(gp.knots_ >= allx.min(axis=0) - 1e-3) and np.all(gp.knots_ <= allx.max(axis=0) + 1e-3)
@@ -242,11 +242,11 @@ def test_knots_inside_a_domain_file(projected_store, tmp_path):
     path, _ = projected_store
     box = shapely.box(181_000, 330_500, 184_000, 332_500)
     gpd.GeoSeries([box], crs="EPSG:28992").to_file(tmp_path / "dom.gpkg")
-    gp = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=2, domain=tmp_path / "dom.gpkg",
+    gp = FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=2, domain=tmp_path / "dom.gpkg",
                      progress=False).fit(path)
     assert shapely.contains_xy(box.buffer(1e-6), gp.knots_[:, 0], gp.knots_[:, 1]).all()
     with pytest.raises(DataError, match="outside the domain"):
-        FederatedGP(knots=np.array([[180_100.0, 330_100.0], [182_000.0, 331_000.0]]), runtime="simulated",
+        FederatedGP(knots=np.array([[180_100.0, 330_100.0], [182_000.0, 331_000.0]]), cluster="simulated",
                     domain=tmp_path / "dom.gpkg",
                     progress=False).fit(path)
 
@@ -257,27 +257,27 @@ def test_async_presets(store, preset):
 
     if not hasattr(FitConfig, preset) and preset != "paper":
         pytest.skip(f"FitConfig.{preset} not available")
-    gp = FederatedGP(mode="async", knots=9, runtime="simulated", max_iter=2, preset=preset,
-                     strategies={"omega": 0.5, "agg_threshold": 2}, progress=False).fit(store)
+    gp = FederatedGP(mode="async", knots=9, cluster="simulated", max_iter=2,
+                     strategies={"preset": preset, "omega": 0.5, "agg_threshold": 2}, progress=False).fit(store)
     assert gp.config_.block.omega == 0.5  # strategies override the preset
     assert gp.config_.block.moving_average == (preset == "paper")
 
 
 def test_unknown_preset(store):
     with pytest.raises(ValueError, match="preset must be one of"):
-        FederatedGP(mode="async", runtime="simulated", preset="fastest", progress=False).fit(store)
+        FederatedGP(mode="async", cluster="simulated", strategies="fastest", progress=False).fit(store)
 
 
 def test_the_default_preset_is_the_statistics_scheme(store):
     """No preset: one round trip of statistics per iteration (StatsServer); privacy noise selects the block scheme; a
     block-scheme strategy with the statistics scheme is refused in one line naming the fix."""
-    gp = FederatedGP(mode="async", knots=9, runtime="simulated", max_iter=40, progress=False).fit(store)
+    gp = FederatedGP(mode="async", knots=9, cluster="simulated", max_iter=40, progress=False).fit(store)
     assert gp.config_.scheme_name == "stats" and gp.config_.agg_threshold == 1 and gp.converged_
-    private = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=2, progress=False,
+    private = FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=2, progress=False,
                           privacy={"noise_multiplier": 1e-3, "clip": 1e6, "seed": 0})
     assert private._config(J).scheme_name == "block"
-    with pytest.raises(ValueError, match="staleness_bound .*preset='tuned'"):
-        FederatedGP(mode="async", runtime="simulated", strategies={"staleness_bound": 3}, progress=False).fit(store)
+    with pytest.raises(ValueError, match="staleness_bound .*strategies='tuned'"):
+        FederatedGP(mode="async", cluster="simulated", strategies={"staleness_bound": 3}, progress=False).fit(store)
 
 
 @pytest.mark.parametrize("preset", ["stats", "tuned", "paper"])
@@ -287,9 +287,9 @@ def test_each_preset_converges_on_a_small_problem(store, preset, mode):
     (on the reproducible model clock: the order of the answers, not this machine's speed, is what is checked)."""
     from spatialfed.runtime.virtual import FlopCost, VirtualRuntime
 
-    ref = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=50, tol=1e-9, progress=False).fit(store)
+    ref = FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=50, tol=1e-9, progress=False).fit(store)
     model_clock = VirtualRuntime(slowdowns="straggler", cost=FlopCost(), charge_server=False)
-    gp = FederatedGP(mode=mode, knots=9, runtime=model_clock, max_iter=300, preset=preset, 
+    gp = FederatedGP(mode=mode, knots=9, cluster=model_clock, max_iter=300, strategies=preset, 
                      progress=False, emulation=Emulation(profile="straggler")).fit(store)
     if (preset, mode) == ("paper", "async"):  # Eq. 19's moving average keeps it moving (docs/algorithm.md): it says so
         assert not gp.converged_ and gp.stop_reason_ == "max_iter"
@@ -299,7 +299,7 @@ def test_each_preset_converges_on_a_small_problem(store, preset, mode):
 
 
 def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
-    """scheduler=, profile=, live=, fgpr=, secure_aggregation=, vecchia_k=, checkpoint_every=, agg_threshold= ... still
+    """scheduler=, runtime=, preset=, profile=, live=, fgpr=, secure_aggregation=, vecchia_k=, checkpoint_every= ... still
     work for one release: a FutureWarning names the new spelling and the value is where it now lives; the
     constructor has about 20 parameters."""
     import inspect
@@ -328,11 +328,24 @@ def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
     with pytest.warns(FutureWarning, match=r"strategies=\{'agg_threshold': \.\.\.\}"):
         gp = FederatedGP(agg_threshold=2, strategies={"omega": 0.5})
     assert gp.strategies == {"omega": 0.5, "agg_threshold": 2} and "agg_threshold" not in gp.get_params()
+    with pytest.warns(FutureWarning, match=r"FederatedGP\(runtime=\.\.\.\) is now cluster='simulated'"):
+        gp = FederatedGP(runtime="simulated")
+    assert gp.cluster == Cluster(runtime="simulated") and gp._cluster.runtime == "simulated"
+    with pytest.warns(FutureWarning, match=r"cluster=Cluster\(runtime=\.\.\.\)"):  # beside a client: its field
+        assert FederatedGP(runtime="dask", cluster="tcp://10.0.0.1:8786").cluster == \
+            Cluster(address="tcp://10.0.0.1:8786", runtime="dask")
+    with pytest.warns(FutureWarning, match=r"FederatedGP\(preset=\.\.\.\) is now strategies='tuned'"):
+        assert FederatedGP(preset="tuned").strategies == "tuned"
+    with pytest.warns(FutureWarning, match=r"is now strategies=\{'preset': 'paper', 'omega': 0.5\}"):
+        gp = FederatedGP(preset="paper", strategies={"omega": 0.5})
+    assert gp.strategies == {"preset": "paper", "omega": 0.5} and "preset" not in gp.get_params()
+    with pytest.raises(ValueError, match="name two presets"):
+        FederatedGP(preset="paper", strategies={"preset": "tuned"})
     with pytest.raises(ValueError, match="two neighbour counts"):  # refused before the warning
         FederatedGP(residual="vecchia:20", vecchia_k=30)
     with pytest.raises(ValueError, match="checkpoint_every needs the file to write"):
         FederatedGP(checkpoint_every=3)
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):
         FederatedGP(colour="red")
-    assert len(FederatedGP._get_param_names()) <= 23  # model and fit settings flat, as scikit-learn; the rest in objects
+    assert len(FederatedGP._get_param_names()) <= 21  # model and fit settings flat, as scikit-learn; the rest in objects
     assert "moved" not in FederatedGP._get_param_names() and "**moved" in str(inspect.signature(FederatedGP))

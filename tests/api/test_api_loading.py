@@ -21,7 +21,7 @@ from spatialfed.cli import main
 from spatialfed.data.simulate import simulate_store
 from spatialfed.errors import DataError, StoreError
 
-FAST = {"runtime": "simulated", "knots": 9, "max_iter": 4, "progress": False}
+FAST = {"cluster": "simulated", "knots": 9, "max_iter": 4, "progress": False}
 ROOT = Path(__file__).resolve().parents[2]
 
 

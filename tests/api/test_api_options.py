@@ -47,7 +47,7 @@ def test_privacy_from_the_command_line_reports_the_budget(store, tmp_path, capsy
 
 
 def test_section5_preset_and_privacy_object_through_the_estimator(store):
-    gp = FederatedGP(mode="async", preset="section5", knots=9, strategies={"agg_threshold": 2}, runtime="simulated",
+    gp = FederatedGP(mode="async", knots=9, strategies={"preset": "section5", "agg_threshold": 2}, cluster="simulated",
                      max_iter=5, progress=False).fit(store)
     assert gp.config_.block.alpha_rule == "section5" and not gp.config_.block.correction and gp.privacy_report_ is None
     assert gp.discarded_stale_ == 0
@@ -70,13 +70,13 @@ def test_bad_options_are_named(store, tmp_path, capsys, argv, message):
 
 def test_privacy_does_not_apply_to_fgpr(store):
     with pytest.raises(ValueError, match="privacy= applies to method='lowrank'"):
-        FederatedGP(method="fgpr", runtime="simulated", privacy={"noise_multiplier": 1.0, "clip": 1.0}).fit(store)
+        FederatedGP(method="fgpr", cluster="simulated", privacy={"noise_multiplier": 1.0, "clip": 1.0}).fit(store)
 
 
 def test_the_options_travel_to_dask_workers(store):
     """The mechanism is pickled into every task and applied on the Dask workers; bound and delays apply there too."""
-    gp = FederatedGP(mode="async", preset="tuned", knots=9, runtime="dask",
-                     max_iter=12, progress=False, strategies={"staleness_bound": 2, "agg_threshold": 1},
+    gp = FederatedGP(mode="async", knots=9,
+                     max_iter=12, progress=False, strategies={"preset": "tuned", "staleness_bound": 2, "agg_threshold": 1},
                      privacy={"noise_multiplier": 1e-7, "clip": 100.0}, cluster=Cluster(n_workers=2), emulation=Emulation(slowdown=[1, 1, 3], delays="exponential:0.002", activations="poisson:500")).fit(store)
     assert max(row["max_staleness"] for row in gp.trace_) <= 2
     releases = {row["worker"]: row["releases"] for row in gp.privacy_report_["workers"]}

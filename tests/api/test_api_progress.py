@@ -18,7 +18,7 @@ def test_eta_is_the_mean_time_per_iteration_times_the_rest():
 
 
 def test_log_lines_carry_the_eta(store, capsys):
-    FederatedGP(mode="sync", knots=9, max_iter=4, runtime="simulated", preset="tuned").fit(store)  # 4 iterations
+    FederatedGP(mode="sync", knots=9, max_iter=4, cluster="simulated", strategies="tuned").fit(store)  # 4 iterations
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "spatialfed fit: starting the simulated runtime ..."  # before anything is started
     iters = [line for line in err if line.startswith("iter")]
@@ -31,7 +31,7 @@ def test_log_lines_carry_the_eta(store, capsys):
 def test_a_terminal_gets_a_bar(store, monkeypatch):
     screen = Terminal()
     monkeypatch.setattr(progress.sys, "stderr", screen)
-    FederatedGP(mode="sync", knots=9, max_iter=4, runtime="simulated", preset="tuned").fit(store)  # 4 iterations
+    FederatedGP(mode="sync", knots=9, max_iter=4, cluster="simulated", strategies="tuned").fit(store)  # 4 iterations
     shown = screen.getvalue()
     assert "init:   0%" in shown and "fit: 100%" in shown and "4/4" in shown and "δ=" in shown
     assert "\niter " not in shown  # the bar replaces the per-iteration lines

@@ -24,7 +24,7 @@ from spatialfed.cli import main
 from spatialfed.errors import DataError
 from spatialfed.runtime.cluster import SchedulerUnreachableError
 
-FIT = {"mode": "sync", "knots": 9, "max_iter": 2, "runtime": "simulated"}
+FIT = {"mode": "sync", "knots": 9, "max_iter": 2, "cluster": "simulated"}
 
 
 class Terminal(io.StringIO):
@@ -147,7 +147,7 @@ def test_a_failing_fit_stops_the_heartbeat(store, monkeypatch):
     heartbeat printing behind."""
     monkeypatch.setattr(progress.sys, "stderr", io.StringIO())
     with pytest.raises(SchedulerUnreachableError):
-        FederatedGP(**{**FIT, "runtime": "dask"}, cluster=Cluster(address="tcp://127.0.0.1:9", timeout=0.3)).fit(store)
+        FederatedGP(**{**FIT, "cluster": Cluster(address="tcp://127.0.0.1:9", timeout=0.3)}).fit(store)
     assert wait_for(lambda: not heartbeats()), "the heartbeat thread outlived a runtime that did not start"
     assert progress._ACTIVE.get() is None
     with pytest.raises(DataError, match="at least 2 knots"):

@@ -66,7 +66,7 @@ def test_fit_checks_first(monkeypatch):
 
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(ScriptGuardError, match="__name__"):
-        FederatedGP(runtime="simulated").fit("missing.zarr")
+        FederatedGP(cluster="simulated").fit("missing.zarr")
 
 
 @pytest.mark.slow  # starts a Dask LocalCluster (about 20-40 s on a shared 2-core machine)

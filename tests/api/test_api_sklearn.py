@@ -23,7 +23,7 @@ from spatialfed.data.datasets import ozone_frame
 from spatialfed.data.store import write_store
 from spatialfed.errors import DataError, SpatialFedError
 
-FAST = dict(runtime="simulated", mode="sync", knots=9, max_iter=4, progress=False)
+FAST = dict(cluster="simulated", mode="sync", knots=9, max_iter=4, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_observed_refusals_are_one_line(cli_fit, capsys):
 def test_the_estimator_fits_on_the_log_scale_and_predicts_on_zincs(tmp_path):
     frame = pd.read_csv(MEUSE)[["x", "y", "zinc"]]
     train, test = frame.iloc[:120], frame.iloc[120:]
-    gp = FederatedGP(mode="sync", knots=30, runtime="simulated", progress=False, transform="log",
+    gp = FederatedGP(mode="sync", knots=30, cluster="simulated", progress=False, transform="log",
                      crs="EPSG:28992", emulation=Emulation(n_sites=4)).fit(train, "zinc")
     assert gp.transform_ == "log"
     mean, sd = gp.predict(test[["x", "y"]], return_std=True)
@@ -106,7 +106,7 @@ def test_the_estimator_fits_on_the_log_scale_and_predicts_on_zincs(tmp_path):
 def test_transform_refusals_name_the_fix(tmp_path):
     frame = pd.read_csv(MEUSE)[["x", "y", "zinc"]]
     ingest_frame(frame, tmp_path / "plain.zarr", value="zinc", x="x", y="y", crs="EPSG:28992", n_workers=4)
-    gp = FederatedGP(mode="sync", knots=9, runtime="simulated", progress=False, transform="log")
+    gp = FederatedGP(mode="sync", knots=9, cluster="simulated", progress=False, transform="log")
     with pytest.raises(ValueError, match=r"^transform='log', but the store .*plain\.zarr holds untransformed "
                                          r"values; drop transform= .*`spatialfed ingest --transform log`"):
         gp.fit(tmp_path / "plain.zarr")
@@ -123,10 +123,10 @@ def test_transform_refusals_name_the_fix(tmp_path):
 
 def test_predictive_scores_with_a_mistyped_column_lists_the_columns():
     frame = pd.read_csv(MEUSE)[["x", "y", "zinc", "dist"]]
-    gp = FederatedGP(mode="sync", knots=9, runtime="simulated", progress=False, crs="EPSG:28992",
+    gp = FederatedGP(mode="sync", knots=9, cluster="simulated", progress=False, crs="EPSG:28992",
                      covariates=[], max_iter=3).fit(frame, "zinc")
     with pytest.raises(ValueError, match=r"^y='zinq' is not a column of X; did you mean 'zinc'\? X's columns: x, y, "
                                          r"zinc, dist$"):
         gp.predictive_scores(frame, "zinq")
     with pytest.raises(ValueError, match=r"^y='zinq' is not a column of X; did you mean 'zinc'"):
-        FederatedGP(runtime="simulated").fit(frame, "zinq")
+        FederatedGP(cluster="simulated").fit(frame, "zinq")

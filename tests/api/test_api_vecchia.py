@@ -19,7 +19,7 @@ def vecchia_store(tmp_path_factory):
 
 
 def fit(vecchia_store, **kw):
-    return FederatedGP(knots=16, mode="sync", runtime="simulated", progress=False, **kw).fit(vecchia_store)
+    return FederatedGP(knots=16, mode="sync", cluster="simulated", progress=False, **kw).fit(vecchia_store)
 
 
 def test_vecchia_fit_and_prediction_follow_the_full_residual(vecchia_store, tmp_path):
@@ -44,12 +44,12 @@ def test_auto_uses_the_full_residual_on_small_sites_and_vecchia_on_large(vecchia
         if hasattr(module, "VECCHIA_AUTO_N"):
             monkeypatch.setattr(module, "VECCHIA_AUTO_N", 100)
     assert fit(vecchia_store).residual_ == "vecchia"
-    assert fit(vecchia_store, preset="tuned").residual_ == "full"  # the block scheme has no Vecchia theta step
+    assert fit(vecchia_store, strategies="tuned").residual_ == "full"  # the block scheme has no Vecchia theta step
 
 
 def test_vecchia_with_the_block_scheme_is_refused(vecchia_store):
     with pytest.raises(ValueError, match="residual='vecchia' needs the statistics scheme"):
-        fit(vecchia_store, residual="vecchia", preset="tuned")
+        fit(vecchia_store, residual="vecchia", strategies="tuned")
     for bad in ("vecchia:0", "vecchia:x", "auto:-2"):
         with pytest.raises(ValueError, match=r"K \(neighbours per point of the Vecchia residual\) must be an integer"):
             fit(vecchia_store, residual=bad)

@@ -22,8 +22,8 @@ def _table(n=200, seed=0):
 
 def test_upper_case_coordinate_columns_are_detected_by_the_estimator():
     frame = _table()
-    gp = FederatedGP(runtime="simulated", knots=9, max_iter=2, progress=False).fit(frame, "z")
-    lower = FederatedGP(runtime="simulated", knots=9, max_iter=2, progress=False).fit(
+    gp = FederatedGP(cluster="simulated", knots=9, max_iter=2, progress=False).fit(frame, "z")
+    lower = FederatedGP(cluster="simulated", knots=9, max_iter=2, progress=False).fit(
         frame.rename(columns={"X": "x", "Y": "y"}), "z")
     assert gp.covariate_names_ == ["intercept"]     # X and Y are the coordinates, not covariates
     np.testing.assert_allclose(gp.predict(frame.iloc[:7]), lower.predict(frame.iloc[:7]), rtol=1e-9)
@@ -47,7 +47,7 @@ def test_the_command_line_and_python_choose_the_same_number_of_sites(tmp_path):
     frame.to_csv(tmp_path / "t.csv", index=False)
     assert main(["ingest", str(tmp_path / "t.csv"), str(tmp_path / "s.zarr"), "--x", "X", "--y", "Y",
                  "--value", "z"]) == 0
-    gp = FederatedGP(runtime="simulated", knots=9, max_iter=2, progress=False).fit(frame, "z")
+    gp = FederatedGP(cluster="simulated", knots=9, max_iter=2, progress=False).fit(frame, "z")
     assert open_store(tmp_path / "s.zarr").n_workers == gp.n_workers_ == 4
     big = pd.concat([_table(1500, seed=s) for s in range(2)], ignore_index=True)   # 3000 rows: 6 sites of 500
     big.to_csv(tmp_path / "big.csv", index=False)

@@ -45,8 +45,8 @@ def _cluster(path):
 def test_a_cli_fit_that_loses_its_cluster_says_how_to_resume_and_resumes(victim, tmp_path):
     store = tmp_path / "s.zarr"
     simulate_store(store, 3, 40, test_size=0, seed=11)
-    reference = FederatedGP(mode="sync", preset="paper", knots=9, max_iter=40, tol=1e-12, progress=False,
-                            runtime="simulated").fit(store)
+    reference = FederatedGP(mode="sync", strategies="paper", knots=9, max_iter=40, tol=1e-12, progress=False,
+                            cluster="simulated").fit(store)
     out = tmp_path / "run 1"  # a space: the command in the message must be quoted to be runnable as printed
     ck = out / "checkpoint.zip"
     first = _cluster(tmp_path / "first")

@@ -72,15 +72,15 @@ def _covariate_grid(tmp_path):
 
 def test_estimator_save_is_refused_then_replaced_with_overwrite(small_store, tmp_path):
     out = tmp_path / "fit"
-    gp = FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False).fit(small_store)
+    gp = FederatedGP(cluster="simulated", knots=9, max_iter=3, progress=False).fit(small_store)
     gp.save(out)
     with pytest.raises(OutputError, match=r"fit already exists; choose another path or pass overwrite=True"):
         gp.save(out)
-    other = FederatedGP(runtime="simulated", knots=16, max_iter=3, progress=False).fit(small_store)
+    other = FederatedGP(cluster="simulated", knots=16, max_iter=3, progress=False).fit(small_store)
     assert other.save(out, overwrite=True) == out and _knots(out) == 16
     # a directory holding only the fit's own checkpoint is not an output yet: save needs no overwrite=True
     own = tmp_path / "own"
-    FederatedGP(runtime="simulated", knots=9, max_iter=3, progress=False,
+    FederatedGP(cluster="simulated", knots=9, max_iter=3, progress=False,
                 checkpoint=Checkpoint(own / "checkpoint.zip", every=1)).fit(small_store).save(own)
     assert _knots(own) == 9 and (own / "checkpoint.zip").exists()
 

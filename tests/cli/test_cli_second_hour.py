@@ -82,7 +82,7 @@ def test_covariate_suggestions_leave_out_copies_of_y_and_columns_with_gaps():
                           "U": np.where(rng.random(n) < 0.41, np.nan, rng.normal(size=n)),
                           "elev": rng.normal(size=n)})
     with pytest.raises(ValueError) as info:
-        FederatedGP(runtime="simulated", progress=False).fit(frame, "target")
+        FederatedGP(cluster="simulated", progress=False).fit(frame, "target")
     msg = str(info.value)
     assert "X's column 'id' is named like an identifier" in msg and "pass covariates=['elev']" in msg
     assert "'joker' differs from y by 0.1" in msg and "a second measurement of y?" in msg
@@ -92,7 +92,7 @@ def test_covariate_suggestions_leave_out_copies_of_y_and_columns_with_gaps():
 def test_fit_without_x_and_with_covariates_names_the_cause():
     with pytest.raises(ValueError, match=r"^covariates= names columns of a DataFrame X; X is None \(no covariates: an "
                                          r"intercept-only model\): drop covariates="):
-        FederatedGP(covariates=["elev"], runtime="simulated").fit(None, np.arange(5.0),
+        FederatedGP(covariates=["elev"], cluster="simulated").fit(None, np.arange(5.0),
                                                                    coords=np.random.default_rng(0).random((5, 2)))
 
 
@@ -100,7 +100,7 @@ def test_a_warning_is_said_once_across_folds_in_one_line_without_a_path():
     from sklearn.model_selection import KFold, cross_val_score
 
     day = ozone_frame("870715").dropna(subset=["ozone"])
-    gp = FederatedGP(crs="EPSG:4326", mode="sync", knots=9, runtime="simulated", progress=False, emulation=Emulation(n_sites=8),
+    gp = FederatedGP(crs="EPSG:4326", mode="sync", knots=9, cluster="simulated", progress=False, emulation=Emulation(n_sites=8),
                      max_iter=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -117,7 +117,7 @@ def test_the_estimators_predict_says_how_many_points_lie_outside_the_study_area(
     rng = np.random.default_rng(2)
     xy = rng.uniform(0, 1000, size=(80, 2))
     frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": np.sin(xy[:, 0] / 200) + 0.1 * rng.normal(size=80)})
-    gp = FederatedGP(runtime="simulated", progress=False, knots=9, max_iter=3, crs="EPSG:28992",
+    gp = FederatedGP(cluster="simulated", progress=False, knots=9, max_iter=3, crs="EPSG:28992",
                      emulation=Emulation(n_sites=2)).fit(frame, "z")
     new = pd.DataFrame({"x": [500.0, 5000.0, 6000.0], "y": [500.0, 500.0, 500.0]})
     with pytest.warns(UserWarning, match=r"^2 of 3 prediction location\(s\) lie outside the domain \(extrapolation; "

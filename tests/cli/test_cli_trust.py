@@ -136,7 +136,7 @@ def test_a_fit_directory_never_says_where_prediction_connects(store, tmp_path, l
 
     from spatialfed.api import FederatedGP
 
-    gp = FederatedGP(knots=9, max_iter=3, runtime="simulated", progress=False).fit(store)
+    gp = FederatedGP(knots=9, max_iter=3, cluster="simulated", progress=False).fit(store)
     fit = gp.save(tmp_path / "fit")
     meta_path = fit / "model.zarr" / "zarr.json"
     meta = json.loads(meta_path.read_text())

@@ -140,7 +140,7 @@ def test_prediction_conditions_on_predict_factor_times_k_neighbours():
 
 def test_block_theta_is_refused_in_one_line():
     lm, par = make(vecchia_k=5)
-    with pytest.raises(ValueError, match="preset='stats'"):
+    with pytest.raises(ValueError, match="strategies='stats'"):
         lm.theta(par)
 
 

@@ -57,7 +57,7 @@ def same_estimate(a, b, rtol):
 
 
 def test_in_process_fit_equals_the_dask_fit(guards_store, cluster):
-    local = FederatedGP(**SYNC, runtime="simulated").fit(guards_store)
+    local = FederatedGP(**SYNC, cluster="simulated").fit(guards_store)
     dask = FederatedGP(**SYNC, cluster=cluster.client).fit(guards_store)
     assert (local.runtime_used_, dask.runtime_used_) == ("simulated", "dask")
     assert local.converged_ and dask.converged_ and local.n_iter_ == dask.n_iter_
@@ -105,7 +105,7 @@ def test_async_equals_sync_on_the_ozone_data(tmp_path):
     from spatialfed.data.datasets import ozone_store
 
     info, _ = ozone_store(tmp_path / "oz.zarr", "870715")
-    settings = dict(knots=16, residual="full", preset="stats", runtime="simulated", progress=False, max_iter=300)
+    settings = dict(knots=16, residual="full", strategies="stats", cluster="simulated", progress=False, max_iter=300)
     sync = FederatedGP(mode="sync", **settings).fit(info.path)
     asyn = FederatedGP(mode="async", **settings, emulation=Emulation(profile="straggler")).fit(info.path)
     assert (sync.stop_reason_, asyn.stop_reason_) == ("tol", "tol")

@@ -25,7 +25,7 @@ def test_tls_settings_are_checked(tmp_path):
     with pytest.raises(ValueError, match="existing client"):
         FederatedGP(cluster=Cluster(tls=True, client=object()))._check_settings()
     with pytest.raises(ValueError, match="simulated"):
-        FederatedGP(runtime="simulated", cluster=Cluster(tls=True))._check_settings()
+        Cluster(tls=True, runtime="simulated")
     with pytest.raises(SchedulerUnreachableError, match="tls://127.0.0.1:1"):
         connect("tcp://127.0.0.1:1", security=tls_security())
     with pytest.raises(TLSConfigError, match="ca.pem"):
@@ -80,10 +80,10 @@ def test_interrupted_fit_resumes_to_the_same_estimate(store, running, tmp_path, 
     # async: the "tuned" preset converges to the maximum likelihood estimate, whatever the arrival order (the
     # paper preset keeps hovering around it at ~1e-3 with J = 3), so two async runs can be compared
     settings = dict(mode=mode, knots=9, max_iter=400, tol=1e-9, progress=False, cluster=Cluster(n_workers=2),
-                    preset="tuned" if mode == "async" else "paper")
+                    strategies="tuned" if mode == "async" else "paper")
     # sync's uninterrupted fit on the in-process runtime (a Dask cluster less): it takes the same steps whatever the
     # clock; async's stays on Dask (its simulated arrival order does not reach the estimate in 400 iterations)
-    full = FederatedGP(**settings, **({"runtime": "simulated"} if mode == "sync" else {})).fit(store)
+    full = FederatedGP(**{**settings, **({"cluster": "simulated"} if mode == "sync" else {})}).fit(store)
     path = tmp_path / "ck" / "fit.ckpt"
     with monkeypatch.context() as m:
         _interrupt_at(m, 7)

@@ -26,7 +26,7 @@ SHIPPED = {  # as the user guide ingests them: Meuse zinc in 4 area sites with a
 def shipped_fit(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     info, _ = SHIPPED[request.param](d / "s.zarr")
-    FederatedGP(mode="sync", knots=16, runtime="simulated", max_iter=3, progress=False).fit(d / "s.zarr") \
+    FederatedGP(mode="sync", knots=16, cluster="simulated", max_iter=3, progress=False).fit(d / "s.zarr") \
         .save(d / "fit")
     return d, d / "s.zarr", d / "fit"
 

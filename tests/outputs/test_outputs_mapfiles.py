@@ -129,7 +129,7 @@ def test_make_map_writes_map_nc_beside_the_geotiffs_on_a_hull_domain(tmp_path):
     z = 1 + np.cos(xy[:, 1] / 250) + 0.1 * rng.normal(size=len(xy))
     frame = pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1], "z": z})
     ingest_frame(frame, tmp_path / "s.zarr", value="z", x="x", y="y", crs=CRS, n_workers=2, partition="area")
-    FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=5, progress=False).fit(tmp_path / "s.zarr") \
+    FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=5, progress=False).fit(tmp_path / "s.zarr") \
         .save(tmp_path / "fit")
     hull = geometry.hull_domain(xy, CRS)
     hull.to_geoseries().to_file(tmp_path / "hull.gpkg")

@@ -26,7 +26,7 @@ def _store(path, covariates=()):
     frame["z"] = 1 + np.cos(xy[:, 1] / 250) + 0.1 * rng.normal(size=70)
     ingest_frame(frame, path / "s.zarr", value="z", x="x", y="y", covariates=list(covariates), crs=CRS, n_workers=2,
                  partition="area")
-    FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=5, progress=False).fit(path / "s.zarr") \
+    FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=5, progress=False).fit(path / "s.zarr") \
         .save(path / "fit")
     geometry.domain_from_bbox(X0, Y0, X0 + 1000, Y0 + 800, crs=CRS).to_geoseries().to_file(path / "dom.gpkg")
     return path / "fit", path / "s.zarr"

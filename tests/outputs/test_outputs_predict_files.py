@@ -32,7 +32,7 @@ def fitted(tmp_path_factory):
     d = tmp_path_factory.mktemp("predfiles")
     store = d / "s.zarr"
     simulate_store(store, 2, 30, test_size=12, seed=5)
-    gp = FederatedGP(mode="sync", knots=9, max_iter=3, runtime="simulated", progress=False).fit(store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=3, cluster="simulated", progress=False).fit(store)
     return d, store, gp.save(d / "fit")
 
 
@@ -166,7 +166,7 @@ def rd_fit(tmp_path_factory):
         parts.append((locs, X @ [1.0, 0.5] + np.sin(locs[:, 0] / 300) + 0.1 * rng.standard_normal(25), X))
     store = d / "rd.zarr"
     write_store(store, parts, partition="area", crs=RD, covariate_names=["intercept", "elev"])
-    fit = FederatedGP(mode="sync", knots=9, max_iter=2, runtime="simulated", progress=False).fit(store).save(d / "f")
+    fit = FederatedGP(mode="sync", knots=9, max_iter=2, cluster="simulated", progress=False).fit(store).save(d / "f")
     rd = np.vstack([parts[0][0][3], parts[1][0][5], parts[0][0][7] + [FAR, 0.0], parts[1][0][9], parts[0][0][11]])
     lon, lat = TO_LONLAT.transform(rd[:, 0], rd[:, 1])
     elev = np.array([0.2, -1.0, 0.0, 1.5, 0.4])

@@ -95,7 +95,7 @@ def test_locations_file_with_intercept_and_outside_points(tmp_path):
     store = tmp_path / "s.zarr"
     ingest_frame(frame, store, value="z", x="x", y="y", covariates=["elev"], crs="EPSG:28992", n_workers=2,
                  partition="area")
-    FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=5, progress=False).fit(store).save(tmp_path / "f")
+    FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=5, progress=False).fit(store).save(tmp_path / "f")
     locs = pd.DataFrame({"x": [150500.0, 160000.0], "y": [400500.0, 400500.0], "elev": [0.0, 1.0]})
     locs.to_csv(tmp_path / "locs.csv", index=False)
     with pytest.warns(UserWarning, match="1 of 2 prediction location"):
@@ -134,7 +134,7 @@ def test_fitted_model_from_an_estimator_equals_the_one_its_saved_directory_loads
     from spatialfed.api import FederatedGP
 
     _, store, _ = fitted
-    gp = FederatedGP(mode="sync", knots=9, runtime="simulated", max_iter=3, progress=False).fit(store)
+    gp = FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=3, progress=False).fit(store)
     mine, saved = pr.FittedModel.from_estimator(gp), pr.load_model(gp.save(tmp_path / "fit"))
     for name in ("mu", "Sigma", "gamma", "delta", "sigma2", "beta"):
         np.testing.assert_array_equal(getattr(mine.params, name), getattr(saved.params, name), err_msg=name)

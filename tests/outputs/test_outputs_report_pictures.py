@@ -53,7 +53,7 @@ def hex_rgb(color: str) -> tuple:
 def default_fit(tmp_path_factory):
     d = tmp_path_factory.mktemp("pictures")
     frame = pd.read_csv(datasets.data_file("meuse", "meuse.csv"))[["x", "y", "zinc"]]
-    gp = FederatedGP(knots=30, runtime="simulated", progress=False, crs="EPSG:28992", transform="log")
+    gp = FederatedGP(knots=30, cluster="simulated", progress=False, crs="EPSG:28992", transform="log")
     gp.fit(frame, "zinc")   # the default preset (stats), asynchronous
     gp.save(d / "fit")
     return gp, d

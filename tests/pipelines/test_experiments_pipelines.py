@@ -92,7 +92,7 @@ def test_convergence_run_rows_default_preset_is_the_statistics_scheme():
 def test_stats_preset_refuses_the_block_schemes_settings():
     with pytest.raises(ex.ConfigError, match="staleness bound"):
         ex.async_config("stats", None, 10, 1e-6, staleness_bound=10)
-    with pytest.raises(ex.ConfigError, match="preset='tuned'"):
+    with pytest.raises(ex.ConfigError, match="strategies='tuned'"):
         ex.async_config("stats", None, 10, 1e-6, correction=True)
     assert ex.sync_config("stats", 10, 1e-6).scheme_name == "stats" and ex.sync_config("paper", 10, 1e-6).scheme_name == "block"
 

@@ -99,7 +99,7 @@ def sync_fit(cluster, dask_store):
     from distributed import get_task_stream
 
     with get_task_stream(cluster.client) as ts:
-        gp = FederatedGP(mode="sync", preset="tuned", knots=M, nu=NU, 
+        gp = FederatedGP(mode="sync", strategies="tuned", knots=M, nu=NU, 
                          progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)  # the block scheme: its task keys and spans are checked
     gp.task_stream_ = ts.data
     return gp
@@ -113,7 +113,7 @@ def test_sync_straggler_reaches_lowrank_maximiser(sync_fit, reference):
 
 
 def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, dask_store, reference):
-    gp = FederatedGP(mode="async", knots=M, nu=NU, strategies={"agg_threshold": 2}, preset="tuned",
+    gp = FederatedGP(mode="async", knots=M, nu=NU, strategies={"preset": "tuned", "agg_threshold": 2},
                      max_iter=200, progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)
     assert gp.converged_ and max(row["max_staleness"] for row in gp.trace_) > 0
     assert_at_maximiser(gp, reference)
@@ -122,7 +122,7 @@ def test_async_straggler_tuned_reaches_lowrank_maximiser(cluster, dask_store, re
 @pytest.mark.slow
 def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, dask_store, reference):
     """The paper's strategy settings (moving average on) converge far more slowly: hence @slow."""
-    gp = FederatedGP(mode="async", preset="paper", knots=M, nu=NU, strategies={"agg_threshold": 3}, max_iter=300,
+    gp = FederatedGP(mode="async", knots=M, nu=NU, strategies={"preset": "paper", "agg_threshold": 3}, max_iter=300,
                      tol=1e-7,
                      progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)
     assert max(row["max_staleness"] for row in gp.trace_) > 0
@@ -130,7 +130,7 @@ def test_async_straggler_paper_preset_reaches_lowrank_maximiser(cluster, dask_st
 
 
 def test_async_straggler_runs_stale_and_reports_the_loglik_of_its_params(cluster, dask_store, parts, tmp_path):
-    gp = FederatedGP(mode="async", preset="tuned", knots=M, nu=NU, strategies={"agg_threshold": 2}, max_iter=12,
+    gp = FederatedGP(mode="async", knots=M, nu=NU, strategies={"preset": "tuned", "agg_threshold": 2}, max_iter=12,
                      progress=False, cluster=cluster.client, emulation=Emulation(profile="straggler")).fit(dask_store)
     assert gp.n_iter_ == 12 and not gp.converged_
     assert max(row["max_staleness"] for row in gp.trace_) > 0  # the straggler is left behind

@@ -44,7 +44,7 @@ def test_choice_follows_the_size_and_the_options():
 def test_estimator_chooses_from_the_store_and_its_settings(meuse, tmp_path):
     info = open_store(meuse)
     assert FederatedGP()._choose_runtime(info)[0] == "simulated"             # the default is auto
-    assert FederatedGP(runtime="dask")._choose_runtime(info)[0] == "dask"
+    assert FederatedGP(cluster="dask")._choose_runtime(info)[0] == "dask"
     for settings in ({"cluster": "tcp://127.0.0.1:8786"}, {"cluster": Cluster(tls=True)}, {"progress": "live"},
                      {"emulation": Emulation(profile="straggler")}, {"emulation": Emulation(slowdown=[1, 1, 1, 4])},
                      {"cluster": Cluster(n_workers=2)}, {"cluster": Cluster(on_worker_error="drop")},
@@ -78,7 +78,7 @@ def test_in_process_fit_equals_the_dask_fit(meuse, tmp_path):
     log-likelihood to rtol 1e-8, and the same fit.json apart from the clocks (~25 s: the cluster's start-up)."""
     settings = dict(mode="sync", knots=36, max_iter=30, progress=False)
     auto = FederatedGP(**settings).fit(meuse)
-    dask = FederatedGP(runtime="dask", **settings, cluster=Cluster(tls=False)).fit(meuse)
+    dask = FederatedGP(**settings, cluster="dask").fit(meuse)
     assert (auto.runtime_used_, dask.runtime_used_) == ("simulated", "dask")
     assert auto.n_iter_ == dask.n_iter_ and auto.converged_ and dask.converged_
     for name in ("delta", "sigma2", "beta"):

@@ -26,8 +26,8 @@ def test_a_tls_fit_runs_in_slurm_batch_jobs_and_cancels_them(slurm, store, tmp_p
     from spatialfed.api import FederatedGP
 
     before = slurm.last_job_id()
-    gp = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, runtime="dask", cluster=Cluster(tls=True, jobqueue=job_settings(tmp_path))).fit(store)
-    ref = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, runtime="simulated").fit(store)
+    gp = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, cluster=Cluster(tls=True, jobqueue=job_settings(tmp_path))).fit(store)
+    ref = FederatedGP(mode="sync", knots=9, max_iter=3, progress=False, cluster="simulated").fit(store)
     assert gp.scheduler_address_.startswith("tls://127.0.0.1:")
     assert gp.loglik_ == pytest.approx(ref.loglik_, rel=1e-10)
     np.testing.assert_allclose(gp.params_["gamma"], ref.params_["gamma"], rtol=1e-8)
@@ -80,8 +80,8 @@ def test_a_fit_of_several_walltimes_finishes_by_itself_on_the_uninterrupted_esti
     simulate_store(store, 4, 900, test_size=0, seed=1)
     settings = dict(mode="sync", tol=1e-8, progress=False)
     before = slurm.last_job_id()
-    gp = FederatedGP(**settings, runtime="dask", cluster=Cluster(jobqueue={**job_settings(tmp_path, walltime="00:00:20"), "jobs": 2}), emulation=Emulation(slowdown=[10] * 4)).fit(store)
-    ref = FederatedGP(**settings, runtime="simulated").fit(store)
+    gp = FederatedGP(**settings, cluster=Cluster(jobqueue={**job_settings(tmp_path, walltime="00:00:20"), "jobs": 2}), emulation=Emulation(slowdown=[10] * 4)).fit(store)
+    ref = FederatedGP(**settings, cluster="simulated").fit(store)
     ran = slurm.jobs(after=before, name="dask-worker")
     assert slurm.generations(ran) >= 2, ran
     assert gp.converged_ and gp.n_iter_ == ref.n_iter_

@@ -61,11 +61,11 @@ def test_secure_sync_fit_reaches_the_plain_estimate(name, cluster, demo_store, m
 
 def test_async_and_too_few_sites_are_refused_with_one_line(demo_store, tmp_path, capsys):
     with pytest.raises(ValueError, match="mode='sync'"):
-        FederatedGP(**{**SYNC, "mode": "async"}, runtime="simulated", privacy="secure_aggregation").fit(demo_store)
+        FederatedGP(**{**SYNC, "mode": "async"}, cluster="simulated", privacy="secure_aggregation").fit(demo_store)
     two = tmp_path / "two.zarr"
     simulate_store(two, 2, 30, test_size=0, seed=1)
     with pytest.raises(ValueError, match="at least 3 sites"):
-        FederatedGP(**SYNC, runtime="simulated", privacy="secure_aggregation").fit(two)
+        FederatedGP(**SYNC, cluster="simulated", privacy="secure_aggregation").fit(two)
     assert main(["fit", str(demo_store), "--out", str(tmp_path / "fit"), "--mode", "async", "--secure-aggregation",
                  "--runtime", "simulated", "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
