@@ -10,7 +10,7 @@ _EXPORTS = {"FederatedGP": "estimator", "METHODS": "estimator", "MODES": "estima
             "PROFILES": "estimator", "RESIDUALS": "estimator", "RESIDUAL_CHOICES": "estimator",
             "RUNTIMES": "estimator",
             "NotFittedError": "predicting", "Cluster": "options", "Emulation": "options",
-            "Checkpoint": "options"}
+            "Checkpoint": "options", "compare_models": "compare"}
 __all__ = list(_EXPORTS)
 
 

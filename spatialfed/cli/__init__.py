@@ -14,12 +14,12 @@ import gc
 import sys
 import warnings
 
-from spatialfed.cli import cluster_script, demo, fit, ingest, pilot_clip, predict, simulate
+from spatialfed.cli import cluster_script, compare, demo, fit, ingest, pilot_clip, predict, simulate
 from spatialfed.cli import map as map_command  # the module of `spatialfed map`, not the builtin
 from spatialfed.errors import SpatialFedError, command_line
 
 #: the commands in the order `spatialfed --help` lists them
-COMMANDS = (simulate, ingest, fit, predict, map_command, demo, cluster_script, pilot_clip)
+COMMANDS = (simulate, ingest, fit, predict, map_command, compare, demo, cluster_script, pilot_clip)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
