@@ -81,7 +81,7 @@ def profile_interval(server, runtime, specs, se: float, counter: dict | None = N
     u_hat = np.asarray(server.params.u, dtype=float)
     lower, upper = (np.asarray(b, dtype=float) for b in server.bounds)
     config = dataclasses.replace(
-        server.config, mode=Mode.SYNC, scheme=dataclasses.replace(server.policy, pilot_points=0,
+        server.config, mode=Mode.SYNC, agg_threshold=None, scheme=dataclasses.replace(server.policy, pilot_points=0,
                                                                   loglik_tol=LOGLIK_TOL),
         stopping=Stopping(max_iter=REFIT_ROUNDS, tol=TOL, patience=server.config.stopping.patience))
     starts = {float(u_hat[NU_INDEX]): u_hat}  # each refit starts from the nearest ν's estimate

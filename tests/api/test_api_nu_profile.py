@@ -77,3 +77,12 @@ def test_a_weakly_identified_nu_has_no_profile_interval_where_wald_gives_numbers
     assert len(vp["nu_95_wald"]) == 2 and all(isinstance(e, float) for e in vp["nu_95_wald"])
     assert "the profile likelihood bounds neither side" in describe(vp)
     assert vp["nu_interval_rounds"] > 0
+
+
+@pytest.mark.slow
+def test_an_async_fit_reports_the_sync_fits_interval(identified):
+    """The refits are synchronous whatever the fit's mode (its agg_threshold does not reach them)."""
+    sync, _ = identified
+    gp, _ = _fit(100, mode="async")
+    assert gp.variogram_params_["nu_95"][0] == pytest.approx(sync.variogram_params_["nu_95"][0], rel=1e-3)
+    assert gp.variogram_params_["nu_95"][1] is None
