@@ -143,13 +143,14 @@ def _g(x, digits: int = 4) -> str:
 
 def nu_interval_words(vp: dict) -> str:
     """ν's 95 % intervals as words: the profile-likelihood one ("nu_95", an open side said as the box's bound it
-    reaches, api/nu_profile.py) with its round trips, then the Wald one ("nu_95_wald"); fits saved before the
-    profile interval have the Wald one as "nu_95"."""
+    reaches, api/nu_profile.py) with its round trips, then the Wald one ("nu_95_wald"); a fit saved before the
+    profile interval has the Wald one only (its fit.json "nu_95", loaded as "nu_95_wald")."""
     from spatialfed.model.family import NU_RANGE
 
     ci, wald = vp.get("nu_95"), vp.get("nu_95_wald")
-    if "nu_95_wald" not in vp:
-        return f"95 % Wald interval {ci[0]:.3g}–{ci[1]:.3g}" if ci else "weakly identified: no interval"
+    if "nu_95_wald" not in vp or "nu_95" not in vp:  # saved before the profile interval (loaded: renamed)
+        wald = vp.get("nu_95_wald", ci)
+        return f"95 % Wald interval {wald[0]:.3g}–{wald[1]:.3g}" if wald else "weakly identified: no interval"
     ends = [f"{b:.3g} (open)" if c is None else f"{c:.3g}" for c, b in zip(ci or (None, None), NU_RANGE)]
     text = (f"95 % profile-likelihood interval {ends[0]}–{ends[1]}" if ci else
             "weakly identified: the profile likelihood bounds neither side") + \

@@ -86,3 +86,28 @@ def test_an_async_fit_reports_the_sync_fits_interval(identified):
     gp, _ = _fit(100, mode="async")
     assert gp.variogram_params_["nu_95"][0] == pytest.approx(sync.variogram_params_["nu_95"][0], rel=1e-3)
     assert gp.variogram_params_["nu_95"][1] is None
+
+
+@pytest.mark.slow
+def test_a_fit_saved_before_the_profile_interval_loads_its_wald_interval_as_such(identified, tmp_path):
+    """Such a fit's "nu_95" (fit.json and model.zarr's settings) was the Wald interval."""
+    import json
+
+    import zarr
+
+    gp, _ = identified
+    gp.save(tmp_path / "fit")
+
+    def older(vp: dict) -> dict:
+        vp = {k: v for k, v in vp.items() if k not in ("nu_95_wald", "nu_interval_rounds", "nu_interval_s")}
+        return {**vp, "nu_95": gp.variogram_params_["nu_95_wald"]}
+
+    path = tmp_path / "fit" / "fit.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "variogram_params": older(doc["variogram_params"])}))
+    group = zarr.open_group(str(tmp_path / "fit" / "model.zarr"), mode="a")
+    settings = dict(group.attrs["settings"])
+    group.attrs["settings"] = {**settings, "variogram_params": older(settings["variogram_params"])}
+    back = FederatedGP.load(tmp_path / "fit").variogram_params_
+    assert back["nu_95_wald"] == gp.variogram_params_["nu_95_wald"] and "nu_95" not in back
+    assert "95 % Wald interval" in describe(back)
