@@ -4,8 +4,10 @@
         [--study nu aniso sphere] [--processes 2]
 
 nu: fields of ν ∈ {0.5, 1.5, 2.5} (σ² = 1, β = 0.1, nugget 0.1 on [0,1]², a 6×6 knot grid), fitted with
-nu="estimate": is the true ν inside the 95 % profile-likelihood interval (`covered`; algorithm/family_interval.py), and
-inside the Wald interval exp(log ν̂ ± 1.96 se) of the observed information (`covered_wald`)?
+FederatedGP(nu="estimate"): is the true ν inside the estimator's 95 % profile-likelihood interval (`covered`;
+variogram_params_["nu_95"], computed federated: api/nu_profile.py), and inside its Wald interval
+exp(log ν̂ ± 1.96 se) of the observed information (`covered_wald`, "nu_95_wald")? With the round trips and
+seconds of the fit and of the interval.
 aniso: ν = 0.5, major range β = 0.15 along 30° from north, ratio 3: is the angle within ±10°?
 sphere: ν = 0.5, β = 1,500 km over the whole sphere (36 knots on the Fibonacci lattice), 500 held-out points:
 held-out RMSE of the chordal model against the isotropic model on the data's automatic planar projection
@@ -37,17 +39,26 @@ def _parts(locs, z, J):
 
 
 def run_nu(nu, seed, n, J):
+    """FederatedGP(nu="estimate") on the seed's field: its intervals as the estimator reports them, "nu_95" the
+    federated profile-likelihood one (api/nu_profile.py), "nu_95_wald" the Wald one (None on a bound)."""
+    from spatialfed import FederatedGP
+
     rng = np.random.default_rng(1000 + seed)
     locs = rng.uniform(size=(n, 2))
     z = simulate(locs, MaternFamily(float(nu)), [np.log(0.1)], 1.0, 0.1, rng)
-    f = fit(_parts(locs, z, J), grid_knots(locs, 6), MaternFamily(None), profile_nu=True)
-    lo, hi = np.exp(f["interval"]["nu"]) if f["interval"]["nu"] is not None else (np.nan, np.nan)  # on a bound
+    groups = np.empty(n, dtype=int)
+    for j, idx in enumerate(strips(locs, J)):
+        groups[idx] = j
+    gp = FederatedGP(nu="estimate", residual="full", knots=grid_knots(locs, 6), cluster="simulated", progress=False,
+                     mode="sync").fit(None, z, coords=locs, groups=groups)
+    vp = gp.variogram_params_
+    lo, hi = vp["nu_95_wald"] or (np.nan, np.nan)
     # the profile-likelihood interval: an open side reaches the box (NU_RANGE), which then bounds it
-    plo, phi = (float(np.exp(v)) if v is not None else bound for v, bound in zip(f["nu_profile"], NU_RANGE))
-    nu_hat = float(np.exp(f["u"][3]))
-    return {"study": "nu", "case": nu, "seed": seed, "nu_hat": nu_hat, "lo95": lo, "hi95": hi,
+    plo, phi = (v if v is not None else bound for v, bound in zip(vp["nu_95"] or (None, None), NU_RANGE))
+    return {"study": "nu", "case": nu, "seed": seed, "nu_hat": float(vp["nu"]), "lo95": lo, "hi95": hi,
             "covered_wald": bool(lo <= nu <= hi), "profile_lo95": plo, "profile_hi95": phi,
-            "covered": bool(plo <= nu <= phi), "at_bound": f["at_bound"], "steps": f["steps"]}
+            "covered": bool(plo <= nu <= phi), "at_bound": sorted(gp.boundary_), "fit_rounds": gp.n_iter_,
+            "fit_s": gp.wall_time_s_, "interval_rounds": vp["nu_interval_rounds"], "interval_s": vp["nu_interval_s"]}
 
 
 def run_aniso(seed, n, J):

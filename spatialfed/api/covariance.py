@@ -25,7 +25,8 @@ ESTIMATE = "estimate"
 #: what a fit with an estimated family adds to params_ (beside γ, δ, σ², β)
 PARAM_KEYS = ("nu", "anisotropy_ratio", "angle_deg")
 #: what it adds to variogram_params_ (and fit.json's "variogram_params")
-FITTED_KEYS = ("nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric")
+FITTED_KEYS = ("nu_se_log", "nu_95", "nu_95_wald", "nu_interval_rounds", "nu_interval_s", "range_major", "range_minor",
+               "anisotropy_ratio", "angle_deg", "metric")
 #: the normal quantile of the Wald interval
 Z95 = 1.959963984540054
 
@@ -63,9 +64,10 @@ def kernel(gp):
 
 
 def fitted(server) -> dict:
-    """{"nu", "nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric"} of a
-    finished statistics fit with a MaternFamily (the entries its family has; "metric" the A of
-    MaternFamily.metric, in which prediction is isotropic); {} for a fixed-ν isotropic one."""
+    """{"nu", "nu_se_log", "nu_95_wald", "range_major", "range_minor", "anisotropy_ratio", "angle_deg", "metric"}
+    of a finished statistics fit with a MaternFamily (the entries its family has; "metric" the A of
+    MaternFamily.metric, in which prediction is isotropic); {} for a fixed-ν isotropic one. "nu_95", the
+    profile-likelihood interval, is api/nu_profile.py's (it refits on the sites)."""
     family = server.kernel
     if not isinstance(family, MaternFamily):
         return {}
@@ -79,7 +81,7 @@ def fitted(server) -> dict:
         out["nu_se_log"] = s
         lo, hi = (float(np.clip(np.exp(u[i] + k * Z95 * s), *NU_RANGE)) for k in (-1.0, 1.0))
         # within the box ν is fitted in; on its bound none (the curvature there does not describe it)
-        out["nu_95"] = [lo, hi] if math.isfinite(s) and "nu" not in getattr(server, "boundary", ()) else None
+        out["nu_95_wald"] = [lo, hi] if math.isfinite(s) and "nu" not in getattr(server, "boundary", ()) else None
     if family.anisotropy:
         major, ratio, angle = major_axis(beta, r, phi)
         out.update(range_major=major, range_minor=major / ratio, anisotropy_ratio=ratio, angle_deg=angle,

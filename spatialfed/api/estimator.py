@@ -35,7 +35,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 # noqa F401 below: MODES, PRESETS, METHODS, RESIDUAL_CHOICES, RESIDUALS, RUNTIMES, PROFILES are the CLI's choices
 from spatialfed.algorithm.config import MODES, PRESETS, preset_name  # noqa: F401
 from spatialfed.algorithm.likelihood import U_NAMES
-from spatialfed.api import (blocked_cv, covariance, inputs, loading, options, predicting, resuming, scripts,
+from spatialfed.api import (blocked_cv, covariance, inputs, loading, nu_profile, options, predicting, resuming, scripts,
                             settings, signals)
 from spatialfed.api.predicting import NotFittedError  # noqa: F401 (re-exported)
 from spatialfed.api.progress import Progress
@@ -319,6 +319,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                   **settings.delay_models(self, info.n_workers))
             self._fitted(info, server, runtime, knots, domain, ckpt.wall_s + time.perf_counter() - run_tic)
             self.site_blocked_cv_ = blocked_cv.for_fit(self, server, runtime, specs)  # after the fit's wall time
+            self.variogram_params_.update(nu_profile.for_fit(self, server, runtime, specs))  # ν's profile interval
         self.monitor_, self.resumed_from_ = monitor, resumed
         self.checkpoint_writes_, self.checkpoint_seconds_ = ckpt.writes, ckpt.seconds
         self.total_time_s_ = time.perf_counter() - tic

@@ -157,6 +157,8 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     gp.store_fingerprint_ = fit.store_fingerprint
     gp.store_crs_ = extra["store_crs"] if "store_crs" in extra else _store_crs(gp.store_)
     saved_vp = {k: v for k, v in (extra.get("variogram_params") or {}).items() if k in covariance.FITTED_KEYS}
+    if "nu_se_log" in saved_vp and "nu_95_wald" not in saved_vp:  # saved before the profile interval: Wald's
+        saved_vp["nu_95_wald"] = saved_vp.pop("nu_95", None)
     if saved_vp:  # an estimated family: ν̂ (fit.json "nu"), its interval, the ranges and the metric
         gp.params_.update({k: float(fit.nu if k == "nu" else saved_vp[k]) for k in covariance.PARAM_KEYS
                            if k == "nu" or k in saved_vp})

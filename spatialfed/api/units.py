@@ -50,16 +50,14 @@ def short_name(crs) -> str | None:
 
 def describe(vp: dict) -> str:
     """One line: nugget, partial sill, sill, range and practical range with the distance unit."""
-    from spatialfed.outputs.report import distance
+    from spatialfed.outputs.report import distance, nu_interval_words
 
     unit = vp.get("distance_unit")
     line = (f"nugget 1/δ = {vp['nugget']:.4g}, partial sill σ² = {vp['partial_sill']:.4g}, sill = {vp['sill']:.4g}, "
             f"range β = {distance(vp['range'], unit)}, practical range (ρ = 0.05) = "
             f"{distance(vp['practical_range'], unit)}")
     if "nu_se_log" in vp:  # ν estimated (api/covariance.py)
-        ci = vp.get("nu_95")
-        line += f"; ν̂ = {vp['nu']:.3g}" + (f" (95 % {ci[0]:.3g}–{ci[1]:.3g})" if ci else " (no interval: ν is weakly "
-                                                                                          "identified here)")
+        line += f"; ν̂ = {vp['nu']:.3g} ({nu_interval_words(vp)})"
     if "angle_deg" in vp:  # geometric anisotropy
         line += (f"; anisotropy: major range {distance(vp['range_major'], unit)} at {vp['angle_deg']:.1f}° from "
                  f"north, minor range {distance(vp['range_minor'], unit)} (ratio {vp['anisotropy_ratio']:.3g})")

@@ -86,7 +86,8 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
         "wall_time_s": float(result.wall_time_s), "dropped": list(result.dropped_workers or []),
         "sites": site_times(arrivals or [], int(result.n_workers)) if arrivals else [],
         "covariance": {k: v for k, v in (extra.get("variogram_params") or {}).items()
-                       if k in ("nu_se_log", "nu_95", "range_major", "range_minor", "anisotropy_ratio", "angle_deg")},
+                       if k in ("nu_se_log", "nu_95", "nu_95_wald", "nu_interval_rounds", "range_major", "range_minor",
+                                "anisotropy_ratio", "angle_deg")},
         "blocked_cv": extra.get("site_blocked_cv"),
     }
 
@@ -96,9 +97,7 @@ def _covariance_text(facts: dict) -> str:
     cov, unit, e = facts.get("covariance") or {}, facts.get("unit"), html.escape
     text = ""
     if "nu_se_log" in cov:
-        ci = cov.get("nu_95")
-        text += f"<br>smoothness ν̂ = {facts['nu']:.3g}" + (f" (95 % Wald interval {ci[0]:.3g}–{ci[1]:.3g})" if ci
-                                                           else " (weakly identified: no interval)")
+        text += f"<br>smoothness ν̂ = {facts['nu']:.3g} ({e(nu_interval_words(cov))})"
     if "angle_deg" in cov:
         text += (f"<br>anisotropy: major range {e(distance(cov['range_major'], unit))} at {cov['angle_deg']:.1f}° "
                  f"from north, minor range {e(distance(cov['range_minor'], unit))} (ratio "
@@ -140,6 +139,23 @@ def _g(x, digits: int = 4) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "—"
     return f"{x:.{digits}g}"
+
+
+def nu_interval_words(vp: dict) -> str:
+    """ν's 95 % intervals as words: the profile-likelihood one ("nu_95", an open side said as the box's bound it
+    reaches, api/nu_profile.py) with its round trips, then the Wald one ("nu_95_wald"); a fit saved before the
+    profile interval has the Wald one only (its fit.json "nu_95", loaded as "nu_95_wald")."""
+    from spatialfed.model.family import NU_RANGE
+
+    ci, wald = vp.get("nu_95"), vp.get("nu_95_wald")
+    if "nu_95_wald" not in vp or "nu_95" not in vp:  # saved before the profile interval (loaded: renamed)
+        wald = vp.get("nu_95_wald", ci)
+        return f"95 % Wald interval {wald[0]:.3g}–{wald[1]:.3g}" if wald else "weakly identified: no interval"
+    ends = [f"{b:.3g} (open)" if c is None else f"{c:.3g}" for c, b in zip(ci or (None, None), NU_RANGE)]
+    text = (f"95 % profile-likelihood interval {ends[0]}–{ends[1]}" if ci else
+            "weakly identified: the profile likelihood bounds neither side") + \
+        f", {vp.get('nu_interval_rounds', 0)} round trips"
+    return text + (f"; Wald {wald[0]:.3g}–{wald[1]:.3g}" if wald else "")
 
 
 def distance(value, unit: str | None) -> str:

@@ -66,7 +66,7 @@ def test_nu_estimated_reports_its_interval_and_predicts_with_nu_hat():
     gp = _fit(parts, nu="estimate")
     vp = gp.variogram_params_
     assert vp["nu"] == gp.params_["nu"] and 0.2 <= vp["nu"] <= 4.0
-    lo, hi = vp["nu_95"]
+    lo, hi = vp["nu_95_wald"]  # the profile-likelihood nu_95: tests/api/test_api_nu_profile.py
     assert 0.2 <= lo < vp["nu"] < hi <= 4.0
     assert vp["nu_se_log"] > 0
     assert vp["practical_range"] == pytest.approx(vp["range"] * Matern(vp["nu"]).effective_range_factor())
@@ -139,6 +139,6 @@ def test_nu_on_its_bound_is_reported_in_words():
     parts = simulate_parts(J=3, n=60, nu=0.5, beta=0.2, seed=3)
     gp = _fit(parts, nu="estimate")
     assert gp.params_["nu"] == pytest.approx(4.0) and gp.boundary_ == {"nu": "upper"}
-    assert gp.variogram_params_["nu_95"] is None  # no Wald interval on a bound
+    assert gp.variogram_params_["nu_95_wald"] is None  # no Wald interval on a bound
     assert on_bound(gp.boundary_) == ["smoothness ν on its upper bound 4 (the data cannot tell a smoother field; "
                                       "ν = 4 is the constrained estimate)"]
