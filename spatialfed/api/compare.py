@@ -23,7 +23,7 @@ import numpy as np
 from spatialfed.api import covariance
 
 #: the settings a candidate may change; the rest are shared by every candidate
-KEYS = ("nu", "anisotropy")
+KEYS = ("nu", "anisotropy", "distance")
 #: the candidates compared by default: the default model and each option alone and together
 DEFAULT = ({"nu": 0.5}, {"nu": covariance.ESTIMATE}, {"anisotropy": True},
            {"nu": covariance.ESTIMATE, "anisotropy": True})
@@ -45,8 +45,8 @@ def candidate(spec) -> dict:
         raise ValueError(f"a candidate is a dict or a text such as 'nu=estimate,anisotropy', got {spec!r}")
     unknown = sorted(set(settings) - set(KEYS))
     if unknown or not settings:
-        raise ValueError(f"a candidate sets {' and/or '.join(KEYS)} (e.g. 'nu=1.5' or 'nu=estimate,anisotropy'), "
-                         f"got {spec!r}")
+        raise ValueError(f"a candidate sets {', '.join(KEYS)} (e.g. 'nu=1.5', 'nu=estimate,anisotropy' or "
+                         f"'distance=chordal'), got {spec!r}")
     return settings
 
 
@@ -205,7 +205,7 @@ def row(gp, spec: dict, seconds: float) -> Row:
     """The Row of a fitted estimator `gp` of the candidate `spec`."""
     vp = gp.variogram_params_
     cv = gp.site_blocked_cv_ or {}
-    cov = {k: vp[k] for k in ("nu", *covariance.FITTED_KEYS) if k in vp and k != "metric"}
+    cov = {k: vp[k] for k in ("nu", *covariance.FITTED_KEYS, *covariance.DISTANCE_KEYS) if k in vp and k != "metric"}
     cov["nu_estimated"] = gp.nu == covariance.ESTIMATE
     q = 3 + (gp.nu == covariance.ESTIMATE) + 2 * bool(gp.anisotropy)
     return Row(label(spec), spec, float(gp.loglik_), int(q), _score(cv, "rmse"), _score(cv, "crps"),

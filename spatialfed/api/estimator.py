@@ -81,6 +81,10 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         minor range β/r across it (``variogram_params_``: range_major, range_minor, anisotropy_ratio, angle_deg);
         predictions and maps krige with it. With ``nu="estimate"`` or ``anisotropy`` the statistics scheme fits
         u = (log δ, log σ², log β [, log ν] [, log r, φ]) (method "lowrank", the preset "stats", no privacy).
+    distance : None (chordal for a store with a CRS whose domain spans more than 1,000 km, else planar), "planar"
+        (distances in the store's CRS) or "chordal" (on the sphere: ‖R p(s) − R p(s')‖, p the unit vector of the
+        point's lon/lat, valid for the Matérn at every ν; the knots laid out in the store's equal-area coordinates;
+        ``variogram_params_`` adds range_km and range_arc_deg; api/covariance.py, docs/equations.md Eq. 26).
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
     seed : seed of the knot jitter (and of the emulated delays).
     strategies : how an iteration reaches the sites: a preset name, or a dict of settings with the preset under
@@ -162,7 +166,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="lowrank", mode="async", residual="auto", knots=100, nu=0.5, max_iter=50, tol=1e-5,
-                 seed=0, *, anisotropy=False, strategies=None, time_budget=None,
+                 seed=0, *, anisotropy=False, distance=None, strategies=None, time_budget=None,
                  start=None, domain=None, crs=None, covariates=None, transform=None, privacy=None, checkpoint=None,
                  progress=True, cluster=None, emulation=None, **moved):
         given = options.absorb_moved({"cluster": cluster, "emulation": emulation, "progress": progress,
@@ -174,6 +178,7 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         self.knots = knots
         self.nu = nu
         self.anisotropy = anisotropy
+        self.distance = distance
         self.max_iter = max_iter
         self.tol = tol
         self.seed = seed
@@ -307,17 +312,19 @@ class FederatedGP(RegressorMixin, BaseEstimator):
                      + (f" ({self.runtime_reason_})" if self.runtime_reason_ else ""))
         with say, scripts.spawn_safe(cluster), self._open_runtime(info.n_workers) as runtime, closing(monitor):
             knots, domain = self._knots(info, runtime, server)
-            server = server or self._server(info.n_workers, knots, self._config(info.n_workers))
+            space, knots, server_knots = covariance.geometry(self, info, domain, knots)  # chordal: data/space.py
+            server = server or self._server(info.n_workers, server_knots, self._config(info.n_workers))
             self.residual_ = settings.site_residual(self, server.config, info.sizes)
             say.started(self, runtime, server, monitor.url)
             specs = site.site_specs(uuid.uuid4().hex[:12], info.path, info.n_workers, knots, covariance.kernel(self),
-                                    self.residual_, self.vecchia_k_)
+                                    self.residual_, self.vecchia_k_, space)
             run_tic = time.perf_counter()
             drive(server, runtime, specs, on_event=lambda srv, now: (say.event(srv, now), monitor.on_event(srv, now)),
                   on_result=lambda j, p, q: (say.result(j, p), monitor.on_result(j, p, q)),
                   on_worker_error=c.on_worker_error, checkpointer=ckpt,
                   **settings.delay_models(self, info.n_workers))
             self._fitted(info, server, runtime, knots, domain, ckpt.wall_s + time.perf_counter() - run_tic)
+            self.variogram_params_.update(covariance.distance_params(space, self.params_["beta"]))
             self.site_blocked_cv_ = blocked_cv.for_fit(self, server, runtime, specs)  # after the fit's wall time
             self.variogram_params_.update(nu_profile.for_fit(self, server, runtime, specs))  # ν's profile interval
         self.monitor_, self.resumed_from_ = monitor, resumed

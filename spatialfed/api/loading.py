@@ -162,7 +162,9 @@ def _fitted(gp, fit, model, extra, d: Path) -> None:
     if saved_vp:  # an estimated family: ν̂ (fit.json "nu"), its interval, the ranges and the metric
         gp.params_.update({k: float(fit.nu if k == "nu" else saved_vp[k]) for k in covariance.PARAM_KEYS
                            if k == "nu" or k in saved_vp})
-    gp.variogram_params_ = {**variogram_params(gp.params_, fit.nu, gp.store_crs_), **saved_vp}
+    distance = {k: v for k, v in (extra.get("variogram_params") or {}).items() if k in covariance.DISTANCE_KEYS}
+    gp.variogram_params_ = {**variogram_params(gp.params_, fit.nu, gp.store_crs_), **saved_vp,
+                            **(distance or {"distance": "planar"})}  # saved before distances had a setting: planar
     gp.knots_, gp.mu_, gp.Sigma_ = model.knots, fit.mu, fit.Sigma
     gp.loglik_ = None if fit.loglik is None else float(fit.loglik)
     gp.residual_, gp.covariate_names_ = fit.residual, list(model.covariate_names or [])

@@ -60,6 +60,7 @@ def check_settings(gp) -> None:
             raise ValueError(f"profile must be one of {PROFILES} or graded:<min cores>, got {e.profile!r}")
         profile_slowdowns(e.profile, 1)  # graded:<min cores>: a bad number raises with the fix
     covariance.check(gp)
+    covariance.check_distance(gp)
     if c.tls is not None and c.tls is not False:  # (Cluster refuses tls and an address in this process)
         if c.client is not None:
             raise ValueError("tls=... cannot be applied to an existing client; create it with "

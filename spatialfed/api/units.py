@@ -56,6 +56,8 @@ def describe(vp: dict) -> str:
     line = (f"nugget 1/δ = {vp['nugget']:.4g}, partial sill σ² = {vp['partial_sill']:.4g}, sill = {vp['sill']:.4g}, "
             f"range β = {distance(vp['range'], unit)}, practical range (ρ = 0.05) = "
             f"{distance(vp['practical_range'], unit)}")
+    if vp.get("distance") == "chordal":  # on the sphere (api/covariance.py distance_params)
+        line += f" (chordal distances on the sphere: range {vp['range_km']:.4g} km, {vp['range_arc_deg']:.3g}° of arc)"
     if "nu_se_log" in vp:  # ν estimated (api/covariance.py)
         line += f"; ν̂ = {vp['nu']:.3g} ({nu_interval_words(vp)})"
     if "angle_deg" in vp:  # geometric anisotropy

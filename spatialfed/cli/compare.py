@@ -21,7 +21,8 @@ def register(subparsers) -> None:
                     "predicts worse (docs/user-guide.md, \"Covariance options\").")
     p.add_argument("store", metavar="STORE.zarr", help="the partitioned store (spatialfed ingest or simulate)")
     p.add_argument("--candidate", action="append", default=None, metavar="SPEC",
-                   help="a candidate, e.g. nu=0.5, nu=1.5, nu=estimate, anisotropy or nu=estimate,anisotropy; "
+                   help="a candidate, e.g. nu=0.5, nu=1.5, nu=estimate, anisotropy, nu=estimate,anisotropy or "
+                        "distance=chordal; "
                         "repeat for more (default: nu=0.5, nu=estimate, anisotropy, nu=estimate,anisotropy)")
     p.add_argument("--out", default=None, metavar="COMPARISON.json",
                    help="also write the comparison as JSON; an existing file is refused unless --overwrite")

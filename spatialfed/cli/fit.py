@@ -26,7 +26,8 @@ from spatialfed.cli.args import (add_dask, add_jobqueue, add_quiet, add_tls, das
 CHECKPOINT_NAME = "checkpoint.zip"  # a ZIP of JSON and .npy arrays (algorithm/checkpoint.py)
 LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"  # the same format under its earlier name: still read by --resume DIR
 #: options handed to FederatedGP under their own name when given
-ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "anisotropy", "agg_threshold", "preset", "max_iter", "tol",
+ESTIMATOR_OPTIONS = ("method", "mode", "residual", "knots", "nu", "anisotropy", "distance", "agg_threshold", "preset",
+                     "max_iter", "tol",
                      "time_budget", "profile", "slowdown", "domain", "seed", "on_worker_error", "delays",
                      "activations", "checkpoint_every", "vecchia_k", "secure_aggregation")
 #: FgprConfig settings (--method fgpr)
@@ -49,6 +50,7 @@ HELP = "fit the federated low-rank GP (or a baseline: independent, fgpr) on a pa
 def register(subparsers) -> None:
     """Register `spatialfed fit` (SPEC §6)."""
     from spatialfed.api import METHODS, MODES, PRESETS, PROFILES, RESIDUAL_CHOICES, RUNTIMES
+    from spatialfed.model.names import DISTANCES
 
     p = subparsers.add_parser(
         NAME, help=HELP,
@@ -92,6 +94,10 @@ def register(subparsers) -> None:
     p.add_argument("--anisotropy", action="store_true", default=None,
                    help="geometric anisotropy: a major range along an angle from north and a minor range across "
                         "it, fitted (statistics scheme; the maps krige with it)")
+    p.add_argument("--distance", choices=DISTANCES, default=None,
+                   help="planar (in the store's CRS) or chordal (on the sphere: valid for the Matérn at every ν; "
+                        "ranges also in km and degrees of arc); default chordal for a store with a CRS whose "
+                        "domain spans more than 1,000 km, else planar")
     p.add_argument("--agg-threshold", type=int, default=None, metavar="A",
                    help="async: aggregate once A new answers arrived (1..J; default 1 with the default preset "
                         "stats, where each answer is a whole site's statistics; ceil(0.2·J) with the block "

@@ -14,16 +14,17 @@ from scipy import linalg
 from scipy.spatial.distance import cdist
 
 from spatialfed.model.linalg import cholesky_with_jitter
-from spatialfed.model.matern import Matern, check_points
+from spatialfed.model.matern import Matern, as_points, check_points
 
 
 def check_knots(knots) -> np.ndarray:
-    """Validate knots: finite (m, 2) coordinates with no duplicates (duplicates make K singular).
+    """Validate knots: finite (m, 2) (or Earth-centred (m, 3)) coordinates with no duplicates (duplicates make K
+    singular).
 
     m = 0 is allowed: with no knots and the `full` residual, R_j = C_jj + δ⁻¹I and f_j = −ℓ_j − (n_j/2) log 2π,
     so the low-rank machinery computes the independence model of Eq. (3) exactly.
     """
-    knots = check_points(np.asarray(knots, dtype=float).reshape(-1, 2), "knots")
+    knots = check_points(as_points(knots), "knots")
     uniq, counts = np.unique(knots, axis=0, return_counts=True)
     if np.any(counts > 1):
         dup = uniq[counts > 1][0]
@@ -111,8 +112,7 @@ ROW_BLOCK = 512
 def residual_covariance(kernel: Matern, knots: np.ndarray, beta: float, sigma2: float, a, b) -> np.ndarray:
     """cov(w̃(a), w̃(b)) = σ²(ρ(a, b) − ρ(a, S*) ρ_K⁻¹ ρ(S*, b)) between two sets of locations: the residual process
     of Remark 3 (what the low-rank part leaves), for sites and server alike."""
-    knots = np.asarray(knots, dtype=float).reshape(-1, 2)
-    a, b = np.asarray(a, dtype=float).reshape(-1, 2), np.asarray(b, dtype=float).reshape(-1, 2)
+    knots, a, b = as_points(knots), as_points(a), as_points(b)
     fa = fb = None
     if knots.shape[0]:
         LK, _ = cholesky_with_jitter(kernel.correlation(cdist(knots, knots), beta), "the knot correlation matrix K")

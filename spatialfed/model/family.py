@@ -116,7 +116,8 @@ class MaternFamily:
 
     def _geometry(self, a, b, r: float, phi: float):
         """d with ∂L/∂(log r, φ) and their second derivatives (None when isotropic); a, b are point sets (n×2,
-        k×2) or batches of them (B×n×2, B×k×2: the Vecchia residual's local sets)."""
+        k×2; n×3 Earth-centred, isotropic only) or batches of them (B×n×2, B×k×2: the Vecchia residual's local
+        sets)."""
         batched = np.ndim(a) == 3
         if self.distance == "chordal":
             if batched:
@@ -126,6 +127,9 @@ class MaternFamily:
             return cdist(unit_vectors(a), unit_vectors(b)) * EARTH_RADIUS_KM, None
         if not batched:
             a, b = check_points(a, "a"), check_points(b, "b")
+        if np.shape(a)[-1] == 3 and not self.anisotropy:  # Earth-centred points (data/space.py): the chordal distance
+            diff = a[..., :, None, :] - b[..., None, :, :]
+            return np.sqrt(np.einsum("...i,...i->...", diff, diff)), None
         dx = a[..., :, None, 0] - b[..., None, :, 0]
         dy = a[..., :, None, 1] - b[..., None, :, 1]
         if not self.anisotropy:

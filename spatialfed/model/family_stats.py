@@ -24,6 +24,7 @@ from spatialfed.model import vecchia
 from spatialfed.model.blocks import _spd_inverse
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.linalg import cholesky_with_jitter
+from spatialfed.model.matern import as_points
 from spatialfed.model.names import pairs
 from spatialfed.model.residuals import residual_strategy
 from spatialfed.model.vecchia_order import VECCHIA_K, vecchia_plan
@@ -120,7 +121,7 @@ def family_statistics(locs, z, X, knots, family: MaternFamily, residual: str, u,
                          f"residual={residual!r}")
     locs, z = np.asarray(locs, dtype=float), np.asarray(z, dtype=float)
     X = np.asarray(X, dtype=float).reshape(len(z), -1)
-    knots = np.asarray(knots, dtype=float).reshape(-1, 2)
+    knots = as_points(knots)
     eps, s2, kappa = float(np.exp(-u[0])), float(np.exp(u[1])), u[2:]
     n, m, p = len(z), len(knots), X.shape[1]
     if residual_strategy(residual).pointwise:
@@ -203,7 +204,7 @@ class FamilyKnots:
     def __init__(self, knots, family: MaternFamily, u):
         u = np.asarray(u, dtype=float)
         s2 = float(np.exp(u[1]))
-        rK, LK, dK, d2K = _knot_blocks(family, np.asarray(knots, dtype=float).reshape(-1, 2), u[2:])
+        rK, LK, dK, d2K = _knot_blocks(family, as_points(knots), u[2:])
         self.q = family.q
         self.K = s2 * rK
         self.logdet = float(np.log(s2) * rK.shape[0] + 2.0 * np.sum(np.log(np.diag(LK))))

@@ -85,7 +85,7 @@ def independent_kriging(lm, locs0, X0, params: Params) -> dict:
 
     Returns the predictive mean and latent variance: FGPR's personalised prediction.
     """
-    locs0 = check_points(locs0, "prediction locations")
+    locs0 = check_points(locs0, "prediction locations", lm.locs.shape[1])
     X0 = check_finite(np.atleast_2d(np.asarray(X0, dtype=float)), "prediction covariates")
     if X0.shape != (locs0.shape[0], lm.p):
         raise ValueError(f"prediction covariates must have shape ({locs0.shape[0]}, {lm.p}), got {X0.shape}")

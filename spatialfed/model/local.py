@@ -192,7 +192,7 @@ class LocalModel:
     # --- initialisation summaries -------------------------------------------------------------------
     def moments(self) -> dict:
         """X_jᵀX_j, X_jᵀz_j, z_jᵀz_j, n_j (the pooled OLS start of SPEC §4) and the diameter of S_j's bounding box."""
-        extent = float(np.hypot(*(self.locs.max(axis=0) - self.locs.min(axis=0))))
+        extent = float(np.linalg.norm(self.locs.max(axis=0) - self.locs.min(axis=0)))
         return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n,
                 "extent": extent}
 
@@ -293,7 +293,7 @@ class LocalModel:
     def nearest_distance(self, locs0) -> np.ndarray:
         """Distance from each prediction location to this worker's nearest observation (owner assignment): a k-d
         tree query, O(n₀ log n_j) time and O(n₀) memory (a dense n₀ × n_j distance matrix cost 40× more)."""
-        return self._neighbours().query(check_points(locs0, "prediction locations"), k=1)[0]
+        return self._neighbours().query(check_points(locs0, "prediction locations", self.locs.shape[1]), k=1)[0]
 
     def _kriging_factor(self, params: Params) -> _Factorised:
         """The one factorisation a worker keeps: R_j at params' (δ, θ), reused by every prediction batch."""
@@ -312,7 +312,7 @@ class LocalModel:
         (`anchor_posterior`).
         """
         self._check_params(params)
-        locs0 = check_points(locs0, "prediction locations")
+        locs0 = check_points(locs0, "prediction locations", self.locs.shape[1])
         if self.strategy.pointwise:  # the residual conditioned on the k nearest points of the site
             out = vecchia.kriging(self, locs0, params, PREDICT_FACTOR * self.vecchia_k, self._neighbours())
             if anchors is not None:  # through R⁻¹k̃(N, U), kept: O(n₀ |N| (m + |U|)) per request
@@ -342,7 +342,7 @@ class LocalModel:
     def _anchor_model(self, anchors) -> tuple["LocalModel", np.ndarray]:
         """(the model the exchange points are conditioned on, the checked points): this site for the dense
         residual; for Vecchia the dense residual on the union of their nearest neighbours (kept for the batches)."""
-        anchors = check_points(anchors, "exchange points")
+        anchors = check_points(anchors, "exchange points", self.locs.shape[1])
         if self.strategy.dense:
             return self, anchors
         if not self.strategy.pointwise:

@@ -21,18 +21,32 @@ CLOSED_FORM_NU = (0.5, 1.5, 2.5)
 
 
 def pairwise_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Euclidean distance matrix between point sets a (n×2) and b (k×2)."""
+    """Euclidean distance matrix between point sets a (n×d) and b (k×d)."""
     a = check_points(a, "a")
-    b = check_points(b, "b")
+    b = check_points(b, "b", a.shape[1])
     diff = a[:, None, :] - b[None, :, :]
     return np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
 
 
-def check_points(pts, name: str) -> np.ndarray:
-    """Validate a set of 2-D locations: a finite float array of shape (n, 2)."""
+#: coordinates the kernels take: x/y in the plane, or Earth-centred x/y/z on the sphere, whose Euclidean distance is
+#: the chordal one (data/space.py Chordal)
+DIMS = (2, 3)
+
+
+def as_points(pts) -> np.ndarray:
+    """`pts` as a float array of rows of coordinates: (n, d) kept, anything else read as x/y pairs."""
     pts = np.asarray(pts, dtype=float)
-    if pts.ndim != 2 or pts.shape[1] != 2:
-        raise ValueError(f"{name} must be an array of shape (n, 2) of x/y coordinates, got shape {pts.shape}")
+    return pts if pts.ndim == 2 and pts.shape[1] in DIMS else pts.reshape(-1, 2)
+
+
+def check_points(pts, name: str, dims: int | None = None) -> np.ndarray:
+    """Validate a set of locations: a finite float array of shape (n, 2) (x/y), or (n, 3) (Earth-centred); with
+    `dims`, of that many columns (the points they meet: a site's, the knots)."""
+    pts = np.asarray(pts, dtype=float)
+    if pts.ndim != 2 or pts.shape[1] not in ((dims,) if dims else DIMS):
+        what = "Earth-centred x/y/z" if dims == 3 else "x/y"
+        raise ValueError(f"{name} must be an array of shape (n, {dims or 2}) of {what} coordinates, got shape "
+                         f"{pts.shape}")
     check_finite(pts, name)
     return pts
 
@@ -143,7 +157,7 @@ class Matern:
         return sigma2 * self.correlation(d, beta)
 
     def cross(self, a, b, sigma2, beta):
-        """Cross-covariance matrix C(a, b) between point sets a (n×2) and b (k×2)."""
+        """Cross-covariance matrix C(a, b) between point sets a (n×d) and b (k×d)."""
         return self.covariance(pairwise_distances(a, b), sigma2, beta)
 
     def effective_range_factor(self) -> float:

@@ -38,6 +38,8 @@ RESIDUALS = tuple(r.value for r in Residual)
 #: what a user may ask for: a structure, or "auto" (each site: `full` up to VECCHIA_AUTO_N points, `vecchia` above;
 #: model/local.py resolve_residual)
 RESIDUAL_CHOICES = RESIDUALS + ("auto",)
+#: what a fit's `distance` may be: planar in the store's CRS, or chordal on the sphere (data/space.py)
+DISTANCES = ("planar", "chordal")
 
 
 def pairs(q: int) -> tuple[tuple[int, int], ...]:

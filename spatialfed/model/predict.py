@@ -31,7 +31,7 @@ def lowrank_prior(locs0, knots, kernel: Matern, params: Params) -> tuple[np.ndar
     """b₀ = ρ(s₀,S*)ρ_K⁻¹ (n₀ × m) and the prior residual variance c(0) − b₀ᵀKb₀ at each s₀."""
     knots = check_knots(knots)
     rK = kernel.correlation(cdist(knots, knots), params.beta)
-    r0 = kernel.correlation(cdist(check_points(locs0, "prediction locations"), knots), params.beta)
+    r0 = kernel.correlation(cdist(check_points(locs0, "prediction locations", knots.shape[1]), knots), params.beta)
     b0 = linalg.solve(rK, r0.T, assume_a="pos").T
     return b0, params.sigma2 * np.clip(1.0 - np.einsum("ij,ij->i", b0, r0), 0.0, None)
 

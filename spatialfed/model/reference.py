@@ -52,9 +52,9 @@ the dense R (no whitened basis: independent of model/vecchia.py)."""
 
 
 @functools.lru_cache(maxsize=32)
-def _plan(points: bytes, k: int) -> VecchiaPlan:
+def _plan(points: bytes, dims: int, k: int) -> VecchiaPlan:
     """vecchia_plan of a (small) site's locations, kept: a reference evaluates ℓ at many u for the same sites."""
-    return vecchia_plan(np.frombuffer(points).reshape(-1, 2), k)
+    return vecchia_plan(np.frombuffer(points).reshape(-1, dims), k)
 
 
 def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residual: str,
@@ -69,7 +69,7 @@ def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residu
     rs = residual_strategy(residual)
     if rs.pointwise:
         R = kernel.cross(locs, locs, sigma2, beta) - Q + np.eye(len(locs)) / delta
-        return vecchia_covariance(R, _plan(np.ascontiguousarray(locs, dtype=float).tobytes(), int(vecchia_k)))
+        return vecchia_covariance(R, _plan(np.ascontiguousarray(locs, dtype=float).tobytes(), np.shape(locs)[1], int(vecchia_k)))
     if rs.dense:
         W = kernel.cross(locs, locs, sigma2, beta) - Q
     elif rs.kriges:  # mpp

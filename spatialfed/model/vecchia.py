@@ -145,14 +145,15 @@ def _sets(plan: VecchiaPlan, pos: np.ndarray):
 
 
 def _pairwise(P: np.ndarray) -> np.ndarray:
-    """(b, k, k) distances among each row's points P (b, k, 2), per coordinate (a sum over a length-2 axis is
-    several times slower)."""
-    x, y = P[..., 0], P[..., 1]
-    dx, dy = x[:, :, None] - x[:, None, :], y[:, :, None] - y[:, None, :]
-    dx *= dx
-    dy *= dy
-    dx += dy
-    return np.sqrt(dx, out=dx)
+    """(b, k, k) distances among each row's points P (b, k, 2; or 3 Earth-centred), per coordinate (a sum over a
+    short axis is several times slower)."""
+    out = np.zeros(P.shape[:2] + P.shape[1:2])
+    for a in range(P.shape[-1]):
+        c = P[..., a]
+        d = c[:, :, None] - c[:, None, :]
+        d *= d
+        out += d
+    return np.sqrt(out, out=out)
 
 
 def _bt(A: np.ndarray) -> np.ndarray:
@@ -400,7 +401,8 @@ def kriging(lm, locs0: np.ndarray, params, k: int, tree: cKDTree) -> dict:
         FN = (lm.kernel.correlation(cdist(lm.locs[used], lm.knots), beta) @ T.T)[slot.reshape(nb.shape)]
         f0 = lm.kernel.correlation(cdist(locs0[rows], lm.knots), beta) @ T.T
         RNN = sigma2 * (lm.kernel.correlation(_pairwise(P), beta) - FN @ _bt(FN)) + eps * np.eye(k)
-        d0 = np.hypot(P[..., 0] - locs0[rows, 0, None], P[..., 1] - locs0[rows, 1, None])
+        gap = P - locs0[rows, None, :]
+        d0 = np.hypot(gap[..., 0], gap[..., 1]) if P.shape[-1] == 2 else np.sqrt(np.einsum("bka,bka->bk", gap, gap))
         kt = sigma2 * (lm.kernel.correlation(d0, beta) - np.einsum("bkm,bm->bk", FN, f0))
         v = np.linalg.solve(RNN, kt[:, :, None])[:, :, 0]
         resid = lm.z[nb] - lm.X[nb] @ params.gamma - FN @ Tmu

@@ -79,7 +79,9 @@ def maxmin_order(locs: np.ndarray, seed: int = 0) -> np.ndarray:
     for level in range(31):
         g = 2**level
         cells = np.floor(x * g).astype(np.int64)
-        cid = cells[:, 0] * g + cells[:, 1]
+        # a cell's id: x·g + y in the plane; in 3-D (Earth-centred points) its rank, as g³ overflows int64
+        cid = (cells[:, 0] * g + cells[:, 1] if cells.shape[1] == 2
+               else np.unique(cells, axis=0, return_inverse=True)[1].reshape(-1))
         occupied = np.unique(cid[taken])
         free = np.flatnonzero(~taken & ~np.isin(cid, occupied))
         if free.size:

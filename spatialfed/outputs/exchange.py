@@ -60,18 +60,20 @@ class Exchange:
 
 
 def boundary_points(bounds: np.ndarray, nearest, spacing: float, reach: float,
-                    max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+                    max_points: int = MAX_POINTS, to_space=None) -> tuple[np.ndarray, np.ndarray]:
     """(U, pairs): grid points within SLACK·spacing of equidistant from their two nearest sites and within `reach`
     of the nearer, with those two sites (|U| × 2). `bounds` (J × 4: x₀, y₀, x₁, y₁ per site), `nearest(points)`
     the sites' nearest-observation distances (J × n). The grid has GRID spacings, or every c-th of its points in
     each direction, c the least integer that keeps at most max_points: along a band of fixed width the points scale
-    as 1/c², so a first pass on every PROBE-th point estimates c."""
+    as 1/c², so a first pass on every PROBE-th point estimates c. `to_space`: the grid is laid in the store's
+    coordinates (`bounds` there) and mapped by it (chordal distances: Earth-centred points), U returned mapped."""
     lo, hi = bounds[:, :2].min(axis=0), bounds[:, 2:].max(axis=0)
     xs, ys = (np.arange(a, b + GRID * spacing, GRID * spacing) for a, b in zip(lo, hi))
 
     def on_boundary(c):
         gx, gy = (a.ravel() for a in np.meshgrid(xs[::c], ys[::c]))
         grid, keep, pairs = np.column_stack([gx, gy]), [], []
+        grid = grid if to_space is None else to_space(grid)
         for start in range(0, len(grid), CHUNK):
             d = np.asarray(nearest(grid[start:start + CHUNK]), dtype=float)
             two = np.argsort(d, axis=0)[:2]
@@ -149,9 +151,12 @@ def build(workers, model, spacing: float, boxes: np.ndarray) -> Exchange | None:
     J = workers.n_workers
     if J < 2:
         return None
-    U, pairs = boundary_points(boxes, lambda points: nearest.nearest_distances(workers, points, boxes,
-                                                                               SLACK * spacing),
-                               spacing, model.kernel.range_from_beta(model.params.beta))
+    chordal = boxes.shape[1] == 6  # Earth-centred sites: the grid in the store's coordinates, mapped
+    grid_boxes = nearest.site_boxes(workers, "store_bounds") if chordal else boxes
+    U, pairs = boundary_points(grid_boxes, lambda points: nearest.nearest_distances(workers, points, boxes,
+                                                                                    SLACK * spacing),
+                               spacing, model.kernel.range_from_beta(model.params.beta),
+                               to_space=model.to_space if chordal else None)
     anchors = site_points(pairs, J)
     if not anchors:
         return None

@@ -14,25 +14,28 @@ from __future__ import annotations
 
 import numpy as np
 
+from spatialfed.model.matern import as_points
 
-def site_boxes(workers) -> np.ndarray:
-    """Each site's bounding box of its data, J × 4 (x₀, y₀, x₁, y₁): one call, 4 numbers per site."""
-    boxes = workers.call("bounds", {j: () for j in range(workers.n_workers)})
-    return np.array([boxes[j] for j in range(workers.n_workers)], dtype=float).reshape(-1, 4)
+
+def site_boxes(workers, call: str = "bounds") -> np.ndarray:
+    """Each site's bounding box of its data, J × 4 (x₀, y₀, x₁, y₁; J × 6 for Earth-centred points): one call
+    ("store_bounds": in the store's coordinates)."""
+    boxes = workers.call(call, {j: () for j in range(workers.n_workers)})
+    return np.array([boxes[j] for j in range(workers.n_workers)], dtype=float).reshape(workers.n_workers, -1)
 
 
 def box_gaps(boxes: np.ndarray, locs0: np.ndarray) -> np.ndarray:
     """g_j(s₀): the distance from each location to each site's box (J × n₀; 0 inside)."""
-    x, y = locs0[:, 0], locs0[:, 1]
-    dx = np.maximum(np.maximum(boxes[:, 0:1] - x, x - boxes[:, 2:3]), 0.0)
-    dy = np.maximum(np.maximum(boxes[:, 1:2] - y, y - boxes[:, 3:4]), 0.0)
-    return np.hypot(dx, dy)
+    dims = boxes.shape[1] // 2
+    gaps = [np.maximum(np.maximum(boxes[:, a:a + 1] - locs0[:, a], locs0[:, a] - boxes[:, dims + a:dims + a + 1]), 0.0)
+            for a in range(dims)]
+    return np.hypot(*gaps) if dims == 2 else np.sqrt(sum(g * g for g in gaps))
 
 
 def nearest_distances(workers, locs0, boxes: np.ndarray, slack: float) -> np.ndarray:
     """d_j(s₀) (J × n₀) for every site within `slack` of the nearest, +∞ for the sites that cannot be (module
     docstring): two rounds of `nearest_distance` calls, each site asked only for its candidate locations."""
-    locs0 = np.asarray(locs0, dtype=float).reshape(-1, 2)
+    locs0 = as_points(locs0)
     gaps = box_gaps(boxes, locs0)
     d = np.full(gaps.shape, np.inf)
     asked = np.zeros(gaps.shape, dtype=bool)
@@ -49,7 +52,7 @@ def nearest_distances(workers, locs0, boxes: np.ndarray, slack: float) -> np.nda
 def spatial_order(locs0) -> np.ndarray:
     """A permutation of the locations along a Z-order (Morton) curve of their 16-bit grid cells: consecutive
     locations lie close together, so a batch of them needs the sites of one area."""
-    locs0 = np.asarray(locs0, dtype=float).reshape(-1, 2)
+    locs0 = as_points(locs0)[:, :2]  # Earth-centred points: their x/y, enough to keep a batch together
     lo, span = locs0.min(axis=0), np.ptp(locs0, axis=0)
     cells = np.floor((locs0 - lo) / np.where(span > 0, span, 1.0) * 65535).astype(np.uint64)
     key = np.zeros(len(locs0), dtype=np.uint64)

@@ -87,7 +87,7 @@ def summary_facts(result, arrivals=None, preset: str | None = None) -> dict:
         "sites": site_times(arrivals or [], int(result.n_workers)) if arrivals else [],
         "covariance": {k: v for k, v in (extra.get("variogram_params") or {}).items()
                        if k in ("nu_se_log", "nu_95", "nu_95_wald", "nu_interval_rounds", "range_major", "range_minor",
-                                "anisotropy_ratio", "angle_deg")},
+                                "anisotropy_ratio", "angle_deg", "distance", "range_km", "range_arc_deg")},
         "blocked_cv": extra.get("site_blocked_cv"),
     }
 
@@ -96,6 +96,9 @@ def _covariance_text(facts: dict) -> str:
     """The estimated family's ν̂ (with its interval) and anisotropy, as the fit's summary line says them."""
     cov, unit, e = facts.get("covariance") or {}, facts.get("unit"), html.escape
     text = ""
+    if cov.get("distance") == "chordal":
+        text += (f"<br>chordal distances on the sphere: range β = {cov['range_km']:.4g} km, "
+                 f"{cov['range_arc_deg']:.3g}° of arc")
     if "nu_se_log" in cov:
         text += f"<br>smoothness ν̂ = {facts['nu']:.3g} ({e(nu_interval_words(cov))})"
     if "angle_deg" in cov:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spatialfed.algorithm.protocol import Augmented, Quantity, evaluate
+from spatialfed.data.space import Chordal, Linear
 from spatialfed.model.blocked import blocked_scores
 from spatialfed.model.local import LocalModel
 from spatialfed.model.matern import Matern
@@ -44,9 +45,10 @@ _REGISTRY_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class SiteSpec:
     """How to build site j's LocalModel where it runs: run id, store path, index, knots, kernel, residual (and the
-    Vecchia residual's neighbour count k). `metric`: a 2×2 A (nested tuples) for a fitted anisotropic model, whose
-    prediction is the isotropic one in the coordinates As (model/family.py MaternFamily.metric): the site's
-    locations are mapped on load, the knots given mapped; what maps show (sites, hull) is mapped back."""
+    Vecchia residual's neighbour count k). `space`: the map (data/space.py) to the coordinates the covariance is
+    isotropic in — Linear(A) for a fitted anisotropy (prediction), Chordal for distances on the sphere (fit and
+    prediction) — or None: the site's locations are mapped on load, the knots given mapped; what maps show (sites,
+    hull) is mapped back."""
 
     run_id: str
     store: str
@@ -55,7 +57,7 @@ class SiteSpec:
     kernel: Matern
     residual: str
     vecchia_k: int = VECCHIA_K
-    metric: tuple | None = None
+    space: Linear | Chordal | None = None
 
     @property
     def key(self) -> str:
@@ -63,15 +65,14 @@ class SiteSpec:
 
 
 def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residual: str,
-               vecchia_k: int = VECCHIA_K, metric=None) -> list[SiteSpec]:
+               vecchia_k: int = VECCHIA_K, space=None) -> list[SiteSpec]:
     """One SiteSpec per federated worker of `store` (its absolute path: every site opens it itself); with a
-    `metric` A the knots are given in the store's coordinates and mapped here."""
+    `space` the knots are given in the store's coordinates and mapped here."""
     store = os.path.abspath(os.fspath(store))
     knots = np.asarray(knots, dtype=float).reshape(-1, 2)
-    if metric is not None:
-        metric = tuple(tuple(float(v) for v in row) for row in np.asarray(metric, dtype=float).reshape(2, 2))
-        knots = knots @ np.asarray(metric).T
-    return [SiteSpec(run_id, store, j, knots, kernel, residual, int(vecchia_k), metric) for j in range(int(n_workers))]
+    if space is not None:
+        knots = space.forward(knots) if len(knots) else np.empty((0, 3 if isinstance(space, Chordal) else 2))
+    return [SiteSpec(run_id, store, j, knots, kernel, residual, int(vecchia_k), space) for j in range(int(n_workers))]
 
 
 def local_model(spec: SiteSpec) -> LocalModel:
@@ -82,10 +83,10 @@ def local_model(spec: SiteSpec) -> LocalModel:
         from spatialfed.data.store import load_worker
 
         locs, z, X = load_worker(spec.store, spec.worker)
-        if spec.metric is not None:
-            locs = locs @ np.asarray(spec.metric).T
+        if spec.space is not None:
+            locs = spec.space.forward(locs)
         lm = LocalModel(locs, z, X, spec.knots, spec.kernel, residual=spec.residual, vecchia_k=spec.vecchia_k)
-        lm.unmapped = None if spec.metric is None else np.linalg.inv(np.asarray(spec.metric))  # As -> s
+        lm.space = spec.space  # what maps show is mapped back (_store_locs)
         with _REGISTRY_LOCK:
             lm = _REGISTRY.setdefault(spec.key, lm)
     return lm
@@ -125,8 +126,15 @@ def wake(wait_s: float) -> float:
     return wait_s
 
 
-def _bounds(lm: LocalModel) -> tuple[float, float, float, float]:
+def _bounds(lm: LocalModel) -> tuple[float, ...]:
+    """The bounding box of the site's locations as it holds them (mapped by its space): lows, then highs."""
     return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
+
+
+def _store_bounds(lm: LocalModel) -> tuple[float, float, float, float]:
+    """The bounding box of the site's locations in the store's coordinates: x₀, y₀, x₁, y₁."""
+    locs = _store_locs(lm)
+    return (*locs.min(axis=0).tolist(), *locs.max(axis=0).tolist())
 
 
 def _spacing(lm: LocalModel) -> float:
@@ -137,9 +145,9 @@ def _spacing(lm: LocalModel) -> float:
 
 
 def _store_locs(lm: LocalModel) -> np.ndarray:
-    """The site's locations in the store's coordinates (a fitted anisotropic model's sites hold them mapped)."""
-    back = getattr(lm, "unmapped", None)
-    return lm.locs if back is None else lm.locs @ back.T
+    """The site's locations in the store's coordinates (a site with a `space` holds them mapped)."""
+    space = getattr(lm, "space", None)
+    return lm.locs if space is None else space.back(lm.locs)
 
 
 def _hull(lm: LocalModel) -> bytes:
@@ -159,7 +167,8 @@ SITE_CALLS = {
     "anchor_posterior": LocalModel.anchor_posterior,          # |U_j| mean, |U_j|×m BRk, |U_j|² cov
     "independent_kriging": LocalModel.independent_kriging,    # n₀ mean and variance
     "moments": LocalModel.moments,                            # p×p, p, 1, 1
-    "bounds": _bounds,                                        # 4 numbers
+    "bounds": _bounds,                                        # 4 numbers (6 Earth-centred)
+    "store_bounds": _store_bounds,                            # 4 numbers (the exchange grid of a chordal fit)
     "spacing": _spacing,                                      # 1 number (the seamless predictor's band)
     "hull": _hull,                                            # one polygon (the default map domain)
     "sites": _store_locs,                                     # observation sites (for maps only; --no-sites omits)

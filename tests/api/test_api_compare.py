@@ -68,7 +68,7 @@ def test_candidates_are_read_from_text_or_dicts(spec, settings):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: candidate("knots=9"), "a candidate sets nu and/or anisotropy"),
+    (lambda: candidate("knots=9"), "a candidate sets nu, anisotropy, distance"),
     (lambda: candidate(""), "a candidate sets"),
     (lambda: compare_models("s.zarr", candidates=["nu=0.5"], nu=1.5), r"\['nu'\] differ between candidates"),
     (lambda: compare_models("s.zarr", candidates=[]), "at least one candidate"),
@@ -93,4 +93,4 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     assert main(argv) != 0  # an existing file is refused before the fits
     assert "--overwrite" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "s.zarr"), "--candidate", "range=3"]) != 0
-    assert "a candidate sets nu and/or anisotropy" in capsys.readouterr().err
+    assert "a candidate sets nu, anisotropy, distance" in capsys.readouterr().err

@@ -347,5 +347,7 @@ def test_the_parameters_of_earlier_versions_warn_and_land_in_their_objects():
         FederatedGP(checkpoint_every=3)
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['colour'\]"):
         FederatedGP(colour="red")
-    assert len(FederatedGP._get_param_names()) <= 21  # model and fit settings flat, as scikit-learn; the rest in objects
+    # the model (method, residual, knots, nu, anisotropy, distance, ...) and fit settings flat, as scikit-learn's; the
+    # cluster, emulation, checkpoint and strategies in objects
+    assert len(FederatedGP._get_param_names()) <= 22
     assert "moved" not in FederatedGP._get_param_names() and "**moved" in str(inspect.signature(FederatedGP))

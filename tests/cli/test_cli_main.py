@@ -173,3 +173,30 @@ def test_fit_with_estimated_nu_and_anisotropy_reports_them_and_predicts(tmp_path
     assert main(["predict", str(tmp_path / "fit"), "--store", str(tmp_path / "s.zarr"), "--out",
                  str(tmp_path / "p.csv"), "--quiet"]) == 0
     assert len((tmp_path / "p.csv").read_text().splitlines()) == 21
+
+
+def test_lonlat_data_over_1000_km_fit_chordal_on_dask_and_map_in_the_stores_crs(tmp_path, capsys):
+    """A store ingested from lon/lat spanning ~2,300 km: distance None is chordal; ν estimated with it on an embedded
+    Dask cluster (the family's statistics on the workers, the sites' Earth-centred points), then mapped."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    lon, lat = rng.uniform(-100, -80, 150), rng.uniform(32, 46, 150)
+    y = np.sin(np.radians(lon) * 12) + np.cos(np.radians(lat) * 10) + 0.3 * rng.standard_normal(150)
+    pd.DataFrame({"lon": lon, "lat": lat, "y": y}).to_csv(tmp_path / "pts.csv", index=False)
+    store, fit = tmp_path / "s.zarr", tmp_path / "fit"
+    assert main(["ingest", str(tmp_path / "pts.csv"), str(store), "--x", "lon", "--y", "lat", "--value", "y", "--crs",
+                 "EPSG:4326", "--workers", "3"]) == 0
+    assert main(["fit", str(store), "--out", str(fit), "--knots", "16", "--nu", "estimate", "--mode", "sync",
+                 "--runtime", "dask"]) == 0
+    said = capsys.readouterr().err
+    vp = json.loads((fit / "fit.json").read_text())["variogram_params"]
+    assert vp["distance"] == "chordal" and vp["range_km"] == pytest.approx(vp["range"] / 1000.0)
+    assert f"range {vp['range_km']:.4g} km" in said and "° of arc" in said
+    assert "chordal distances on the sphere" in (fit / "report.html").read_text()
+    assert main(["map", str(fit), "--store", str(store), "--out", str(tmp_path / "m"), "--resolution", "40000",
+                 "--runtime", "simulated", "--quiet"]) == 0
+    assert (tmp_path / "m" / "map.png").stat().st_size > 0

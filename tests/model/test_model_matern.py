@@ -72,7 +72,7 @@ def test_bad_arguments_are_named_and_the_largest_smoothness_is_accepted():
     k = Matern(1.5)
     ok = np.zeros((2, 2))
     with pytest.raises(ValueError, match="^a must be"):
-        pairwise_distances(np.zeros((2, 3)), ok)
+        pairwise_distances(np.zeros((2, 4)), ok)
     with pytest.raises(ValueError, match="^b must be"):
         pairwise_distances(ok, np.zeros((2, 3)))
     for call, name in ((lambda: k.covariance(ok, 1.0, -1.0), "beta"), (lambda: k.covariance(ok, 0.0, 1.0), "sigma2"),

@@ -47,7 +47,7 @@ def open_workers(info: StoreInfo, model: FittedModel, runtime: str = "auto", *, 
                                  n_dask_workers=n_dask_workers)
 
     specs = site.site_specs(f"predict-{uuid.uuid4().hex[:12]}", info.path, info.n_workers, model.knots, model.kernel,
-                            model.residual, model.vecchia_k, model.metric)
+                            model.residual, model.vecchia_k, model.space)
     with open_runtime(runtime, client=client, scheduler=scheduler, n_dask_workers=n_dask_workers,
                       n_sites=info.n_workers, insecure=insecure) as workers:
         try:
@@ -117,7 +117,7 @@ def predict_batches(workers, model: FittedModel, locs0, X0, predictor: str = "se
     its blocks; `ols` is one pooled moment call, then batches."""
     check_predictor(predictor, worker, workers.n_workers)
     locs0, X0 = _check_targets(model, locs0, X0)
-    locs0 = model.to_space(locs0)  # a fitted anisotropy kriges isotropically in As (the sites hold theirs so)
+    locs0 = model.to_space(locs0)  # isotropic in As, or Earth-centred x/y/z (the sites hold theirs so)
     batch = batch_size(0, batch)
     if predictor == "ols":
         mom = workers.call("moments", {j: () for j in range(workers.n_workers)})

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spatialfed.data import space as spaces
+from spatialfed.data.space import Chordal, Linear
 from spatialfed.data.store import StoreInfo
 from spatialfed.errors import DataError, option
 from spatialfed.model import transform
@@ -32,16 +34,16 @@ class FittedModel:
     store_fingerprint: str | None = None
     vecchia_k: int = VECCHIA_K            # neighbours of the Vecchia residual (fit.json "vecchia_k")
     transform: str = "none"               # "log": fitted on log values, predicted on their own scale (fit.json)
-    metric: tuple | None = None           # a fitted anisotropy's A: isotropic in As (fit.json "metric")
+    space: Linear | Chordal | None = None  # data/space.py: a fitted anisotropy's As, or chordal distances
 
     @property
     def kernel(self) -> Matern:
         return Matern(self.nu)
 
     def to_space(self, locs) -> np.ndarray:
-        """Points in the coordinates the kriging works in: As for a fitted anisotropy (`metric`), else as given."""
+        """Points in the coordinates the kriging works in (`space`: As, or Earth-centred x/y/z), else as given."""
         locs = np.asarray(locs, dtype=float)
-        return locs if self.metric is None else locs @ np.asarray(self.metric).T
+        return locs if self.space is None else self.space.forward(locs)
 
     @property
     def space_knots(self) -> np.ndarray:
@@ -55,7 +57,7 @@ class FittedModel:
                    np.asarray(gp.knots_, dtype=float).reshape(-1, 2), float(gp.variogram_params_["nu"]),
                    getattr(gp, "residual_", gp.residual), gp.method, list(gp.covariate_names_),
                    vecchia_k=gp.vecchia_k_, transform=getattr(gp, "transform_", "none"),
-                   metric=gp.variogram_params_.get("metric"))
+                   space=_space(gp.variogram_params_, gp.store_crs_))
 
 
 def _params(p: dict, mu, Sigma, m: int) -> Params:
@@ -80,18 +82,22 @@ def load_model(fit_dir) -> FittedModel:
     return FittedModel(params, knots, float(fit.nu), fit.residual, fit.method, fit.extra.get("covariate_names"),
                        fit.extra.get("store"), fit.store_fingerprint, int(fit.extra.get("vecchia_k", VECCHIA_K)),
                        transform.check_transform(fit.extra.get("transform")),
-                       _metric(fit.extra.get("variogram_params", {}).get("metric")))
+                       _space(fit.extra.get("variogram_params", {}), fit.extra.get("store_crs")))
 
 
-def _metric(value) -> tuple | None:
-    """A fit.json "metric" as a 2×2 of finite numbers (None: isotropic); anything else is a damaged file."""
+def _space(vp: dict, crs) -> Linear | Chordal | None:
+    """The space of a fit's variogram_params: Linear for an anisotropy's "metric", Chordal for "distance":
+    "chordal" (the store's CRS), else None (planar, isotropic)."""
+    if vp.get("distance") == "chordal":
+        return spaces.chordal(crs)
+    value = vp.get("metric")
     if value is None:
         return None
     A = np.asarray(value, dtype=float)
     if A.shape != (2, 2) or not np.all(np.isfinite(A)) or abs(np.linalg.det(A)) < 1e-12:
         raise DataError(f"fit.json's anisotropy metric {value!r} is not an invertible 2×2 matrix; run `spatialfed "
                         "fit` again")
-    return tuple(tuple(float(v) for v in row) for row in A)
+    return Linear(tuple(tuple(float(v) for v in row) for row in A))
 
 
 def check_store(model: FittedModel, info: StoreInfo) -> None:
