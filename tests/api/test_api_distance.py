@@ -34,8 +34,8 @@ def _frame(n=160, span=(24.0, 16.0), seed=0, range_km=400.0):
 
 
 def _fit(frame, mode="sync", **settings):
-    gp = FederatedGP(mode=mode, knots=16, cluster="simulated", progress=False, tol=1e-7, max_iter=200,
-                     crs="EPSG:4326", **settings)
+    gp = FederatedGP(**{"mode": mode, "knots": 16, "cluster": "simulated", "progress": False, "tol": 1e-7,
+                        "max_iter": 200, "crs": "EPSG:4326", **settings})
     return gp.fit(frame[["lon", "lat"]], frame["y"], groups=frame["site"])
 
 
@@ -148,3 +148,19 @@ def test_chordal_distances_on_a_store_without_a_crs_are_refused_in_one_line():
         FederatedGP(knots=9, cluster="simulated", progress=False, distance="chordal").fit(
             None, rng.standard_normal(60), coords=rng.uniform(size=(60, 2)) * 1e4, groups=np.arange(60) % 3)
     assert "planar units" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_chordal_fit_resumed_from_its_checkpoint_keeps_its_knots_in_the_stores_coordinates(tmp_path):
+    """The checkpoint holds the server's Earth-centred knots: the resumed estimator takes them back to the store's
+    coordinates (knots_, to pyproj's round trip) and its sites to the same model (ℓ and predictions)."""
+    from spatialfed import Checkpoint
+
+    frame = _frame(seed=4)
+    path = tmp_path / "ckpt.zip"
+    gp = _fit(frame, distance="chordal", checkpoint=Checkpoint(path, every=1))
+    resumed = FederatedGP.resume(path)
+    assert resumed.variogram_params_["distance"] == "chordal" and resumed.knots_.shape == gp.knots_.shape
+    np.testing.assert_allclose(resumed.knots_, gp.knots_, rtol=0, atol=1e-2)  # metres
+    assert resumed.loglik_ == pytest.approx(gp.loglik_, abs=1e-9)
+    new = frame[["lon", "lat"]].iloc[:5]
+    np.testing.assert_allclose(resumed.predict(new), gp.predict(new), rtol=1e-6)
