@@ -23,14 +23,6 @@ def grid_knots(locs, side: int) -> np.ndarray:
     return np.stack(np.meshgrid(gx, gy), -1).reshape(-1, 2)
 
 
-def sphere_knots(m: int) -> np.ndarray:
-    """m knots on the sphere (lon, lat degrees): the Fibonacci lattice, equal-area to O(1/m)."""
-    i = np.arange(m) + 0.5
-    lat = np.degrees(np.arcsin(1.0 - 2.0 * i / m))
-    lon = (np.degrees(np.pi * (1.0 + 5.0**0.5) * i) + 180.0) % 360.0 - 180.0
-    return np.column_stack([lon, lat])
-
-
 def fit(parts, knots, family: MaternFamily, synchronous: bool = True, residual: str = "full",
         loglik_tol: float = 1e-10, profile_nu: bool = False) -> dict:
     """The fitted u, ℓ, γ̂, and each parameter's estimate with its 95 % interval (from −H⁻¹ of the profile ℓ);

@@ -88,7 +88,20 @@ def geometry(gp, info, domain, knots):
                 raise
     if knots.ndim == 2 and knots.shape[1] == 3:
         knots = space.back(knots) if space is not None else knots
+    elif space is not None and len(knots) and not space.has_lonlat(knots).all() and np.ndim(gp.knots) == 0:
+        knots = _knots_on_the_sphere(space, domain, int(gp.knots), gp.seed)
     return space, knots, (space.forward(knots) if space is not None and len(knots) else knots)
+
+
+def _knots_on_the_sphere(space, domain, m: int, seed: int) -> np.ndarray:
+    """m jittered grid knots over the part of the domain that maps to the sphere (data lon/lat over most of the
+    globe: its equal-area plane is a disk, the sites' bounding boxes reach beyond it)."""
+    from spatialfed.data import geometry
+
+    region = space.region()
+    if region is None:  # another CRS: the knots as laid out, and forward names those without longitude/latitude
+        return geometry.jittered_knots(domain, m, seed=seed)
+    return geometry.jittered_knots(geometry.Domain(domain.geometry.intersection(region), domain.crs), m, seed=seed)
 
 
 def resolve_distance(gp, info, domain) -> str:

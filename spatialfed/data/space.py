@@ -46,13 +46,33 @@ class Chordal:
     radius: float
 
     def forward(self, s) -> np.ndarray:
-        s = np.asarray(s, dtype=float).reshape(-1, 2)
-        lon, lat = Transformer.from_crs(self.crs, "EPSG:4326", always_xy=True).transform(s[:, 0], s[:, 1])
-        x = self.radius * unit_vectors(np.column_stack([lon, lat]))
+        x = self._earth_centred(s)
         if not np.isfinite(x).all():
             raise DataError(f"{int((~np.isfinite(x).all(axis=1)).sum())} point(s) have no longitude/latitude in "
                             f"{crs_name(self.crs)}; check the points' coordinates")
         return x
+
+    def _earth_centred(self, s) -> np.ndarray:
+        s = np.asarray(s, dtype=float).reshape(-1, 2)
+        lon, lat = Transformer.from_crs(self.crs, "EPSG:4326", always_xy=True).transform(s[:, 0], s[:, 1])
+        with np.errstate(invalid="ignore"):  # no lon/lat (inf): NaN rows, which forward names and has_lonlat drops
+            return self.radius * unit_vectors(np.column_stack([lon, lat]))
+
+    def has_lonlat(self, s) -> np.ndarray:
+        """Which points of the store's plane have a longitude/latitude (a global equal-area plane is a disk)."""
+        return np.isfinite(self._earth_centred(s)).all(axis=1)
+
+    def region(self):
+        """The part of the store's plane that maps to the sphere, as a shapely polygon, for the equal-area projection
+        ingest uses for wide lon/lat data (a disk of radius 2R about its origin, less 0.1 %); None for other CRSs."""
+        import shapely
+
+        op = CRS(self.crs).coordinate_operation
+        if op is None or op.method_name != "Lambert Azimuthal Equal Area":
+            return None
+        values = {p.name: p.value for p in op.params}
+        return shapely.Point(values.get("False easting", 0.0), values.get("False northing", 0.0)).buffer(
+            2.0 * self.radius * 0.999, quad_segs=64)
 
     def back(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float).reshape(-1, 3)

@@ -66,7 +66,8 @@ def boundary_points(bounds: np.ndarray, nearest, spacing: float, reach: float,
     the sites' nearest-observation distances (J × n). The grid has GRID spacings, or every c-th of its points in
     each direction, c the least integer that keeps at most max_points: along a band of fixed width the points scale
     as 1/c², so a first pass on every PROBE-th point estimates c. `to_space`: the grid is laid in the store's
-    coordinates (`bounds` there) and mapped by it (chordal distances: Earth-centred points), U returned mapped."""
+    coordinates (`bounds` there) and mapped by it (chordal distances: Earth-centred points; the grid points with no
+    longitude/latitude dropped), U returned mapped."""
     lo, hi = bounds[:, :2].min(axis=0), bounds[:, 2:].max(axis=0)
     xs, ys = (np.arange(a, b + GRID * spacing, GRID * spacing) for a, b in zip(lo, hi))
 
@@ -156,7 +157,7 @@ def build(workers, model, spacing: float, boxes: np.ndarray) -> Exchange | None:
     U, pairs = boundary_points(grid_boxes, lambda points: nearest.nearest_distances(workers, points, boxes,
                                                                                     SLACK * spacing),
                                spacing, model.kernel.range_from_beta(model.params.beta),
-                               to_space=model.to_space if chordal else None)
+                               to_space=(lambda g: model.to_space(g[model.space.has_lonlat(g)])) if chordal else None)
     anchors = site_points(pairs, J)
     if not anchors:
         return None

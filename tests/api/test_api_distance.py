@@ -164,3 +164,20 @@ def test_a_chordal_fit_resumed_from_its_checkpoint_keeps_its_knots_in_the_stores
     assert resumed.loglik_ == pytest.approx(gp.loglik_, abs=1e-9)
     new = frame[["lon", "lat"]].iloc[:5]
     np.testing.assert_allclose(resumed.predict(new), gp.predict(new), rtol=1e-6)
+
+
+def test_points_over_the_whole_globe_get_m_knots_on_the_sphere():
+    """The equal-area plane of global data is a disk, and the sites' bounding boxes reach past it: the knots are laid
+    out over the part of the domain that maps to the sphere, m of them, and the fit and its predictions run."""
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal((240, 3))
+    v /= np.linalg.norm(v, axis=1)[:, None]
+    frame = pd.DataFrame({"lon": np.degrees(np.arctan2(v[:, 1], v[:, 0])), "lat": np.degrees(np.arcsin(v[:, 2]))})
+    frame["y"] = v[:, 2] + 0.3 * rng.standard_normal(240)
+    frame["site"] = ((frame["lon"] + 180) // 120).astype(int)
+    with pytest.warns(UserWarning, match="distortion"):  # the projection of the globe, as ingest says
+        gp = _fit(frame, max_iter=30)
+    sp = space.chordal(gp.store_crs_)
+    assert gp.variogram_params_["distance"] == "chordal" and len(gp.knots_) == 16
+    assert sp.has_lonlat(gp.knots_).all() and not sp.has_lonlat([[4.0 * sp.radius, 0.0]]).any()
+    assert np.all(np.isfinite(gp.predict(frame[["lon", "lat"]].iloc[:20])))
