@@ -143,10 +143,12 @@ def main(argv=None):
     jobs = [(s, c, seed, a.n, a.sites) for seed in range(a.first_seed, a.seeds) for s in a.study
             for c in ({"nu": (0.5, 1.5, 2.5)}.get(s, (None,)))]
     rows = []
-    with Pool(a.processes) as pool:
-        for row in pool.imap(_job, jobs):
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    pool = Pool(a.processes)
+    for row in pool.imap(_job, jobs):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    pool.close()  # not terminate(): a worker's fit handles SIGTERM as a stop (api/signals.py) and would print it
+    pool.join()
     for row in summary(rows):
         print(json.dumps(row), flush=True)
 
