@@ -61,10 +61,12 @@ def test_a_disagreement_is_said_with_its_paired_difference(field):
     ("nu=1.5", {"nu": 1.5}),
     (" anisotropy = off ", {"anisotropy": False}),
     ({"nu": 2.5}, {"nu": 2.5}),
+    ("nu=estimate,distance=chordal", {"nu": "estimate", "distance": "chordal"}),
 ])
 def test_candidates_are_read_from_text_or_dicts(spec, settings):
     assert candidate(spec) == settings
     assert label({"nu": 1.5, "anisotropy": True}) == "nu=1.5, anisotropy"
+    assert label({"distance": "planar", "nu": 0.5}) == "nu=0.5, distance=planar"
 
 
 @pytest.mark.parametrize("call, message", [
