@@ -81,10 +81,10 @@ class FederatedGP(RegressorMixin, BaseEstimator):
         minor range β/r across it (``variogram_params_``: range_major, range_minor, anisotropy_ratio, angle_deg);
         predictions and maps krige with it. With ``nu="estimate"`` or ``anisotropy`` the statistics scheme fits
         u = (log δ, log σ², log β [, log ν] [, log r, φ]) (method "lowrank", the preset "stats", no privacy).
-    distance : None (chordal for a store with a CRS whose domain spans more than 1,000 km, else planar), "planar"
-        (distances in the store's CRS) or "chordal" (on the sphere: ‖R p(s) − R p(s')‖, p the unit vector of the
-        point's lon/lat, valid for the Matérn at every ν; the knots laid out in the store's equal-area coordinates;
-        ``variogram_params_`` adds range_km and range_arc_deg; api/covariance.py, docs/equations.md Eq. 26).
+    distance : None (chordal for a lowrank fit on a store with a CRS whose domain spans over 1,000 km, else
+        planar), "planar" (distances in the store's CRS) or "chordal" (on the sphere: ‖R p(s) − R p(s')‖, p the
+        unit vector of the point's lon/lat, valid for the Matérn at every ν; the knots laid out in the store's
+        coordinates; ``variogram_params_`` adds range_km and range_arc_deg; api/covariance.py, Eq. 26).
     max_iter, tol : stopping rules (relative parameter change below tol for 3 iterations).
     seed : seed of the knot jitter (and of the emulated delays).
     strategies : how an iteration reaches the sites: a preset name, or a dict of settings with the preset under
