@@ -191,7 +191,8 @@ def lonlat_projection(lon, lat) -> tuple[CRS, str]:
     error = scale_error(crs, lon, lat)
     note += f"{', ' if note.endswith('exact') else ' ('}distances within {100 * error:.2g}% over the data)"
     if error > 0.02:
-        warn(f"{note}: more than 2% distortion, the data span too much of the globe for one planar CRS; "
+        warn(f"{note}: more than 2% distortion, the data span too much of the globe for one planar CRS (a fit's "
+             "chordal distances, its default for data over 1,000 km, stay exact; maps are drawn in it); "
              f"split the study area or give {option('target_crs=', '--target-crs')}")
     return crs, note
 
