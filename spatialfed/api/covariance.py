@@ -79,13 +79,7 @@ def geometry(gp, info, domain, knots):
     """(space, knots, server_knots) of a fit: the data/space.py map its sites apply (None: planar), the knots in the
     store's coordinates (a resumed chordal fit's checkpoint holds them mapped) and as the server uses them."""
     knots = np.asarray(knots, dtype=float)
-    space = None
-    if resolve_distance(gp, info, domain) == "chordal":
-        try:
-            space = spaces.chordal(info.crs)
-        except DataError:
-            if gp.distance == "chordal":
-                raise
+    space = spaces.chordal(info.crs) if resolve_distance(gp, info, domain) == "chordal" else None
     if knots.ndim == 2 and knots.shape[1] == 3:
         knots = space.back(knots) if space is not None else knots
     elif space is not None and len(knots) and not space.has_lonlat(knots).all() and np.ndim(gp.knots) == 0:
@@ -106,7 +100,7 @@ def _knots_on_the_sphere(space, domain, m: int, seed: int) -> np.ndarray:
 
 def resolve_distance(gp, info, domain) -> str:
     """"planar" or "chordal": the setting, or for None chordal where the store has a CRS and its domain's
-    diagonal exceeds AUTO_CHORDAL_KM (and the settings allow it: isotropic, method lowrank or independent)."""
+    diagonal exceeds AUTO_CHORDAL_KM (isotropic fits with knots: a fit without them has no domain to measure)."""
     if gp.distance is not None:
         return spaces.check_distance(gp.distance)
     if info.crs is None or gp.anisotropy is True or gp.method == "fgpr" or domain is None:
