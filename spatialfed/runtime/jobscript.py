@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS, on_loopback
+from spatialfed.runtime.cluster import JOB_ENV, JOBQUEUE_KINDS, import_dask_jobqueue, on_loopback
 from spatialfed.runtime.walltime import with_lifetime
 
 PLACEHOLDER_ADDRESS = "tcp://<insert-scheduler-address-here>:8786"
@@ -88,8 +88,9 @@ def user_dask_config(kind: str) -> dict:
     import os
 
     import dask
-    import dask_jobqueue
     import yaml
+
+    dask_jobqueue = import_dask_jobqueue()  # not a bare import: it would replace this process's Ctrl-C handler
 
     kind = check_kind(kind)
     with open(os.path.join(os.path.dirname(dask_jobqueue.__file__), "jobqueue.yaml")) as fh:
@@ -139,7 +140,7 @@ def jobqueue_kwargs(kind: str, *, cores=1, memory="4GB", walltime="01:00:00", qu
 
 def job_class(kind: str):
     """The dask-jobqueue Job class of a batch system (SLURMJob, PBSJob, SGEJob)."""
-    import dask_jobqueue
+    dask_jobqueue = import_dask_jobqueue()
 
     cluster_cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster,
                    "sge": dask_jobqueue.SGECluster}[check_kind(kind)]

@@ -32,3 +32,18 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_a_keyboard_interrupt():
 
 def test_a_handler_dask_jobqueue_installed_earlier_is_undone():
     assert _ctrl_c("import dask_jobqueue") == "KeyboardInterrupt"
+
+
+def test_the_job_script_helpers_keep_ctrl_c_a_keyboard_interrupt():
+    """runtime/jobscript.py reads dask-jobqueue's defaults and job classes: through import_dask_jobqueue too."""
+    code = """
+import signal
+from spatialfed.runtime import jobscript
+jobscript.job_class("slurm")
+try:
+    signal.raise_signal(signal.SIGINT)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.stdout.strip() or done.stderr.strip()) == "KeyboardInterrupt"

@@ -62,9 +62,9 @@ def test_worker_processes_start_with_the_malloc_settings(monkeypatch):
 
 def test_a_batch_cluster_listening_beyond_this_machine_without_tls_warns(monkeypatch):
     """The warning comes before any job is submitted (the dask-jobqueue class is replaced by one that stops)."""
-    import dask_jobqueue
-
     from spatialfed.runtime import cluster
+
+    dask_jobqueue = cluster.import_dask_jobqueue()  # a bare import would leave sys.exit as this process's Ctrl-C
 
     class Stop(Exception):
         pass
