@@ -20,13 +20,17 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         NAME, help=HELP,
         description="Predicts on square cells over the domain and writes mean.tif and sd.tif (GeoTIFF in the "
-                    "store's CRS), grid.gpkg (cells with mean, sd, sd_latent, owner), map.png and map.json.")
+                    "store's CRS, or --map-crs), grid.gpkg (cells with mean, sd, sd_latent, owner), map.png and "
+                    "map.json.")
     add_fitted(p, RUNTIMES, PREDICTORS)
     p.add_argument("--out", required=True, metavar="MAPDIR",
                    help="output directory (an existing one is refused unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace MAPDIR if it exists (atomically, when done)")
     p.add_argument("--resolution", type=float, default=None, metavar="R",
-                   help="cell size in the store's CRS units (default: about 150 cells along the longer side)")
+                   help="cell size in the map's CRS units (default: about 150 cells along the longer side)")
+    p.add_argument("--map-crs", default=None, metavar="CRS",
+                   help="CRS of the map files, e.g. EPSG:4326 for a lon/lat raster: the cells are laid out in it and "
+                        "their centres predicted in the store's CRS (default: the store's CRS)")
     p.add_argument("--covariates", default=None, metavar="FILE",
                    help="points (CSV or a point GeoPackage/GeoParquet, reprojected to the store's CRS) carrying the "
                         "fitted covariates; each cell takes the nearest point within one cell (needed unless the "
@@ -55,7 +59,7 @@ def run(args) -> None:
     tic = time.perf_counter()
     paths = make_map(args.fit_dir, args.store, args.out, resolution=args.resolution, covariates=args.covariates,
                      units=args.units, title=args.title, overlay=args.overlay, overlay_label=args.overlay_label,
-                     sites=args.sites, show_owners=args.show_owners, batch=args.batch,
+                     sites=args.sites, show_owners=args.show_owners, batch=args.batch, map_crs=args.map_crs,
                      progress=not args.quiet, overwrite=args.overwrite, **point_columns(args), **fitted_settings(args))
     summary = json.loads(paths["json"].read_text())
     print(f"wrote {args.out}: {', '.join(p.name for p in paths.values())} ({summary['cells']} cells of "

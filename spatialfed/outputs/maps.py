@@ -2,7 +2,9 @@
 
 `make_map` predicts at the centres of the square cells of `geometry.prediction_grid` inside the domain (federated, as
 in `prediction.predict_at`) and writes into the output directory:
-- `mean.tif`, `sd.tif`: single-band float32 GeoTIFFs in the store's CRS (NaN outside the domain);
+- `mean.tif`, `sd.tif`: single-band float32 GeoTIFFs in the store's CRS, or in `map_crs` (e.g. EPSG:4326 for a
+  lon/lat raster: the cells are laid out in it and their centres predicted in the store's CRS) (NaN outside the
+  domain);
 - `map.nc`: the same mean and sd as one georeferenced NetCDF (CF grid mapping and GeoTransform written by
   rioxarray; `xarray.open_dataset(path, decode_coords="all").rio.crs` gives the CRS back), for xarray/GDAL/QGIS users;
 - `grid.gpkg`: the cells as polygons with columns mean, sd, sd_latent, owner (layer "prediction"), for GIS users;
@@ -64,9 +66,11 @@ def covariates_at(points, table: pd.DataFrame, names: list[str], tolerance: floa
     return design_matrix(table.iloc[idx].reset_index(drop=True), names, source)
 
 
-def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, columns=None) -> np.ndarray:
+def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, columns=None,
+               view: "MapView | None" = None) -> np.ndarray:
     """Design matrix at the grid's cells: intercept only, or values looked up in the covariate table file (its
-    coordinate columns and CRS `columns` = {"x", "y", "crs"}, as for tables.read_points)."""
+    coordinate columns and CRS `columns` = {"x", "y", "crs"}, as for tables.read_points; in the store's CRS, within
+    half a cell's diagonal there: a `view`'s cells are laid out in another CRS)."""
     names = list(info.covariate_names)
     if covariates is None:
         needed = [c for c in names if c != INTERCEPT]
@@ -76,7 +80,51 @@ def map_design(grid: geometry.PredictionGrid, info: StoreInfo, covariates=None, 
                             "the dataset's prediction grid)")
         return np.ones((int(grid.mask.sum()), len(names)))
     table = read_points(covariates, info.crs, arrived=input_crs(info), **(columns or {}))
-    return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
+    if view is None:
+        return covariates_at(grid.points, table, names, grid.resolution * np.sqrt(0.5) * 1.001, str(covariates))
+    centres, h = view.to_store(grid.points), grid.resolution / 2
+    reach = max(float(np.max(np.linalg.norm(view.to_store(grid.points + [dx, dy]) - centres, axis=1)))
+                for dx in (-h, h) for dy in (-h, h))
+    return covariates_at(centres, table, names, reach * 1.001, str(covariates))
+
+
+class MapView:
+    """The map's own CRS (`map_crs` of make_map) beside the store's: the grid is laid out in it, its cells' centres
+    predicted in the store's CRS; what map.png draws (domain, sites, overlays) is taken into it."""
+
+    def __init__(self, store_crs, map_crs):
+        from pyproj import Transformer
+
+        self.crs = geometry.parse_crs(map_crs)
+        if self.crs is None or geometry.parse_crs(store_crs) is None:
+            raise DataError(f"{option('map_crs=', '--map-crs')} needs a store with a CRS and a CRS to draw in, got "
+                            f"{map_crs!r} for a store in {geometry.crs_name(store_crs) or 'planar units'}")
+        self._forward = Transformer.from_crs(store_crs, self.crs, always_xy=True)
+        self._back = Transformer.from_crs(self.crs, store_crs, always_xy=True)
+
+    @classmethod
+    def of(cls, store_crs, map_crs) -> "MapView | None":
+        """None for no map CRS or the store's own."""
+        if map_crs is None or geometry.parse_crs(map_crs) == geometry.parse_crs(store_crs):
+            return None
+        return cls(store_crs, map_crs)
+
+    def to_store(self, points) -> np.ndarray:
+        points = np.asarray(points, dtype=float).reshape(-1, 2)
+        return np.column_stack(self._back.transform(points[:, 0], points[:, 1]))
+
+    def to_map(self, points) -> np.ndarray:
+        points = np.asarray(points, dtype=float).reshape(-1, 2)
+        return np.column_stack(self._forward.transform(points[:, 0], points[:, 1]))
+
+    def marks(self, locs):
+        """_site_marks' ("points", xy) or ("outlines", polygons) in the map's CRS."""
+        if locs is None:
+            return None
+        kind, what = locs
+        if kind == "points":
+            return kind, self.to_map(what)
+        return kind, [shapely.transform(g, self.to_map) for g in what]
 
 
 def write_geotiff(path, grid: geometry.PredictionGrid, values, crs, description: str) -> Path:
@@ -165,6 +213,8 @@ def _axis_labels(crs, extent: float) -> tuple[str, str, float]:
     unit = _crs_unit(crs)
     if not unit:
         return "x (planar units, no CRS)", "y (planar units, no CRS)", 1.0
+    if geometry.parse_crs(crs).is_geographic:
+        return f"Longitude (°), {geometry.crs_name(crs)}", f"Latitude (°), {geometry.crs_name(crs)}", 1.0
     scale = 1000.0 if unit == "m" and extent > 20_000 else 1.0
     unit = "km" if scale == 1000.0 else unit
     return f"Easting ({unit}), {geometry.crs_name(crs)}", f"Northing ({unit}), {geometry.crs_name(crs)}", scale
@@ -214,7 +264,7 @@ def build_map_figure(grid: geometry.PredictionGrid, mean, sd, domain: geometry.D
     h = grid.resolution / 2
     extent = (grid.x[0] - h, grid.x[-1] + h, grid.y[-1] - h, grid.y[0] + h)
     xlabel, ylabel, scale = _axis_labels(grid.crs, max(xmax - xmin, ymax - ymin))
-    ticks = FuncFormatter(lambda v, _: f"{v / scale:.0f}")
+    ticks = FuncFormatter(lambda v, _: f"{v / scale:.0f}" if "Longitude" not in xlabel else f"{v:g}")
     mean_label, sd_label = colourbar_labels(units)
     panels = ((axes[0], mean, "viridis", "Predicted mean", mean_label),
               (axes[1], sd, "magma", "Prediction standard deviation", sd_label))
@@ -270,10 +320,11 @@ def read_overlay(path, info: StoreInfo) -> gpd.GeoDataFrame:
 def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariates=None, x=None, y=None, crs=None,
              units="", title=None, overlay=None, overlay_label="", sites="outlines", show_owners=False, predictor=None,
              worker=None, runtime="auto", client=None, scheduler=None, n_dask_workers=None, insecure=False,
-             batch=None, progress: bool = False, overwrite: bool = False) -> dict:
+             batch=None, progress: bool = False, overwrite: bool = False, map_crs=None) -> dict:
     """Predict on a grid over the domain and write mean.tif, sd.tif, grid.gpkg, map.png and map.json; returns paths.
     `x`, `y`, `crs`: the coordinate columns and CRS of the `covariates` table (default: detected, its own CRS or
-    the store's). `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin
+    the store's). `map_crs`: the CRS of the map files (None: the store's; `resolution` is in its units).
+    `show_owners` draws the boundaries between the sites' regions (the owner rule) on map.png as thin
     lines. `sites`: what map.png shows of the observations, "outlines" (each site's hull, the polygon it already
     sends for the default domain), "points" (the raw coordinates, fetched from the sites: only with the owners'
     consent) or "none" (True / False: "points" / "none").
@@ -292,19 +343,26 @@ def make_map(fit_dir, store, out_dir, *, domain=None, resolution=None, covariate
         raise DataError(f"{option('out_dir', '--out')} {out} exists and is not a directory; give a directory for "
                         "the map files")
     refuse_existing(out, overwrite)
+    view = MapView.of(info.crs, map_crs)
     overlays = None if overlay is None else read_overlay(overlay, info)
+    if overlays is not None and view is not None:
+        overlays = overlays.to_crs(view.crs)
     with staged(out, directory=True) as tmp:  # the whole set or nothing (a full disk, Ctrl-C); replaces an old one
         with open_workers(info, model, runtime, client=client, scheduler=scheduler,
                           n_dask_workers=n_dask_workers, insecure=insecure) as workers:
             dom = resolve_domain(domain, info, workers)
+            dom = dom if view is None else dom.to_crs(view.crs)
             grid = geometry.prediction_grid(dom, nice_resolution(dom) if resolution is None else resolution)
-            X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs})
+            X0 = map_design(grid, info, covariates, {"x": x, "y": y, "crs": crs}, view)
             pred = _predict_grid(workers, model, grid, X0, predictor, worker,
-                                 batch_size(len(model.knots), batch), tmp / GRID_GPKG, progress)
+                                 batch_size(len(model.knots), batch), tmp / GRID_GPKG, progress,
+                                 grid.points if view is None else view.to_store(grid.points))
             locs = _site_marks(workers, sites)
         if not show_owners:
             pred = {**pred, "owner": np.full(len(pred["owner"]), -1)}  # the rasters/PNG only: grid.gpkg has them
-        paths = _write_map_files(tmp, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units, title)
+        locs = locs if view is None else view.marks(locs)
+        paths = _write_map_files(tmp, grid, pred, dom, info.crs if view is None else view.crs, predictor, locs,
+                                 overlays, overlay_label, units, title)
     return {key: out / Path(path).name for key, path in paths.items()}
 
 
@@ -330,15 +388,16 @@ def _site_marks(workers, sites: str):
     return "outlines", [shapely.from_wkb(h) for h in workers.call("hull", every).values()]
 
 
-def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg: Path, progress: bool) -> dict:
-    """Predict the grid's cells batch by batch, appending each batch's cells to the GeoPackage `gpkg` (layer
-    "prediction"); returns the per-cell arrays the rasters need."""
+def _predict_grid(workers, model, grid, X0, predictor, worker, batch: int, gpkg: Path, progress: bool,
+                  points) -> dict:
+    """Predict the grid's cells (their centres `points`, in the store's CRS) batch by batch, appending each batch's
+    cells to the GeoPackage `gpkg` (layer "prediction"); returns the per-cell arrays the rasters need."""
     n = len(grid.points)
     pred = {key: np.empty(n) for key in ("mean", "sd", "sd_latent")}
     pred["owner"] = np.empty(n, dtype=np.int64)
     stream = TableStream(gpkg, ".gpkg", crs=grid.crs, layer="prediction")
     with counting(n, progress, desc="map") as bar, closing(stream):
-        for i, part in predict_batches(workers, model, grid.points, X0, predictor, worker, batch):
+        for i, part in predict_batches(workers, model, points, X0, predictor, worker, batch):
             rows = slice(i, i + len(part["mean"]))
             for key in pred:
                 pred[key][rows] = part[key]
@@ -359,18 +418,19 @@ def map_title(predictor: str, grid: geometry.PredictionGrid, crs) -> str:
             f"{distance(grid.resolution, _crs_unit(crs) or None)}" + (f", {name}" if name else ""))
 
 
-def _write_map_files(tmp: Path, grid, pred, dom, info, predictor, locs, overlays, overlay_label, units,
+def _write_map_files(tmp: Path, grid, pred, dom, crs, predictor, locs, overlays, overlay_label, units,
                      title) -> dict:
-    """The rasters, NetCDF, PNG and map.json of make_map into the staged directory `tmp` (grid.gpkg is there)."""
-    title = map_title(predictor, grid, info.crs) if title is None else title
+    """The rasters, NetCDF, PNG and map.json of make_map, in `crs`, into the staged directory `tmp` (grid.gpkg is
+    there)."""
+    title = map_title(predictor, grid, crs) if title is None else title
     owner = pred["owner"] if (pred["owner"] >= 0).all() else None
     summary = {"predictor": predictor, "cells": int(grid.mask.sum()), "resolution": grid.resolution,
-               "crs": geometry.crs_string(info.crs), "crs_name": geometry.crs_name(info.crs), "units": units or None,
+               "crs": geometry.crs_string(crs), "crs_name": geometry.crs_name(crs), "units": units or None,
                "mean_range": [float(pred["mean"].min()), float(pred["mean"].max())],
                "sd_range": [float(pred["sd"].min()), float(pred["sd"].max())]}
-    return {"mean": write_geotiff(tmp / MEAN_TIF, grid, pred["mean"], info.crs, "predicted mean"),
-            "sd": write_geotiff(tmp / SD_TIF, grid, pred["sd"], info.crs, "prediction sd (new observation)"),
-            "netcdf": write_netcdf(tmp / MAP_NC, grid, pred["mean"], pred["sd"], info.crs, units),
+    return {"mean": write_geotiff(tmp / MEAN_TIF, grid, pred["mean"], crs, "predicted mean"),
+            "sd": write_geotiff(tmp / SD_TIF, grid, pred["sd"], crs, "prediction sd (new observation)"),
+            "netcdf": write_netcdf(tmp / MAP_NC, grid, pred["mean"], pred["sd"], crs, units),
             "gpkg": tmp / GRID_GPKG,
             "png": map_figure(tmp / MAP_PNG, grid, pred["mean"], pred["sd"], dom, owner=owner,
                               **({} if locs is None else {"sites" if locs[0] == "points" else "outlines": locs[1]}),

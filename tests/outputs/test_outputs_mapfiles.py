@@ -146,3 +146,38 @@ def test_make_map_writes_map_nc_beside_the_geotiffs_on_a_hull_domain(tmp_path):
         assert inside[int(row), int(col)] == expected
     summary = json.loads(paths["json"].read_text())
     assert summary["crs"] == "EPSG:28992" and summary["crs_name"] == "EPSG:28992" and summary["units"] == "ppb"
+
+
+def test_a_map_in_lonlat_lays_its_cells_in_degrees_and_predicts_their_centres_in_the_stores_crs(tmp_path):
+    """map_crs="EPSG:4326": mean.tif, map.nc and grid.gpkg in lon/lat, each cell the store's prediction at its centre
+    taken into the store's CRS; the axes say longitude and latitude."""
+    from pyproj import Transformer
+
+    from spatialfed.api import FederatedGP
+    from spatialfed.data.ingest import ingest_frame
+    from spatialfed.data.store import open_store
+    from spatialfed.outputs.prediction import load_model, open_workers, predict_at
+
+    rng = np.random.default_rng(6)
+    lon, lat = rng.uniform(5.0, 7.0, 150), rng.uniform(51.0, 52.5, 150)
+    frame = pd.DataFrame({"lon": lon, "lat": lat, "z": np.sin(lon * 3) + 0.1 * rng.normal(size=150)})
+    ingest_frame(frame, tmp_path / "s.zarr", value="z", x="lon", y="lat", crs="EPSG:4326", n_workers=2,
+                 partition="area")
+    FederatedGP(mode="sync", knots=9, cluster="simulated", max_iter=5, progress=False).fit(tmp_path / "s.zarr") \
+        .save(tmp_path / "fit")
+    paths = maps.make_map(tmp_path / "fit", tmp_path / "s.zarr", tmp_path / "m", resolution=0.1,
+                          runtime="simulated", map_crs="EPSG:4326")
+    with rasterio.open(paths["mean"]) as tif:
+        assert tif.crs.to_epsg() == 4326 and tif.transform.a == pytest.approx(0.1)
+        mean, transform = tif.read(1), tif.transform
+    rows, cols = np.nonzero(np.isfinite(mean))
+    centres = np.column_stack([transform * (c + 0.5, r + 0.5) for r, c in zip(rows[:10], cols[:10])])
+    info = open_store(tmp_path / "s.zarr")
+    at = np.column_stack(Transformer.from_crs("EPSG:4326", info.crs, always_xy=True).transform(*centres))
+    model = load_model(tmp_path / "fit")
+    with open_workers(info, model, "simulated") as workers:
+        expected = predict_at(workers, model, at, np.ones((10, 1)), "seamless")["mean"]
+    np.testing.assert_allclose(mean[rows[:10], cols[:10]], expected, rtol=1e-5)  # float32 rasters
+    assert json.loads(paths["json"].read_text())["crs"] == "EPSG:4326"
+    assert gpd.read_file(paths["gpkg"]).crs.to_epsg() == 4326
+    assert maps._axis_labels("EPSG:4326", 2.0)[0].startswith("Longitude (°)")
