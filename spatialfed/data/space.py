@@ -21,7 +21,6 @@ from pyproj import CRS, Transformer
 from spatialfed.data.crs import crs_name, crs_string, parse_crs
 from spatialfed.errors import DataError, option
 from spatialfed.model.family import EARTH_RADIUS_KM, unit_vectors
-
 from spatialfed.model.names import DISTANCES
 
 
