@@ -67,8 +67,8 @@ def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
 
 def domain_diameter(knots: np.ndarray) -> float:
     """Diameter D of the knots' bounding box."""
-    knots = np.asarray(knots, dtype=float)
-    return float(np.linalg.norm(knots.max(axis=0) - knots.min(axis=0)))  # x/y, or x/y/z on the sphere
+    span = np.asarray(knots, dtype=float).max(axis=0) - np.asarray(knots, dtype=float).min(axis=0)
+    return float(np.hypot(*span) if span.size == 2 else np.linalg.norm(span))  # x/y, or x/y/z on the sphere
 
 
 def study_diameter(knots: np.ndarray, moments: list[dict]) -> float:

@@ -192,7 +192,8 @@ class LocalModel:
     # --- initialisation summaries -------------------------------------------------------------------
     def moments(self) -> dict:
         """X_jᵀX_j, X_jᵀz_j, z_jᵀz_j, n_j (the pooled OLS start of SPEC §4) and the diameter of S_j's bounding box."""
-        extent = float(np.linalg.norm(self.locs.max(axis=0) - self.locs.min(axis=0)))
+        span = self.locs.max(axis=0) - self.locs.min(axis=0)
+        extent = float(np.hypot(*span) if span.size == 2 else np.linalg.norm(span))  # x/y, or x/y/z on the sphere
         return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n,
                 "extent": extent}
 
