@@ -29,6 +29,7 @@ import numpy as np
 from scipy import optimize
 
 from spatialfed.model import blocks
+from spatialfed.model.matern import norm
 from spatialfed.model.params import Params
 
 N_BINS = 15
@@ -67,8 +68,8 @@ def pooled_ols(moments: list[dict]) -> tuple[np.ndarray, float, int]:
 
 def domain_diameter(knots: np.ndarray) -> float:
     """Diameter D of the knots' bounding box."""
-    span = np.asarray(knots, dtype=float).max(axis=0) - np.asarray(knots, dtype=float).min(axis=0)
-    return float(np.hypot(*span) if span.size == 2 else np.linalg.norm(span))  # x/y, or x/y/z on the sphere
+    knots = np.asarray(knots, dtype=float)
+    return float(norm(knots.max(axis=0) - knots.min(axis=0)))
 
 
 def study_diameter(knots: np.ndarray, moments: list[dict]) -> float:

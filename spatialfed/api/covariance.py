@@ -67,7 +67,7 @@ def check(gp) -> None:
 
 def check_distance(gp) -> None:
     """One line naming the fix for a ``distance`` setting the fit cannot take."""
-    distance = spaces.check_distance(gp.distance) if gp.distance is not None else None
+    distance = spaces.check_distance(gp.distance)
     if distance == "chordal" and gp.anisotropy is True:
         raise ValueError("anisotropy=True takes planar distances (its angle is from the map's north); give "
                          "distance='planar', or drop the anisotropy for chordal distances on the sphere")
@@ -84,7 +84,7 @@ def geometry(gp, info, domain, knots):
         knots = space.back(knots) if space is not None else knots
     elif space is not None and len(knots) and not space.has_lonlat(knots).all() and np.ndim(gp.knots) == 0:
         knots = _knots_on_the_sphere(space, domain, int(gp.knots), gp.seed)
-    return space, knots, (space.forward(knots) if space is not None and len(knots) else knots)
+    return space, knots, (knots if space is None else space.forward(knots))
 
 
 def _knots_on_the_sphere(space, domain, m: int, seed: int) -> np.ndarray:

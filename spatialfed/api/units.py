@@ -50,14 +50,14 @@ def short_name(crs) -> str | None:
 
 def describe(vp: dict) -> str:
     """One line: nugget, partial sill, sill, range and practical range with the distance unit."""
-    from spatialfed.outputs.report import distance, nu_interval_words
+    from spatialfed.outputs.report import chordal_words, distance, nu_interval_words
 
     unit = vp.get("distance_unit")
     line = (f"nugget 1/δ = {vp['nugget']:.4g}, partial sill σ² = {vp['partial_sill']:.4g}, sill = {vp['sill']:.4g}, "
             f"range β = {distance(vp['range'], unit)}, practical range (ρ = 0.05) = "
             f"{distance(vp['practical_range'], unit)}")
     if vp.get("distance") == "chordal":  # on the sphere (api/covariance.py distance_params)
-        line += f" (chordal distances on the sphere: range {vp['range_km']:.4g} km, {vp['range_arc_deg']:.3g}° of arc)"
+        line += f" ({chordal_words(vp)})"
     if "nu_se_log" in vp:  # ν estimated (api/covariance.py)
         line += f"; ν̂ = {vp['nu']:.3g} ({nu_interval_words(vp)})"
     if "angle_deg" in vp:  # geometric anisotropy

@@ -57,6 +57,11 @@ class Chordal:
         with np.errstate(invalid="ignore"):  # no lon/lat (inf): NaN rows, which forward names and has_lonlat drops
             return self.radius * unit_vectors(np.column_stack([lon, lat]))
 
+    def on_sphere(self, s) -> np.ndarray:
+        """`forward` of the points of `s` that have a longitude/latitude, the others dropped."""
+        x = self._earth_centred(s)
+        return x[np.isfinite(x).all(axis=1)]
+
     def has_lonlat(self, s) -> np.ndarray:
         """Which points of the store's plane have a longitude/latitude (a global equal-area plane is a disk)."""
         return np.isfinite(self._earth_centred(s)).all(axis=1)

@@ -24,7 +24,7 @@ from spatialfed.model import theta as theta_step
 from spatialfed.model.basis import KnotBasis, check_knots
 from spatialfed.model.family import MaternFamily
 from spatialfed.model.linalg import DenseFactor, DiagFactor, inner
-from spatialfed.model.matern import Matern, check_points
+from spatialfed.model.matern import Matern, check_points, norm
 from spatialfed.model.names import BLOCK_STEPS
 from spatialfed.model.params import Params
 from spatialfed.model.residuals import ResidualStrategy, check_residual, resolve_residual, residual_strategy  # noqa: F401
@@ -192,8 +192,7 @@ class LocalModel:
     # --- initialisation summaries -------------------------------------------------------------------
     def moments(self) -> dict:
         """X_jᵀX_j, X_jᵀz_j, z_jᵀz_j, n_j (the pooled OLS start of SPEC §4) and the diameter of S_j's bounding box."""
-        span = self.locs.max(axis=0) - self.locs.min(axis=0)
-        extent = float(np.hypot(*span) if span.size == 2 else np.linalg.norm(span))  # x/y, or x/y/z on the sphere
+        extent = float(norm(self.locs.max(axis=0) - self.locs.min(axis=0)))
         return {"XtX": self.X.T @ self.X, "Xtz": self.X.T @ self.z, "ztz": float(self.z @ self.z), "n": self.n,
                 "extent": extent}
 

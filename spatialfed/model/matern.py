@@ -39,6 +39,13 @@ def as_points(pts) -> np.ndarray:
     return pts if pts.ndim == 2 and pts.shape[1] in DIMS else pts.reshape(-1, 2)
 
 
+def norm(v) -> np.ndarray:
+    """The Euclidean norm over the last axis: hypot for x/y (as the planar code always took it, to the last bit),
+    else √Σv² (Earth-centred x/y/z)."""
+    v = np.asarray(v, dtype=float)
+    return np.hypot(v[..., 0], v[..., 1]) if v.shape[-1] == 2 else np.sqrt(np.einsum("...a,...a->...", v, v))
+
+
 def check_points(pts, name: str, dims: int | None = None) -> np.ndarray:
     """Validate a set of locations: a finite float array of shape (n, 2) (x/y), or (n, 3) (Earth-centred); with
     `dims`, of that many columns (the points they meet: a site's, the knots)."""

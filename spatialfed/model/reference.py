@@ -69,7 +69,8 @@ def residual_covariance(locs, knots, kernel: Matern, sigma2, beta, delta, residu
     rs = residual_strategy(residual)
     if rs.pointwise:
         R = kernel.cross(locs, locs, sigma2, beta) - Q + np.eye(len(locs)) / delta
-        return vecchia_covariance(R, _plan(np.ascontiguousarray(locs, dtype=float).tobytes(), np.shape(locs)[1], int(vecchia_k)))
+        locs = np.ascontiguousarray(locs, dtype=float)
+        return vecchia_covariance(R, _plan(locs.tobytes(), locs.shape[1], int(vecchia_k)))
     if rs.dense:
         W = kernel.cross(locs, locs, sigma2, beta) - Q
     elif rs.kriges:  # mpp

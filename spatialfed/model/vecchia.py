@@ -36,6 +36,7 @@ from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from spatialfed.model.linalg import cholesky_with_jitter
+from spatialfed.model.matern import norm
 from spatialfed.model.names import pairs
 from spatialfed.model.vecchia_order import VecchiaPlan
 
@@ -401,8 +402,7 @@ def kriging(lm, locs0: np.ndarray, params, k: int, tree: cKDTree) -> dict:
         FN = (lm.kernel.correlation(cdist(lm.locs[used], lm.knots), beta) @ T.T)[slot.reshape(nb.shape)]
         f0 = lm.kernel.correlation(cdist(locs0[rows], lm.knots), beta) @ T.T
         RNN = sigma2 * (lm.kernel.correlation(_pairwise(P), beta) - FN @ _bt(FN)) + eps * np.eye(k)
-        gap = P - locs0[rows, None, :]
-        d0 = np.hypot(gap[..., 0], gap[..., 1]) if P.shape[-1] == 2 else np.sqrt(np.einsum("bka,bka->bk", gap, gap))
+        d0 = norm(P - locs0[rows, None, :])
         kt = sigma2 * (lm.kernel.correlation(d0, beta) - np.einsum("bkm,bm->bk", FN, f0))
         v = np.linalg.solve(RNN, kt[:, :, None])[:, :, 0]
         resid = lm.z[nb] - lm.X[nb] @ params.gamma - FN @ Tmu

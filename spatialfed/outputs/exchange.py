@@ -157,7 +157,7 @@ def build(workers, model, spacing: float, boxes: np.ndarray) -> Exchange | None:
     U, pairs = boundary_points(grid_boxes, lambda points: nearest.nearest_distances(workers, points, boxes,
                                                                                     SLACK * spacing),
                                spacing, model.kernel.range_from_beta(model.params.beta),
-                               to_space=(lambda g: model.to_space(g[model.space.has_lonlat(g)])) if chordal else None)
+                               to_space=model.space.on_sphere if chordal else None)
     anchors = site_points(pairs, J)
     if not anchors:
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spatialfed.model.matern import as_points
+from spatialfed.model.matern import as_points, norm
 
 
 def site_boxes(workers, call: str = "bounds") -> np.ndarray:
@@ -27,9 +27,8 @@ def site_boxes(workers, call: str = "bounds") -> np.ndarray:
 def box_gaps(boxes: np.ndarray, locs0: np.ndarray) -> np.ndarray:
     """g_j(s₀): the distance from each location to each site's box (J × n₀; 0 inside)."""
     dims = boxes.shape[1] // 2
-    gaps = [np.maximum(np.maximum(boxes[:, a:a + 1] - locs0[:, a], locs0[:, a] - boxes[:, dims + a:dims + a + 1]), 0.0)
-            for a in range(dims)]
-    return np.hypot(*gaps) if dims == 2 else np.sqrt(sum(g * g for g in gaps))
+    lo, hi = boxes[:, None, :dims], boxes[:, None, dims:]
+    return norm(np.maximum(np.maximum(lo - locs0[None], locs0[None] - hi), 0.0))
 
 
 def nearest_distances(workers, locs0, boxes: np.ndarray, slack: float) -> np.ndarray:

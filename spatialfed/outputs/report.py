@@ -97,8 +97,7 @@ def _covariance_text(facts: dict) -> str:
     cov, unit, e = facts.get("covariance") or {}, facts.get("unit"), html.escape
     text = ""
     if cov.get("distance") == "chordal":
-        text += (f"<br>chordal distances on the sphere: range β = {cov['range_km']:.4g} km, "
-                 f"{cov['range_arc_deg']:.3g}° of arc")
+        text += f"<br>{e(chordal_words(cov))}"
     if "nu_se_log" in cov:
         text += f"<br>smoothness ν̂ = {facts['nu']:.3g} ({e(nu_interval_words(cov))})"
     if "angle_deg" in cov:
@@ -142,6 +141,11 @@ def _g(x, digits: int = 4) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "—"
     return f"{x:.{digits}g}"
+
+
+def chordal_words(vp: dict) -> str:
+    """A chordal fit's range in km and as an arc (api/covariance.py distance_params)."""
+    return f"chordal distances on the sphere: range {vp['range_km']:.4g} km, {vp['range_arc_deg']:.3g}° of arc"
 
 
 def nu_interval_words(vp: dict) -> str:

@@ -71,7 +71,7 @@ def site_specs(run_id: str, store, n_workers: int, knots, kernel: Matern, residu
     store = os.path.abspath(os.fspath(store))
     knots = np.asarray(knots, dtype=float).reshape(-1, 2)
     if space is not None:
-        knots = space.forward(knots) if len(knots) else np.empty((0, 3 if isinstance(space, Chordal) else 2))
+        knots = space.forward(knots)
     return [SiteSpec(run_id, store, j, knots, kernel, residual, int(vecchia_k), space) for j in range(int(n_workers))]
 
 
@@ -126,15 +126,19 @@ def wake(wait_s: float) -> float:
     return wait_s
 
 
+def _box(locs: np.ndarray) -> tuple[float, ...]:
+    """The bounding box of points: lows, then highs."""
+    return (*locs.min(axis=0).tolist(), *locs.max(axis=0).tolist())
+
+
 def _bounds(lm: LocalModel) -> tuple[float, ...]:
-    """The bounding box of the site's locations as it holds them (mapped by its space): lows, then highs."""
-    return (*lm.locs.min(axis=0).tolist(), *lm.locs.max(axis=0).tolist())
+    """The bounding box of the site's locations as it holds them (mapped by its space)."""
+    return _box(lm.locs)
 
 
 def _store_bounds(lm: LocalModel) -> tuple[float, float, float, float]:
     """The bounding box of the site's locations in the store's coordinates: x₀, y₀, x₁, y₁."""
-    locs = _store_locs(lm)
-    return (*locs.min(axis=0).tolist(), *locs.max(axis=0).tolist())
+    return _box(_store_locs(lm))
 
 
 def _spacing(lm: LocalModel) -> float:
